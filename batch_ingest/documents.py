@@ -1,0 +1,114 @@
+"""The source-document contract accepted by ingestion (HTTP today, bus events later)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from deployments.protocols import DOC_TYPES
+from deployments.retriever import MAX_ID, MAX_TAG, MAX_TAGS, MAX_TITLE, MAX_URL
+
+ID_PATTERN = r"^[^\x00-\x1f]+$"
+Identifier = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_ID, pattern=ID_PATTERN),
+]
+OptionalId = Annotated[
+    str, StringConstraints(strip_whitespace=True, max_length=MAX_ID, pattern=r"^[^\x00-\x1f]*$")
+]
+Tag = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_TAG, pattern=ID_PATTERN),
+]
+DOC_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+
+def parse_timestamp(value: object) -> int:
+    """Seconds since the epoch from an int/float or an ISO-8601 string (naive means UTC)."""
+    if value is None or value == "":
+        return int(datetime.now(UTC).timestamp())
+    if isinstance(value, bool):
+        raise ValueError("must be an ISO-8601 date-time or epoch seconds, not a boolean")
+    if isinstance(value, int | float):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is not an ISO-8601 date-time") from exc
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        return int(parsed.timestamp())
+    raise ValueError("must be an ISO-8601 date-time or epoch seconds")
+
+
+class SourceDocument(BaseModel):
+    """One document to index, with the full metadata schema of the spec."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    team_id: Identifier = Field(validation_alias=AliasChoices("team_id", "dao_id", "microdao_id"))
+    doc_id: Identifier = Field(validation_alias=AliasChoices("doc_id", "id"))
+    text: str = Field(min_length=1)
+    title: Annotated[str, StringConstraints(strip_whitespace=True, max_length=MAX_TITLE)] = ""
+    url: Annotated[str, StringConstraints(strip_whitespace=True, max_length=MAX_URL)] = ""
+    project_id: OptionalId = ""
+    channel_id: OptionalId = ""
+    agent_id: OptionalId = ""
+    visibility: Literal["public", "confidential"] = Field(
+        "public", validation_alias=AliasChoices("visibility", "mode")
+    )
+    doc_type: str = "doc"
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
+    created_at: int = Field(default=0, description="ISO-8601 or epoch seconds; default now")
+
+    @field_validator("text")
+    @classmethod
+    def _text_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("text is empty")
+        return value
+
+    @field_validator("doc_type")
+    @classmethod
+    def _doc_type_known_shape(cls, value: str) -> str:
+        # The list is extensible (spec), but a type is a short lowercase word.
+        if not DOC_TYPE_RE.match(value):
+            raise ValueError(
+                f"doc_type must be a lowercase word such as {', '.join(DOC_TYPES)}; got {value!r}"
+            )
+        return value
+
+    @field_validator("created_at", mode="before")
+    @classmethod
+    def _parse_created_at(cls, value: object) -> int:
+        return parse_timestamp(value)
+
+    @field_validator("tags")
+    @classmethod
+    def _unique_tags(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys(value))
+
+    def metadata_fingerprint(self) -> str:
+        """Hash of everything stored beside the text, so a metadata change re-writes chunks."""
+        meta = self.model_dump(exclude={"text"})
+        return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+
+
+def make_chunk_id(team_id: str, doc_type: str, doc_id: str, chunk_index: int) -> str:
+    """Deterministic chunk id: same tenant, source type, source id and index → same id."""
+    key = json.dumps([team_id, doc_type, doc_id, chunk_index], ensure_ascii=False)
+    return hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+def content_hash(*parts: str) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode())
+        digest.update(b"\x00")
+    return digest.hexdigest()

@@ -1,0 +1,203 @@
+"""The idempotent ingestion pipeline: chunk → embed → upsert Milvus → drop stale → MERGE graph.
+
+Order matters for "nothing accepted is lost": new chunks are upserted before the stale ones
+of the same document are deleted, so a document is never absent from search, and a failure
+on one document leaves every document before it fully indexed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from batch_ingest.chunking import Chunker
+from batch_ingest.documents import SourceDocument, content_hash, make_chunk_id
+from deployments.errors import BackendUnavailable, GatewayError
+from deployments.protocols import ChunkRecord, Embedder, GraphDocument, GraphStore, VectorStore
+
+logger = logging.getLogger(__name__)
+
+DocStatus = Literal["indexed", "unchanged", "failed"]
+
+
+@dataclass
+class DocResult:
+    doc_id: str
+    team_id: str
+    status: DocStatus
+    chunks: int = 0
+    removed_chunks: int = 0
+    graph: bool = False
+    error: str | None = None
+
+
+@dataclass
+class IngestReport:
+    results: list[DocResult] = field(default_factory=list)
+    degraded: list[str] = field(default_factory=list)
+    took_ms: float = 0.0
+
+    @property
+    def failed(self) -> list[DocResult]:
+        return [r for r in self.results if r.status == "failed"]
+
+
+def context_header(title: str, heading: str) -> str:
+    """The first line of every stored chunk text: title and heading path, so both are
+    matched by BM25 and seen by the embedder."""
+    return " › ".join(part for part in (title, heading) if part)
+
+
+def compose_text(title: str, heading: str, body: str) -> str:
+    header = context_header(title, heading)
+    return f"{header}\n\n{body}" if header else body
+
+
+def strip_header(chunk: ChunkRecord) -> str:
+    """The chunk body without the context header added by ``compose_text``."""
+    header = context_header(chunk.title, chunk.heading)
+    if header and chunk.text.startswith(header + "\n\n"):
+        return chunk.text[len(header) + 2 :]
+    return chunk.text
+
+
+class IngestPipeline:
+    """Indexes source documents idempotently.
+
+    Args:
+        embedder: makes passage vectors.
+        store: the chunk collection.
+        graph: the knowledge graph; ``None`` skips graph writes.
+        chunker: cuts documents into chunks.
+        embed_model: tag stored in every chunk (``name@version``).
+    """
+
+    def __init__(
+        self,
+        *,
+        embedder: Embedder,
+        store: VectorStore,
+        graph: GraphStore | None,
+        chunker: Chunker,
+        embed_model: str,
+    ) -> None:
+        self.embedder = embedder
+        self.store = store
+        self.graph = graph
+        self.chunker = chunker
+        self.embed_model = embed_model
+
+    def build_chunks(self, doc: SourceDocument) -> list[ChunkRecord]:
+        """Chunk records without vectors; ids and hashes are deterministic."""
+        meta = doc.metadata_fingerprint()
+        records = []
+        for piece in self.chunker.split(doc.text):
+            text = compose_text(doc.title, piece.heading, piece.text)
+            records.append(
+                ChunkRecord(
+                    chunk_id=make_chunk_id(doc.team_id, doc.doc_type, doc.doc_id, piece.index),
+                    doc_id=doc.doc_id,
+                    team_id=doc.team_id,
+                    chunk_index=piece.index,
+                    text=text,
+                    title=doc.title,
+                    heading=piece.heading,
+                    content_hash=content_hash(text, meta),
+                    embed_model=self.embed_model,
+                    visibility=doc.visibility,
+                    doc_type=doc.doc_type,
+                    project_id=doc.project_id,
+                    channel_id=doc.channel_id,
+                    agent_id=doc.agent_id,
+                    url=doc.url,
+                    tags=tuple(doc.tags),
+                    created_at=doc.created_at,
+                )
+            )
+        return records
+
+    async def _unchanged(self, doc: SourceDocument, chunks: list[ChunkRecord]) -> bool:
+        stored = await self.store.get_chunks(doc.team_id, doc.doc_type, doc.doc_id)
+        if len(stored) != len(chunks):
+            return False
+        return all(
+            (s.chunk_id, s.content_hash, s.embed_model)
+            == (c.chunk_id, c.content_hash, c.embed_model)
+            for s, c in zip(stored, chunks, strict=True)
+        )
+
+    async def ingest(self, docs: list[SourceDocument]) -> IngestReport:
+        """Index ``docs`` in order; report per document.
+
+        Raises:
+            BackendUnavailable: if the embedder or Milvus fails before any document is written.
+        """
+        started = time.perf_counter()
+        report = IngestReport()
+        planned: list[tuple[SourceDocument, list[ChunkRecord]]] = []
+        for doc in docs:
+            chunks = self.build_chunks(doc)
+            if await self._unchanged(doc, chunks):
+                report.results.append(
+                    DocResult(doc.doc_id, doc.team_id, "unchanged", chunks=len(chunks))
+                )
+            else:
+                planned.append((doc, chunks))
+
+        # One embedding call for the whole request lets the embedder batch it.
+        texts = [c.text for _, chunks in planned for c in chunks]
+        vectors = await self.embedder.embed(texts, "passage") if texts else []
+        offset = 0
+        written: list[SourceDocument] = []
+        for doc, chunks in planned:
+            with_vectors = [_with_vector(c, vectors[offset + i]) for i, c in enumerate(chunks)]
+            offset += len(chunks)
+            result = DocResult(doc.doc_id, doc.team_id, "indexed", chunks=len(chunks))
+            try:
+                await self.store.upsert(with_vectors)
+                result.removed_chunks = await self.store.delete_stale_chunks(
+                    doc.team_id, doc.doc_type, doc.doc_id, [c.chunk_id for c in chunks]
+                )
+                written.append(doc)
+            except GatewayError as exc:
+                if not written and isinstance(exc, BackendUnavailable) and doc is planned[0][0]:
+                    raise
+                result.status, result.error = "failed", exc.message
+                logger.warning("ingest of %s/%s failed: %s", doc.team_id, doc.doc_id, exc)
+            report.results.append(result)
+
+        if written and self.graph is not None:
+            try:
+                await self.graph.merge_documents([_graph_doc(d) for d in written])
+                for result in report.results:
+                    if result.status == "indexed":
+                        result.graph = True
+            except Exception as exc:  # documents are searchable; say the graph lags
+                logger.warning("graph merge failed: %s", exc)
+                report.degraded.append(f"graph not updated: {exc}")
+        report.took_ms = round((time.perf_counter() - started) * 1000, 1)
+        return report
+
+
+def _with_vector(chunk: ChunkRecord, vector) -> ChunkRecord:
+    from dataclasses import replace
+
+    return replace(chunk, vector=[float(x) for x in vector])
+
+
+def _graph_doc(doc: SourceDocument) -> GraphDocument:
+    return GraphDocument(
+        team_id=doc.team_id,
+        doc_id=doc.doc_id,
+        title=doc.title,
+        visibility=doc.visibility,
+        doc_type=doc.doc_type,
+        url=doc.url,
+        project_id=doc.project_id,
+        channel_id=doc.channel_id,
+        agent_id=doc.agent_id,
+        tags=tuple(doc.tags),
+        created_at=doc.created_at,
+    )

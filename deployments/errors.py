@@ -1,0 +1,47 @@
+"""One exception tree for the whole gateway; ``serve_app.errors`` maps it to HTTP status."""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway raises on purpose."""
+
+    status_code = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class InvalidInput(GatewayError):
+    """The request is well-formed JSON but asks for something impossible."""
+
+    status_code = 422
+    code = "invalid_input"
+
+
+class Forbidden(GatewayError):
+    """The caller may not do or see this."""
+
+    status_code = 403
+    code = "forbidden"
+
+
+class Overloaded(GatewayError):
+    """Too much work queued; retry later."""
+
+    status_code = 429
+    code = "overloaded"
+
+
+class BackendUnavailable(GatewayError):
+    """A model or store the request needs is not answering."""
+
+    status_code = 503
+    code = "backend_unavailable"
+
+    def __init__(self, backend: str, message: str, *, hint: str | None = None) -> None:
+        super().__init__(f"{backend}: {message}", hint=hint)
+        self.backend = backend

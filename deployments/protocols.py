@@ -1,0 +1,137 @@
+"""Interfaces of the backends and the records that cross them.
+
+The ingress, the ingestion pipeline and the tests depend on these protocols only; the Serve
+deployments, their core classes and the unit-test fakes all implement them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+Visibility = Literal["public", "confidential"]
+VISIBILITIES: tuple[str, ...] = ("public", "confidential")
+DOC_TYPES: tuple[str, ...] = ("message", "doc", "file", "wiki", "rwa", "transaction")
+TextKind = Literal["query", "passage"]
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    """One row of the Milvus chunk collection (see docs/data_contracts.md)."""
+
+    chunk_id: str
+    doc_id: str
+    team_id: str
+    chunk_index: int
+    text: str
+    title: str
+    content_hash: str
+    embed_model: str
+    visibility: str = "public"
+    doc_type: str = "doc"
+    project_id: str = ""
+    channel_id: str = ""
+    agent_id: str = ""
+    url: str = ""
+    tags: tuple[str, ...] = ()
+    created_at: int = 0  # seconds since the epoch, UTC
+    heading: str = ""
+    vector: Sequence[float] = field(default=(), repr=False)
+
+
+@dataclass(frozen=True)
+class SearchFilter:
+    """Everything that narrows a search. Built only from an AccessContext and validated
+    request filters; the vector store binds every value as a parameter."""
+
+    team_id: str
+    visibilities: tuple[str, ...] = ("public",)
+    project_id: str | None = None
+    channel_id: str | None = None
+    agent_id: str | None = None
+    doc_types: tuple[str, ...] = ()
+    tags_any: tuple[str, ...] = ()
+    created_from: int | None = None
+    created_to: int | None = None
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """A chunk returned by the vector store with its fused score and per-method scores."""
+
+    chunk: ChunkRecord
+    score: float
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GraphDocument:
+    """What ingestion writes to the graph for one document."""
+
+    team_id: str
+    doc_id: str
+    title: str
+    visibility: str
+    doc_type: str
+    url: str = ""
+    project_id: str = ""
+    channel_id: str = ""
+    agent_id: str = ""
+    tags: tuple[str, ...] = ()
+    created_at: int = 0
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    async def embed(self, texts: list[str], kind: TextKind = "passage") -> list[list[float]]:
+        """One normalised vector per text, in order."""
+        ...
+
+    async def status(self) -> dict[str, Any]:
+        """``{"ready": bool, "model": str, "dim": int | None, ...}``."""
+        ...
+
+
+@runtime_checkable
+class Reranker(Protocol):
+    async def rerank(self, query: str, texts: list[str]) -> list[float]:
+        """One relevance score per text, higher is better."""
+        ...
+
+    async def status(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class VectorStore(Protocol):
+    async def upsert(self, chunks: list[ChunkRecord]) -> int: ...
+
+    async def delete_stale_chunks(
+        self, team_id: str, doc_type: str, doc_id: str, keep: list[str]
+    ) -> int:
+        """Remove the document's chunks whose ids are not in ``keep``; return how many."""
+        ...
+
+    async def get_chunks(self, team_id: str, doc_type: str, doc_id: str) -> list[ChunkRecord]:
+        """The stored chunks of one document (without vectors), by chunk index."""
+        ...
+
+    async def search(
+        self,
+        query_text: str,
+        query_vector: list[float] | None,
+        flt: SearchFilter,
+        limit: int,
+        mode: str,
+    ) -> list[SearchHit]: ...
+
+    async def count(self, team_id: str | None = None) -> int: ...
+
+    async def status(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class GraphStore(Protocol):
+    async def merge_documents(self, docs: list[GraphDocument]) -> int: ...
+
+    async def status(self) -> dict[str, Any]: ...

@@ -1,0 +1,145 @@
+"""Cross-encoder reranker (e.g. BAAI/bge-reranker-v2-m3), batched like the embedder.
+
+Disabled by default: no reranker weights ship offline here. ``model_path`` points at a local
+folder (or a hub name where a hub is reachable) holding a sequence-classification model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+import numpy as np
+from ray import serve
+
+from deployments.config import RerankerSettings
+from deployments.errors import BackendUnavailable, InvalidInput
+
+logger = logging.getLogger(__name__)
+
+
+class RerankerCore:
+    """Scores (query, passage) pairs with a sequence-classification transformer."""
+
+    def __init__(self, settings: RerankerSettings) -> None:
+        if not settings.model_path:
+            raise InvalidInput(
+                "reranker.model_path is empty; set it to a cross-encoder folder "
+                "(e.g. a local copy of BAAI/bge-reranker-v2-m3) or disable the reranker"
+            )
+        self.settings = settings
+        self._tokenizer: Any = None
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._model is not None:
+                return
+            import os
+
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            import torch
+            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+            torch.set_num_threads(self.settings.torch_threads)
+            started = time.perf_counter()
+            self._tokenizer = AutoTokenizer.from_pretrained(self.settings.model_path)
+            model = AutoModelForSequenceClassification.from_pretrained(self.settings.model_path)
+            self._model = model.eval().to(self.settings.device)
+            logger.info(
+                "reranker %s loaded in %.1fs",
+                self.settings.model_path,
+                time.perf_counter() - started,
+            )
+
+    def tokenize(self, query: str, texts: list[str]) -> dict[str, Any]:
+        batch = self._tokenizer(
+            [query] * len(texts),
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=self.settings.max_length,
+            return_tensors="pt",
+        )
+        return {k: v.to(self.settings.device) for k, v in batch.items()}
+
+    def forward(self, batch: dict[str, Any]) -> Any:
+        import torch
+
+        with torch.inference_mode():
+            return self._model(**batch).logits
+
+    @staticmethod
+    def postprocess(logits: Any) -> np.ndarray:
+        logits = logits.float().cpu()
+        # One logit = relevance (bge-reranker); two = (irrelevant, relevant) classes.
+        if logits.shape[-1] == 1:
+            return logits[:, 0].numpy()
+        return (logits[:, -1] - logits[:, 0]).numpy()
+
+    def rerank(self, query: str, texts: list[str]) -> np.ndarray:
+        self.start()
+        scores = np.empty(len(texts), dtype=np.float32)
+        step = self.settings.forward_batch_size
+        for start in range(0, len(texts), step):
+            part = texts[start : start + step]
+            scores[start : start + len(part)] = self.postprocess(
+                self.forward(self.tokenize(query, part))
+            )
+        return scores
+
+
+class RerankerDeployment:
+    """Serve shell: background load, ``@serve.batch`` across concurrent requests."""
+
+    def __init__(self, settings: RerankerSettings) -> None:
+        self.core = RerankerCore(settings)
+        self._error: str | None = None
+        self._loading = asyncio.get_running_loop().run_in_executor(None, self._load)
+
+    def _load(self) -> None:
+        try:
+            self.core.start()
+        except Exception as exc:
+            logger.exception("reranker failed to load")
+            self._error = f"{type(exc).__name__}: {exc}"
+            raise
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        if "max_batch_size" in user_config:
+            self._rerank_batch.set_max_batch_size(int(user_config["max_batch_size"]))
+        if "batch_wait_timeout_s" in user_config:
+            self._rerank_batch.set_batch_wait_timeout_s(float(user_config["batch_wait_timeout_s"]))
+
+    async def status(self) -> dict[str, Any]:
+        return {
+            "ready": self.core.loaded,
+            "model": self.core.settings.model_path,
+            "error": self._error,
+        }
+
+    async def rerank(self, query: str, texts: list[str]) -> np.ndarray:
+        if not self.core.loaded:
+            try:
+                await asyncio.shield(self._loading)
+            except Exception as exc:
+                raise BackendUnavailable("reranker", f"model failed to load: {exc}") from exc
+        if not texts:
+            return np.zeros(0, dtype=np.float32)
+        return await self._rerank_batch((query, texts))
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
+    async def _rerank_batch(self, requests: list[tuple[str, list[str]]]) -> list[np.ndarray]:
+        loop = asyncio.get_running_loop()
+        out = []
+        for query, texts in requests:
+            out.append(await loop.run_in_executor(None, self.core.rerank, query, texts))
+        return out

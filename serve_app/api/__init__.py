@@ -1,0 +1,1 @@
+"""FastAPI routers; each route is one line over ``GatewayService``."""

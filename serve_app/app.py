@@ -1,0 +1,151 @@
+"""The typed app builder that ``serve_config.yaml`` imports, and the ingress deployment.
+
+    serve run serve_app.app:build_app          # defaults
+    serve deploy serve_config.yaml              # ops
+
+``build_app(args)`` validates its args, builds ``GatewaySettings`` (environment first, then
+``args.settings`` on top) and composes Embedder, Reranker (when enabled), Retriever, Graph and
+the FastAPI Ingress, which receives their handles.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import BaseModel, Field
+from ray import serve
+from ray.serve import Application
+
+from batch_ingest.chunking import Chunker, tokenizer_counter
+from batch_ingest.pipeline import IngestPipeline
+from deployments.config import GatewaySettings
+from deployments.embedder import EmbedderDeployment, embedding_dim, resolve_model_path
+from deployments.graph import GraphDeployment
+from deployments.reranker import RerankerDeployment
+from deployments.retriever import RetrieverDeployment
+from serve_app.handles import HandleProxy
+from serve_app.http import create_app
+from serve_app.service import GatewayService
+
+logger = logging.getLogger(__name__)
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+class AppArgs(BaseModel):
+    """Arguments of ``build_app`` (the ``args:`` block of serve_config.yaml)."""
+
+    settings: dict[str, Any] = Field(
+        default_factory=dict,
+        description="GatewaySettings overrides, e.g. {milvus: {uri: ...}}; env vars apply first",
+    )
+    graph_enabled: bool = True
+
+    def gateway_settings(self) -> GatewaySettings:
+        from_env = GatewaySettings().model_dump()
+        return GatewaySettings.model_validate(_deep_merge(from_env, self.settings))
+
+
+class Ingress:
+    """FastAPI ingress: builds ``GatewayService`` over the handles of the other deployments."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        embedder: Any,
+        retriever: Any,
+        graph: Any = None,
+        reranker: Any = None,
+    ) -> None:
+        logging.basicConfig(level=logging.INFO)
+        self.settings = settings
+        embedder_proxy = HandleProxy(embedder, "embedder")
+        store = HandleProxy(retriever, "milvus")
+        graph_proxy = HandleProxy(graph, "neo4j") if graph is not None else None
+        model_path = resolve_model_path(settings.embedder.model_path)
+        chunker = Chunker(
+            tokenizer_counter(model_path),
+            settings.chunking.max_tokens,
+            settings.chunking.overlap_tokens,
+        )
+        pipeline = IngestPipeline(
+            embedder=embedder_proxy,
+            store=store,
+            graph=graph_proxy,
+            chunker=chunker,
+            embed_model=settings.embedder.embed_model_tag,
+        )
+        self.service = GatewayService(
+            settings=settings,
+            embedder=embedder_proxy,
+            store=store,
+            graph=graph_proxy,
+            reranker=HandleProxy(reranker, "reranker") if reranker is not None else None,
+            pipeline=pipeline,
+        )
+
+    def __serve_build_asgi_app__(self):
+        return create_app(self.service)
+
+
+def build_app(args: AppArgs) -> Application:
+    """Compose the gateway. Raises ``pydantic.ValidationError`` on bad args or settings."""
+    if isinstance(args, dict):  # `serve run` passes a plain dict on some paths
+        args = AppArgs.model_validate(args)
+    settings = args.gateway_settings()
+    dim = embedding_dim(settings.embedder)
+    emb = settings.embedder
+    embedder = serve.deployment(
+        EmbedderDeployment,
+        name="Embedder",
+        # Batches fill only when enough requests may be in flight at once.
+        max_ongoing_requests=max(256, emb.max_batch_size * 4),
+        ray_actor_options={"num_cpus": 1},
+        user_config={
+            "max_batch_size": emb.max_batch_size,
+            "batch_wait_timeout_s": emb.batch_wait_timeout_s,
+        },
+    ).bind(emb)
+    retriever = serve.deployment(
+        RetrieverDeployment,
+        name="Retriever",
+        max_ongoing_requests=64,
+        ray_actor_options={"num_cpus": 0.1},
+    ).bind(settings.milvus, dim, settings.search.rrf_k)
+    graph = None
+    if args.graph_enabled:
+        graph = serve.deployment(
+            GraphDeployment,
+            name="Graph",
+            max_ongoing_requests=64,
+            ray_actor_options={"num_cpus": 0.1},
+        ).bind(settings.neo4j)
+    reranker = None
+    if settings.reranker.enabled:
+        rr = settings.reranker
+        reranker = serve.deployment(
+            RerankerDeployment,
+            name="Reranker",
+            max_ongoing_requests=max(64, rr.max_batch_size * 4),
+            ray_actor_options={"num_cpus": 0.5},
+            user_config={
+                "max_batch_size": rr.max_batch_size,
+                "batch_wait_timeout_s": rr.batch_wait_timeout_s,
+            },
+        ).bind(rr)
+    ingress = serve.deployment(
+        serve.ingress()(Ingress),
+        name="Ingress",
+        max_ongoing_requests=128,
+        ray_actor_options={"num_cpus": 0.1},
+    )
+    return ingress.bind(settings, embedder, retriever, graph, reranker)

@@ -1,0 +1,90 @@
+"""Maps the one exception tree (deployments.errors) and FastAPI validation errors to JSON
+bodies that say what was wrong and what to send instead."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from deployments.errors import BackendUnavailable, Forbidden, GatewayError, InvalidInput, Overloaded
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BackendUnavailable",
+    "Forbidden",
+    "GatewayError",
+    "InvalidInput",
+    "Overloaded",
+    "install_error_handlers",
+    "trace_id_of",
+]
+
+
+def trace_id_of(request: Request) -> str:
+    existing = getattr(request.state, "trace_id", None)
+    if existing:
+        return existing
+    trace = request.headers.get("x-trace-id") or uuid.uuid4().hex
+    request.state.trace_id = trace
+    return trace
+
+
+def _field_path(loc: tuple) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    return ".".join(parts) or "body"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        fields = []
+        for err in exc.errors():
+            item = {"field": _field_path(tuple(err.get("loc", ()))), "problem": err.get("msg")}
+            ctx = err.get("ctx") or {}
+            if "expected" in ctx:
+                item["allowed"] = ctx["expected"]
+            fields.append(item)
+        names = ", ".join(sorted({f["field"] for f in fields}))
+        return JSONResponse(
+            status_code=422,
+            content={
+                "error": "invalid_input",
+                "message": f"invalid request: {names}",
+                "fields": fields,
+                "hint": "see GET /docs for the request schema",
+                "trace_id": trace_id_of(request),
+            },
+        )
+
+    @app.exception_handler(GatewayError)
+    async def _gateway(request: Request, exc: GatewayError) -> JSONResponse:
+        if exc.status_code >= 500:
+            logger.warning(
+                "%s %s -> %s: %s", request.method, request.url.path, exc.status_code, exc.message
+            )
+        return JSONResponse(
+            status_code=exc.status_code,
+            content={
+                "error": exc.code,
+                "message": exc.message,
+                "hint": exc.hint,
+                "trace_id": trace_id_of(request),
+            },
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse(
+            status_code=500,
+            content={
+                "error": "internal_error",
+                "message": f"{type(exc).__name__}",
+                "trace_id": trace_id_of(request),
+            },
+        )

@@ -1,0 +1,199 @@
+"""GatewayService: the logic behind the routes, over the backend protocols.
+
+The Serve ingress builds it with handle proxies; unit tests build it with fakes. Routes stay
+thin and call one method each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from typing import Any
+
+from batch_ingest.documents import SourceDocument
+from batch_ingest.pipeline import IngestPipeline, strip_header
+from deployments.config import GatewaySettings
+from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.protocols import Embedder, GraphStore, Reranker, SearchHit, VectorStore
+from serve_app.access import AccessContext
+from serve_app.contracts import (
+    IngestDocumentsResponse,
+    IngestedDocument,
+    Match,
+    SearchDocsRequest,
+    SearchDocsResponse,
+    SourceRef,
+)
+from serve_app.snippets import best_snippet
+
+logger = logging.getLogger(__name__)
+
+
+class GatewayService:
+    def __init__(
+        self,
+        *,
+        settings: GatewaySettings,
+        embedder: Embedder,
+        store: VectorStore,
+        graph: GraphStore | None,
+        reranker: Reranker | None,
+        pipeline: IngestPipeline,
+    ) -> None:
+        self.settings = settings
+        self.embedder = embedder
+        self.store = store
+        self.graph = graph
+        self.reranker = reranker
+        self.pipeline = pipeline
+
+    # --- rag.search_docs -----------------------------------------------------------------
+    async def search_docs(self, req: SearchDocsRequest, trace_id: str) -> SearchDocsResponse:
+        started = time.perf_counter()
+        cfg = self.settings.search
+        if req.top_k > cfg.max_top_k:
+            raise InvalidInput(f"top_k must be at most {cfg.max_top_k}, got {req.top_k}")
+        ctx = AccessContext.from_search_request(req)
+        flt = ctx.search_filter(req.filters)
+        mode = req.search_mode or cfg.mode
+        degraded: list[str] = []
+
+        vector = None
+        if mode in ("hybrid", "dense"):
+            try:
+                vector = (await self.embedder.embed([req.query], "query"))[0]
+            except BackendUnavailable as exc:
+                # Keyword search still answers; say so at the top of the response.
+                degraded.append(f"embedder unavailable, fell back to BM25 only: {exc.message}")
+                mode = "bm25"
+
+        use_rerank = self.reranker is not None and (req.rerank is not False)
+        if req.rerank and self.reranker is None:
+            degraded.append("rerank requested but no reranker is configured")
+        fetch = req.top_k * cfg.candidate_multiplier
+        if use_rerank:
+            fetch = max(fetch, self.settings.reranker.candidates)
+        hits = await self.store.search(req.query, _as_list(vector), flt, fetch, mode)
+
+        if use_rerank and hits:
+            try:
+                hits = await self._rerank(req.query, hits)
+            except BackendUnavailable as exc:
+                degraded.append(f"reranker unavailable, fused order kept: {exc.message}")
+
+        matches = self._to_matches(_dedupe(hits)[: req.top_k], req)
+        return SearchDocsResponse(
+            degraded=bool(degraded),
+            degraded_reasons=degraded,
+            matches=matches,
+            mode=mode,
+            took_ms=round((time.perf_counter() - started) * 1000, 1),
+            trace_id=trace_id,
+        )
+
+    async def _rerank(self, query: str, hits: list[SearchHit]) -> list[SearchHit]:
+        assert self.reranker is not None
+        scores = await self.reranker.rerank(query, [strip_header(h.chunk) for h in hits])
+        rescored = [
+            SearchHit(chunk=h.chunk, score=float(s), scores={**h.scores, "rerank": float(s)})
+            for h, s in zip(hits, scores, strict=True)
+        ]
+        return sorted(rescored, key=lambda h: h.score, reverse=True)
+
+    def _to_matches(self, hits: list[SearchHit], req: SearchDocsRequest) -> list[Match]:
+        out = []
+        for hit in hits:
+            c = hit.chunk
+            out.append(
+                Match(
+                    score=round(hit.score, 6),
+                    title=c.title or c.heading or c.doc_id,
+                    snippet=best_snippet(
+                        strip_header(c), req.query, self.settings.search.snippet_chars
+                    ),
+                    source_ref=SourceRef(
+                        type=c.doc_type,
+                        id=c.doc_id,
+                        url=c.url,
+                        team_id=c.team_id,
+                        doc_type=c.doc_type,
+                        chunk_index=c.chunk_index,
+                    ),
+                    chunk_id=c.chunk_id,
+                    scores=hit.scores if req.explain else None,
+                )
+            )
+        return out
+
+    # --- ingestion ----------------------------------------------------------------------
+    async def ingest_documents(
+        self, docs: list[SourceDocument], trace_id: str
+    ) -> IngestDocumentsResponse:
+        limits = self.settings.ingest
+        if len(docs) > limits.max_documents:
+            raise InvalidInput(
+                f"documents: at most {limits.max_documents} per request, got {len(docs)}",
+                hint="split the batch into several requests",
+            )
+        for i, doc in enumerate(docs):
+            if len(doc.text) > limits.max_document_chars:
+                raise InvalidInput(
+                    f"documents.{i}.text: {len(doc.text)} characters, the limit is "
+                    f"{limits.max_document_chars}"
+                )
+        report = await self.pipeline.ingest(docs)
+        counts = {
+            s: sum(r.status == s for r in report.results)
+            for s in ("indexed", "unchanged", "failed")
+        }
+        return IngestDocumentsResponse(
+            degraded=bool(report.degraded or counts["failed"]),
+            degraded_reasons=report.degraded + [f"{r.doc_id}: {r.error}" for r in report.failed],
+            documents=[IngestedDocument(**vars(r)) for r in report.results],
+            took_ms=report.took_ms,
+            trace_id=trace_id,
+            **counts,
+        )
+
+    # --- health -------------------------------------------------------------------------
+    async def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready when the embedder has its model and Milvus and Neo4j answer."""
+        parts: dict[str, Any] = {"embedder": self.embedder, "milvus": self.store}
+        if self.graph is not None:
+            parts["neo4j"] = self.graph
+        if self.reranker is not None:
+            parts["reranker"] = self.reranker
+
+        async def one(name: str, backend: Any) -> tuple[str, dict[str, Any]]:
+            try:
+                return name, await asyncio.wait_for(backend.status(), timeout=10)
+            except Exception as exc:
+                return name, {"ready": False, "error": f"{type(exc).__name__}: {exc}"}
+
+        results = dict(await asyncio.gather(*(one(n, b) for n, b in parts.items())))
+        not_ready = [n for n, s in results.items() if not s.get("ready")]
+        return not not_ready, {
+            "ready": not not_ready,
+            "not_ready": not_ready,
+            "components": results,
+        }
+
+
+def _as_list(vector: Any) -> list[float] | None:
+    if vector is None:
+        return None
+    return [float(x) for x in vector]
+
+
+def _dedupe(hits: list[SearchHit]) -> list[SearchHit]:
+    """Drop exact duplicate passages (same text in two chunks), keeping the best-scored."""
+    seen: set[str] = set()
+    out = []
+    for hit in hits:
+        key = hashlib.sha1(strip_header(hit.chunk).strip().lower().encode()).hexdigest()
+        if key not in seen:
+            seen.add(key)
+            out.append(hit)
+    return out
