@@ -233,3 +233,21 @@ class EmbedderDeployment:
 
     async def count_tokens(self, text: str) -> int:
         return self.core.count_tokens(text)
+
+
+class LocalEmbedder:
+    """``EmbedderCore`` behind the async ``Embedder`` protocol, without Ray: for batch jobs,
+    scripts and tests that run the model in their own process."""
+
+    def __init__(self, settings: EmbedderSettings) -> None:
+        self.core = EmbedderCore(settings)
+
+    async def embed(self, texts: list[str], kind: str = "passage") -> np.ndarray:
+        return await asyncio.to_thread(self.core.embed, texts, kind)
+
+    async def status(self) -> dict[str, Any]:
+        return {
+            "ready": self.core.loaded,
+            "model": self.core.settings.embed_model_tag,
+            "dim": self.core.dim,
+        }

@@ -1,0 +1,160 @@
+"""MilvusStore against the real Milvus Lite server (no mocks)."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+import numpy as np
+import pytest
+
+from deployments.config import MilvusSettings
+from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.protocols import ChunkRecord, SearchFilter
+from deployments.retriever import MilvusStore
+
+pytestmark = pytest.mark.integration
+
+ADVERSARIAL = [
+    'x" or team_id != "',
+    "x' or team_id != '",
+    "x) or (1==1",
+    'back\\slash" || true',
+    "ünïcödé команда",
+]
+
+
+def vec(seed: str, dim: int = 384) -> list[float]:
+    rng = np.random.default_rng(int(hashlib.sha256(seed.encode()).hexdigest()[:8], 16))
+    v = rng.standard_normal(dim)
+    return list(v / np.linalg.norm(v))
+
+
+def chunk(team: str, doc: str, i: int = 0, text: str = "", **meta) -> ChunkRecord:
+    text = text or f"{team} {doc} chunk {i}"
+    return ChunkRecord(
+        chunk_id=uuid.uuid5(uuid.NAMESPACE_URL, f"{team}|{doc}|{i}").hex,
+        doc_id=doc,
+        team_id=team,
+        chunk_index=i,
+        text=text,
+        title=meta.pop("title", f"title {doc}"),
+        content_hash=hashlib.sha256(text.encode()).hexdigest(),
+        embed_model="test@v1",
+        vector=vec(text),
+        **meta,
+    )
+
+
+@pytest.fixture
+def team() -> str:
+    return f"team_{uuid.uuid4().hex[:8]}"
+
+
+def ids(hits) -> set[str]:
+    return {h.chunk.doc_id for h in hits}
+
+
+def test_collection_start_is_idempotent(store: MilvusStore):
+    store._ready = False
+    store.start()
+    store.start()
+    assert store.ping()["ready"] is True
+
+
+@pytest.mark.parametrize("mode", ["dense", "bm25", "hybrid"])
+def test_search_stays_inside_team_and_visibility(store: MilvusStore, team: str, mode: str):
+    other = team + "_other"
+    store.upsert(
+        [
+            chunk(team, "pub", text="milvus vector database in production"),
+            chunk(
+                team, "conf", text="milvus vector database secret plan", visibility="confidential"
+            ),
+            chunk(other, "foreign", text="milvus vector database of another team"),
+        ]
+    )
+    query = "milvus vector database"
+    flt = SearchFilter(team_id=team, visibilities=("public",))
+    hits = store.search(query, vec(query), flt, 10, mode)
+    assert ids(hits) == {"pub"}
+    wide = SearchFilter(team_id=team, visibilities=("public", "confidential"))
+    assert ids(store.search(query, vec(query), wide, 10, mode)) == {"pub", "conf"}
+
+
+def test_every_filter_field_narrows(store: MilvusStore, team: str):
+    store.upsert(
+        [
+            chunk(team, "a", project_id="p1", channel_id="c1", agent_id="g1", doc_type="wiki",
+                  tags=("energy", "solar"), created_at=1_000),
+            chunk(team, "b", project_id="p2", channel_id="c2", agent_id="g2", doc_type="doc",
+                  tags=("food",), created_at=2_000),
+        ]
+    )  # fmt: skip
+    q = "chunk"
+
+    def only(**kw) -> set[str]:
+        return ids(store.search(q, vec(q), SearchFilter(team_id=team, **kw), 10, "dense"))
+
+    assert only(project_id="p1") == {"a"}
+    assert only(channel_id="c2") == {"b"}
+    assert only(agent_id="g1") == {"a"}
+    assert only(doc_types=("doc",)) == {"b"}
+    assert only(doc_types=("doc", "wiki")) == {"a", "b"}
+    assert only(tags_any=("solar", "none")) == {"a"}
+    assert only(created_from=1_500) == {"b"}
+    assert only(created_to=1_500) == {"a"}
+    assert only(created_from=1_500, created_to=1_400) == set()
+
+
+@pytest.mark.parametrize("evil", ADVERSARIAL)
+def test_adversarial_filter_values_match_exactly_and_never_widen(store: MilvusStore, evil: str):
+    store.upsert([chunk(evil, "evil-doc", tags=(evil,)), chunk("victim_team", "victim-doc")])
+    q = "chunk"
+    hits = store.search(q, vec(q), SearchFilter(team_id=evil), 50, "dense")
+    assert ids(hits) == {"evil-doc"}
+    hits = store.search(q, vec(q), SearchFilter(team_id="victim_team", tags_any=(evil,)), 50,
+                        "dense")  # fmt: skip
+    assert hits == []
+
+
+def test_control_characters_in_filter_values_are_rejected(store: MilvusStore):
+    with pytest.raises(InvalidInput):
+        store.search("q", vec("q"), SearchFilter(team_id="a\nb"), 5, "dense")
+
+
+def test_stale_chunks_removed_and_count_exact(store: MilvusStore, team: str):
+    store.upsert([chunk(team, "doc", i) for i in range(4)])
+    assert store.count(team) == 4
+    keep = [chunk(team, "doc", i).chunk_id for i in range(2)]
+    removed = store.delete_stale_chunks(team, "doc", "doc", keep)
+    assert removed == 2
+    assert [c.chunk_index for c in store.get_chunks(team, "doc", "doc")] == [0, 1]
+    # Upserting the same ids again never duplicates.
+    store.upsert([chunk(team, "doc", i) for i in range(2)])
+    assert store.count(team) == 2
+
+
+def test_bm25_scores_are_positive_and_ranked(store: MilvusStore, team: str):
+    store.upsert(
+        [
+            chunk(team, "hit", text="neo4j graph traversal with cypher"),
+            chunk(team, "miss", text="weather report for tomorrow"),
+        ]
+    )
+    hits = store.search("cypher graph", None, SearchFilter(team_id=team), 5, "bm25")
+    assert [h.chunk.doc_id for h in hits] == ["hit"]
+    assert hits[0].score > 0
+
+
+def test_dimension_mismatch_is_refused(settings):
+    other = MilvusStore(settings.milvus, dim=8)
+    with pytest.raises(BackendUnavailable, match="384-d"):
+        other.start()
+
+
+def test_unreachable_milvus_is_backend_unavailable():
+    store = MilvusStore(MilvusSettings(uri="http://127.0.0.1:1", timeout_s=1), dim=4)
+    with pytest.raises(BackendUnavailable) as info:
+        store.start()
+    assert info.value.backend == "milvus"

@@ -1,0 +1,77 @@
+"""One real local Ray cluster and the whole Serve app per session, driven over HTTP.
+
+Run this suite in its own pytest process (scripts/test.sh does): Ray's @serve.batch queue is
+per process and bound to the first event loop, and the cluster is a session-wide singleton.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deployments.retriever import MilvusStore
+from tests.conftest import require_services
+
+pytestmark = pytest.mark.serve
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def gateway(run_id: str):
+    """Base URL of the running gateway; tears everything down at the end."""
+    settings = require_services()
+    tmp = Path(tempfile.mkdtemp(prefix="rag-serve-test-"))
+    token = tmp / "ray_token"
+    token.write_text(secrets.token_hex(32))
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+    import ray
+    from ray import serve
+
+    from serve_app.app import AppArgs, build_app
+
+    collection = f"serve_{run_id}"
+    port = free_port()
+    ray.init(address="local", include_dashboard=False, _temp_dir=str(tmp / "ray"),
+             log_to_driver=False)  # fmt: skip
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = build_app(AppArgs(settings={"milvus": {"collection": collection}}))
+    serve.run(app, name="rag", route_prefix="/")
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    body = None
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(base + "/readyz", timeout=10)
+            body = r.json()
+            if r.status_code == 200:
+                break
+        except httpx.HTTPError as exc:
+            body = str(exc)
+        time.sleep(1)
+    else:
+        pytest.fail(f"gateway not ready after 180 s: {body}")
+    yield base
+    serve.shutdown()
+    ray.shutdown()
+    store = MilvusStore(settings.milvus.model_copy(update={"collection": collection}), dim=384)
+    store.drop()
+    store.close()
+
+
+@pytest.fixture(scope="session")
+def client(gateway: str):
+    with httpx.Client(base_url=gateway, timeout=120) as client:
+        yield client
