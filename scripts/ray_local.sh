@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Start or stop a one-node Ray cluster on loopback for `serve deploy`.
+#   scripts/ray_local.sh up | down
+# Ray 2.60 enables token auth: the token lives in $RAG_VAR_DIR/ray_auth_token.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+VAR="${RAG_VAR_DIR:-$ROOT/var}"
+VENV="${RAG_VENV:-$ROOT/.venv}"
+mkdir -p "$VAR"
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0   # node IP 127.0.0.1, core listeners on loopback
+export RAY_AUTH_MODE=token
+export RAY_AUTH_TOKEN_PATH="$VAR/ray_auth_token"
+[ -s "$RAY_AUTH_TOKEN_PATH" ] || "$VENV/bin/python" -c "import secrets; print(secrets.token_hex(32))" > "$RAY_AUTH_TOKEN_PATH"
+chmod 600 "$RAY_AUTH_TOKEN_PATH"
+
+case "${1:-}" in
+  up)
+    if "$VENV/bin/ray" status --address 127.0.0.1:6379 >/dev/null 2>&1; then
+      echo "[ray] already running on 127.0.0.1:6379"
+    else
+      "$VENV/bin/ray" start --head --node-ip-address 127.0.0.1 --port 6379 \
+        --dashboard-host 127.0.0.1 --dashboard-port 8265 --include-dashboard true \
+        --num-cpus "${RAG_RAY_CPUS:-2}" --disable-usage-stats
+    fi
+    ;;
+  down)
+    "$VENV/bin/ray" stop --force || true
+    ;;
+  *)
+    echo "usage: $0 up|down" >&2; exit 2 ;;
+esac
