@@ -18,6 +18,7 @@ import pytest
 
 from deployments.retriever import MilvusStore
 from tests.conftest import require_services
+from tests.tiny_models import build_tiny_cross_encoder
 
 pytestmark = pytest.mark.serve
 
@@ -26,6 +27,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_ready(base: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    body = None
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(base + "/readyz", timeout=10)
+            body = r.json()
+            if r.status_code == 200:
+                return
+        except httpx.HTTPError as exc:
+            body = str(exc)
+        time.sleep(1)
+    pytest.fail(f"gateway at {base} not ready after {timeout:.0f} s: {body}")
 
 
 @pytest.fixture(scope="session")
@@ -44,25 +60,22 @@ def gateway(run_id: str):
 
     collection = f"serve_{run_id}"
     port = free_port()
+    # Logical CPUs: the second app (reranker on) needs its own Embedder replica (1 CPU).
     ray.init(address="local", include_dashboard=False, _temp_dir=str(tmp / "ray"),
-             log_to_driver=False)  # fmt: skip
+             log_to_driver=False, num_cpus=4)  # fmt: skip
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     app = build_app(AppArgs(settings={"milvus": {"collection": collection}}))
     serve.run(app, name="rag", route_prefix="/")
+    # The same store behind a second app whose Reranker deployment loads a real (tiny)
+    # cross-encoder checkpoint; graph off to keep it small.
+    reranker_path = build_tiny_cross_encoder(tmp / "tiny-cross-encoder")
+    rr_settings = {"milvus": {"collection": collection},
+                   "reranker": {"enabled": True, "model_path": str(reranker_path)}}  # fmt: skip
+    serve.run(build_app(AppArgs(settings=rr_settings, graph_enabled=False)), name="rag_rr",
+              route_prefix="/rr")  # fmt: skip
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    body = None
-    while time.monotonic() < deadline:
-        try:
-            r = httpx.get(base + "/readyz", timeout=10)
-            body = r.json()
-            if r.status_code == 200:
-                break
-        except httpx.HTTPError as exc:
-            body = str(exc)
-        time.sleep(1)
-    else:
-        pytest.fail(f"gateway not ready after 180 s: {body}")
+    for prefix in ("", "/rr"):
+        wait_ready(base + prefix)
     yield base
     serve.shutdown()
     ray.shutdown()

@@ -139,3 +139,24 @@ async def test_concurrent_searches_all_succeed(gateway: str, teams):
             )  # fmt: skip
         )
     assert [r.status_code for r in replies] == [200] * 16
+
+
+def test_reranker_deployment_rescores_candidates(client: httpx.Client, teams):
+    ready = client.get("/rr/readyz").json()
+    assert ready["components"]["reranker"]["ready"] is True
+    body = search(client, team_id=teams["a"], query="Milvus hybrid search", top_k=3,
+                  explain=True)  # fmt: skip
+    plain = body.json()
+    r = client.post("/rr/rag/search_docs", json={"team_id": teams["a"], "top_k": 3,
+                    "query": "Milvus hybrid search", "explain": True})  # fmt: skip
+    assert r.status_code == 200, r.text
+    reranked = r.json()
+    assert reranked["degraded"] is False
+    assert all("rerank" in m["scores"] for m in reranked["matches"])
+    assert [m["score"] for m in reranked["matches"]] == sorted(
+        (m["score"] for m in reranked["matches"]), reverse=True
+    )
+    assert all("rerank" not in m["scores"] for m in plain["matches"])
+    # Asking the plain app for a rerank it cannot do is said, not hidden.
+    r = search(client, team_id=teams["a"], query="Milvus", rerank=True).json()
+    assert r["degraded"] is True and "no reranker" in r["degraded_reasons"][0]
