@@ -15,7 +15,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 TokenCounter = Callable[[str], int]
-HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.+?)(?:\s+#+)?\s*$")
 SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
 
 
@@ -78,7 +78,7 @@ class Chunker:
 
     # Sections: runs of paragraphs under one heading path.
     def _sections(self, text: str) -> list[tuple[str, list[str]]]:
-        path: list[str] = []
+        path: list[tuple[int, str]] = []  # (level, title) of the open headings
         sections: list[tuple[str, list[str]]] = []
         current: list[str] = []
         lines: list[str] = []
@@ -92,7 +92,7 @@ class Chunker:
         def close_section() -> None:
             close_paragraph()
             if current:
-                sections.append((" › ".join(path), list(current)))
+                sections.append((" › ".join(title for _, title in path), list(current)))
                 current.clear()
 
         in_fence = False
@@ -103,15 +103,17 @@ class Chunker:
             if match:
                 close_section()
                 level = len(match.group(1))
-                del path[level - 1 :]
-                path.extend([""] * (level - 1 - len(path)))
-                path.append(match.group(2))
-                path[:] = [p for p in path if p]
+                while path and path[-1][0] >= level:
+                    path.pop()
+                path.append((level, match.group(2)))
             elif not line.strip() and not in_fence:
                 close_paragraph()
             else:
                 lines.append(line)
         close_section()
+        if not sections and text.strip():
+            # Only headings: the headings are the content.
+            sections.append(("", [text.strip()]))
         return sections
 
     def _pack(self, paragraphs: list[str]) -> list[str]:
@@ -138,10 +140,15 @@ class Chunker:
         return out
 
     def _split_long(self, para: str) -> list[str]:
-        """Sentences first; a sentence longer than the budget is cut by words."""
+        """Sentences first, a sentence over the budget by words, a word over it by characters.
+
+        Pieces are packed to ``max_tokens - overlap_tokens`` so the overlap carried into the
+        next chunk always fits.
+        """
+        budget = self.max_tokens - self.overlap_tokens
         parts: list[str] = []
         for sentence in SENTENCE_END.split(para):
-            if self.count(sentence) <= self.max_tokens:
+            if self.count(sentence) <= budget:
                 parts.append(sentence)
                 continue
             # Word-piece counts add up per word, so sum them instead of re-counting the window.
@@ -149,7 +156,14 @@ class Chunker:
             size = 0
             for word in sentence.split():
                 n = self.count(word)
-                if window and size + n > self.max_tokens:
+                if n > budget:
+                    pieces = self._split_word(word, budget)
+                    word, n = pieces[-1], self.count(pieces[-1])
+                    if window:
+                        parts.append(" ".join(window))
+                    parts.extend(pieces[:-1])
+                    window, size = [], 0
+                if window and size + n > budget:
                     parts.append(" ".join(window))
                     window, size = [], 0
                 window.append(word)
@@ -159,11 +173,23 @@ class Chunker:
         # Re-join short sentences up to the budget.
         merged: list[str] = []
         for part in parts:
-            if merged and self.count(merged[-1] + " " + part) <= self.max_tokens:
+            if merged and self.count(merged[-1] + " " + part) <= budget:
                 merged[-1] = merged[-1] + " " + part
             else:
                 merged.append(part)
         return merged
+
+    def _split_word(self, word: str, budget: int) -> list[str]:
+        """Cut a run without whitespace (a URL, a hash) into pieces of at most ``budget``."""
+        pieces: list[str] = []
+        rest = word
+        while rest:
+            size = max(1, len(rest) * budget // max(1, self.count(rest)))
+            while size > 1 and self.count(rest[:size]) > budget:
+                size = max(1, size * 3 // 4)
+            pieces.append(rest[:size])
+            rest = rest[size:]
+        return pieces
 
     def _tail(self, text: str) -> str:
         """The last ``overlap_tokens`` worth of whole words of ``text``."""

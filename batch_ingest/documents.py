@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from datetime import UTC, datetime
 from typing import Annotated, Literal
@@ -28,13 +29,24 @@ Tag = Annotated[
 DOC_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
+# Year 1 to year 9999: what Milvus's INT64 column and ISO-8601 round-trip both hold.
+MIN_TIMESTAMP = -62_135_596_800
+MAX_TIMESTAMP = 253_402_300_799
+
+
 def parse_timestamp(value: object) -> int:
-    """Seconds since the epoch from an int/float or an ISO-8601 string (naive means UTC)."""
+    """Seconds since the epoch from an int/float or an ISO-8601 string (naive means UTC).
+
+    ``None`` or ``""`` mean "unknown" and give 0, so re-sending a document without a date
+    never changes its stored metadata (idempotency).
+    """
     if value is None or value == "":
-        return int(datetime.now(UTC).timestamp())
+        return 0
     if isinstance(value, bool):
         raise ValueError("must be an ISO-8601 date-time or epoch seconds, not a boolean")
     if isinstance(value, int | float):
+        if not math.isfinite(value) or not MIN_TIMESTAMP <= value <= MAX_TIMESTAMP:
+            raise ValueError("epoch seconds out of range (years 1 to 9999)")
         return int(value)
     if isinstance(value, str):
         try:
@@ -65,7 +77,7 @@ class SourceDocument(BaseModel):
     )
     doc_type: str = "doc"
     tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
-    created_at: int = Field(default=0, description="ISO-8601 or epoch seconds; default now")
+    created_at: int = Field(default=0, description="ISO-8601 or epoch seconds; 0 = unknown")
 
     @field_validator("text")
     @classmethod

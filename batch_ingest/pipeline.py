@@ -137,9 +137,11 @@ class IngestPipeline:
         started = time.perf_counter()
         report = IngestReport()
         planned: list[tuple[SourceDocument, list[ChunkRecord]]] = []
+        unchanged: list[SourceDocument] = []
         for doc in docs:
             chunks = self.build_chunks(doc)
             if await self._unchanged(doc, chunks):
+                unchanged.append(doc)
                 report.results.append(
                     DocResult(doc.doc_id, doc.team_id, "unchanged", chunks=len(chunks))
                 )
@@ -168,11 +170,14 @@ class IngestPipeline:
                 logger.warning("ingest of %s/%s failed: %s", doc.team_id, doc.doc_id, exc)
             report.results.append(result)
 
-        if written and self.graph is not None:
+        # Unchanged documents are merged too (MERGE is idempotent): a re-send repairs a graph
+        # that missed them during an outage.
+        to_graph = written + unchanged
+        if to_graph and self.graph is not None:
             try:
-                await self.graph.merge_documents([_graph_doc(d) for d in written])
+                await self.graph.merge_documents([_graph_doc(d) for d in to_graph])
                 for result in report.results:
-                    if result.status == "indexed":
+                    if result.status != "failed":
                         result.graph = True
             except Exception as exc:  # documents are searchable; say the graph lags
                 logger.warning("graph merge failed: %s", exc)

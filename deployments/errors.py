@@ -9,10 +9,12 @@ class GatewayError(Exception):
     status_code = 500
     code = "internal_error"
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, field: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        # The request field at fault, as a dotted path (``filters.visibility``), when known.
+        self.field = field
 
 
 class InvalidInput(GatewayError):

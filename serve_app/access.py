@@ -49,6 +49,7 @@ class AccessContext:
                     f"filters.visibility={filters.visibility!r} is outside this caller's scope "
                     f"{list(self.allowed_visibilities)}",
                     hint="send mode/visibility 'confidential' with a role that grants it",
+                    field="filters.visibility",
                 )
             visibilities = (filters.visibility,)
         return SearchFilter(

@@ -31,16 +31,6 @@ from serve_app.service import GatewayService
 logger = logging.getLogger(__name__)
 
 
-def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 class AppArgs(BaseModel):
     """Arguments of ``build_app`` (the ``args:`` block of serve_config.yaml)."""
 
@@ -51,8 +41,10 @@ class AppArgs(BaseModel):
     graph_enabled: bool = True
 
     def gateway_settings(self) -> GatewaySettings:
-        from_env = GatewaySettings().model_dump()
-        return GatewaySettings.model_validate(_deep_merge(from_env, self.settings))
+        """Environment first, ``settings`` on top, validated once as a whole."""
+        # Init arguments take precedence over env vars in pydantic-settings and nested
+        # sections are merged field by field, so args can complete what env alone lacks.
+        return GatewaySettings(**self.settings)
 
 
 class Ingress:

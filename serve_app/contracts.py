@@ -71,11 +71,16 @@ class SearchFilters(BaseModel):
 class SearchDocsRequest(BaseModel):
     """rag.search_docs."""
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    # Unknown keys are refused: a misspelled "filter" must not silently widen a search.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     team_id: Identifier = Field(validation_alias=TEAM_ALIASES)
-    query: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000)]
-    top_k: int = Field(5, ge=1, le=MAX_TOP_K)
+    # Both aliases may be sent; _one_tenant_key checks they agree.
+    dao_id: str | None = Field(None, exclude=True)
+    microdao_id: str | None = Field(None, exclude=True)
+    query: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=8000)]
+    # None = the configured search.default_top_k.
+    top_k: int | None = Field(None, ge=1, le=MAX_TOP_K)
     agent_id: OptionalId = ""
     user_id: OptionalId = ""
     filters: SearchFilters = Field(default_factory=SearchFilters)

@@ -44,6 +44,16 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         fields = []
         for err in exc.errors():
+            if err.get("type") == "json_invalid":
+                # loc holds a character offset here, not a field name.
+                position = err.get("loc", ("body", "?"))[-1]
+                item = {
+                    "field": "body",
+                    "problem": f"malformed JSON at character {position}: "
+                    f"{(err.get('ctx') or {}).get('error', err.get('msg'))}",
+                }
+                fields.append(item)
+                continue
             item = {"field": _field_path(tuple(err.get("loc", ()))), "problem": err.get("msg")}
             ctx = err.get("ctx") or {}
             if "expected" in ctx:
@@ -67,15 +77,15 @@ def install_error_handlers(app: FastAPI) -> None:
             logger.warning(
                 "%s %s -> %s: %s", request.method, request.url.path, exc.status_code, exc.message
             )
-        return JSONResponse(
-            status_code=exc.status_code,
-            content={
-                "error": exc.code,
-                "message": exc.message,
-                "hint": exc.hint,
-                "trace_id": trace_id_of(request),
-            },
-        )
+        content = {
+            "error": exc.code,
+            "message": exc.message,
+            "hint": exc.hint,
+            "trace_id": trace_id_of(request),
+        }
+        if exc.field:
+            content["fields"] = [{"field": exc.field, "problem": exc.message}]
+        return JSONResponse(status_code=exc.status_code, content=content)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -53,8 +53,14 @@ class GatewayService:
     async def search_docs(self, req: SearchDocsRequest, trace_id: str) -> SearchDocsResponse:
         started = time.perf_counter()
         cfg = self.settings.search
-        if req.top_k > cfg.max_top_k:
-            raise InvalidInput(f"top_k must be at most {cfg.max_top_k}, got {req.top_k}")
+        top_k = req.top_k or cfg.default_top_k
+        if top_k > cfg.max_top_k:
+            raise InvalidInput(f"top_k must be at most {cfg.max_top_k}, got {top_k}", field="top_k")
+        if len(req.query) > cfg.max_query_chars:
+            raise InvalidInput(
+                f"query is {len(req.query)} characters; the limit is {cfg.max_query_chars}",
+                field="query",
+            )
         ctx = AccessContext.from_search_request(req)
         flt = ctx.search_filter(req.filters)
         mode = req.search_mode or cfg.mode
@@ -72,7 +78,7 @@ class GatewayService:
         use_rerank = self.reranker is not None and (req.rerank is not False)
         if req.rerank and self.reranker is None:
             degraded.append("rerank requested but no reranker is configured")
-        fetch = req.top_k * cfg.candidate_multiplier
+        fetch = top_k * cfg.candidate_multiplier
         if use_rerank:
             fetch = max(fetch, self.settings.reranker.candidates)
         hits = await self.store.search(req.query, _as_list(vector), flt, fetch, mode)
@@ -83,7 +89,7 @@ class GatewayService:
             except BackendUnavailable as exc:
                 degraded.append(f"reranker unavailable, fused order kept: {exc.message}")
 
-        matches = self._to_matches(_dedupe(hits)[: req.top_k], req)
+        matches = self._to_matches(_dedupe(hits)[:top_k], req)
         return SearchDocsResponse(
             degraded=bool(degraded),
             degraded_reasons=degraded,
@@ -136,12 +142,14 @@ class GatewayService:
             raise InvalidInput(
                 f"documents: at most {limits.max_documents} per request, got {len(docs)}",
                 hint="split the batch into several requests",
+                field="documents",
             )
         for i, doc in enumerate(docs):
             if len(doc.text) > limits.max_document_chars:
                 raise InvalidInput(
                     f"documents.{i}.text: {len(doc.text)} characters, the limit is "
-                    f"{limits.max_document_chars}"
+                    f"{limits.max_document_chars}",
+                    field=f"documents.{i}.text",
                 )
         report = await self.pipeline.ingest(docs)
         counts = {

@@ -85,12 +85,28 @@ def test_search_stays_inside_team_and_visibility(store: MilvusStore, team: str, 
 def test_every_filter_field_narrows(store: MilvusStore, team: str):
     store.upsert(
         [
-            chunk(team, "a", project_id="p1", channel_id="c1", agent_id="g1", doc_type="wiki",
-                  tags=("energy", "solar"), created_at=1_000),
-            chunk(team, "b", project_id="p2", channel_id="c2", agent_id="g2", doc_type="doc",
-                  tags=("food",), created_at=2_000),
+            chunk(
+                team,
+                "a",
+                project_id="p1",
+                channel_id="c1",
+                agent_id="g1",
+                doc_type="wiki",
+                tags=("energy", "solar"),
+                created_at=1_000,
+            ),
+            chunk(
+                team,
+                "b",
+                project_id="p2",
+                channel_id="c2",
+                agent_id="g2",
+                doc_type="doc",
+                tags=("food",),
+                created_at=2_000,
+            ),
         ]
-    )  # fmt: skip
+    )
     q = "chunk"
 
     def only(**kw) -> set[str]:
@@ -113,8 +129,9 @@ def test_adversarial_filter_values_match_exactly_and_never_widen(store: MilvusSt
     q = "chunk"
     hits = store.search(q, vec(q), SearchFilter(team_id=evil), 50, "dense")
     assert ids(hits) == {"evil-doc"}
-    hits = store.search(q, vec(q), SearchFilter(team_id="victim_team", tags_any=(evil,)), 50,
-                        "dense")  # fmt: skip
+    hits = store.search(
+        q, vec(q), SearchFilter(team_id="victim_team", tags_any=(evil,)), 50, "dense"
+    )
     assert hits == []
 
 

@@ -21,8 +21,14 @@ async def team(graph: Neo4jGraph):
 
 
 def doc(team: str, doc_id: str, visibility: str = "public", **kw) -> GraphDocument:
-    return GraphDocument(team_id=team, doc_id=doc_id, title=f"Title {doc_id}",
-                         visibility=visibility, doc_type="doc", **kw)  # fmt: skip
+    return GraphDocument(
+        team_id=team,
+        doc_id=doc_id,
+        title=f"Title {doc_id}",
+        visibility=visibility,
+        doc_type="doc",
+        **kw,
+    )
 
 
 async def counts(graph: Neo4jGraph, team: str) -> tuple[int, int]:
@@ -55,12 +61,14 @@ async def test_every_node_and_relationship_carries_tenant_and_visibility(graph, 
 
 async def test_entity_becomes_public_only_when_a_public_doc_names_it(graph, team):
     await graph.merge_documents([doc(team, "secret", "confidential", project_id="p1")])
-    vis = await graph.run("MATCH (p:Project {team_id: $t, id: 'p1'}) RETURN p.visibility AS v",
-                          {"t": team})  # fmt: skip
+    vis = await graph.run(
+        "MATCH (p:Project {team_id: $t, id: 'p1'}) RETURN p.visibility AS v", {"t": team}
+    )
     assert vis[0]["v"] == "confidential"
     await graph.merge_documents([doc(team, "open", "public", project_id="p1")])
-    vis = await graph.run("MATCH (p:Project {team_id: $t, id: 'p1'}) RETURN p.visibility AS v",
-                          {"t": team})  # fmt: skip
+    vis = await graph.run(
+        "MATCH (p:Project {team_id: $t, id: 'p1'}) RETURN p.visibility AS v", {"t": team}
+    )
     assert vis[0]["v"] == "public"
 
 

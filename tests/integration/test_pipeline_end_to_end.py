@@ -26,13 +26,19 @@ def pipeline(settings, embedder, graph, store):
     retriever = RetrieverDeployment(settings.milvus, 384)
     retriever.store = store
     chunker = Chunker(tokenizer_counter(default_model_path()), max_tokens=64, overlap_tokens=8)
-    return IngestPipeline(embedder=embedder, store=retriever, graph=graph, chunker=chunker,
-                          embed_model="all-MiniLM-L6-v2@v1")  # fmt: skip
+    return IngestPipeline(
+        embedder=embedder,
+        store=retriever,
+        graph=graph,
+        chunker=chunker,
+        embed_model="all-MiniLM-L6-v2@v1",
+    )
 
 
 def source(team: str, doc_id: str, text: str, **kw) -> SourceDocument:
-    return SourceDocument(team_id=team, doc_id=doc_id, title=kw.pop("title", doc_id), text=text,
-                          **kw)  # fmt: skip
+    return SourceDocument(
+        team_id=team, doc_id=doc_id, title=kw.pop("title", doc_id), text=text, **kw
+    )
 
 
 LONG = "\n\n".join(
@@ -74,8 +80,14 @@ async def test_reingest_is_unchanged_and_edit_replaces_stale_chunks(pipeline, st
 
 
 async def test_graph_records_document_and_its_links(pipeline, graph, team):
-    doc = source(team, "d", "Helion serves the energy union.", project_id="prj_energy",
-                 agent_id="helion", tags=["energy"])  # fmt: skip
+    doc = source(
+        team,
+        "d",
+        "Helion serves the energy union.",
+        project_id="prj_energy",
+        agent_id="helion",
+        tags=["energy"],
+    )
     await pipeline.ingest([doc])
     rows = await graph.run(
         "MATCH (a:Agent)-[:AUTHORED]->(d:Doc {team_id: $t, id: 'd'})-[:PART_OF]->(p:Project) "

@@ -61,18 +61,28 @@ def gateway(run_id: str):
     collection = f"serve_{run_id}"
     port = free_port()
     # Logical CPUs: the second app (reranker on) needs its own Embedder replica (1 CPU).
-    ray.init(address="local", include_dashboard=False, _temp_dir=str(tmp / "ray"),
-             log_to_driver=False, num_cpus=4)  # fmt: skip
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        _temp_dir=str(tmp / "ray"),
+        log_to_driver=False,
+        num_cpus=4,
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     app = build_app(AppArgs(settings={"milvus": {"collection": collection}}))
     serve.run(app, name="rag", route_prefix="/")
     # The same store behind a second app whose Reranker deployment loads a real (tiny)
     # cross-encoder checkpoint; graph off to keep it small.
     reranker_path = build_tiny_cross_encoder(tmp / "tiny-cross-encoder")
-    rr_settings = {"milvus": {"collection": collection},
-                   "reranker": {"enabled": True, "model_path": str(reranker_path)}}  # fmt: skip
-    serve.run(build_app(AppArgs(settings=rr_settings, graph_enabled=False)), name="rag_rr",
-              route_prefix="/rr")  # fmt: skip
+    rr_settings = {
+        "milvus": {"collection": collection},
+        "reranker": {"enabled": True, "model_path": str(reranker_path)},
+    }
+    serve.run(
+        build_app(AppArgs(settings=rr_settings, graph_enabled=False)),
+        name="rag_rr",
+        route_prefix="/rr",
+    )
     base = f"http://127.0.0.1:{port}"
     for prefix in ("", "/rr"):
         wait_ready(base + prefix)

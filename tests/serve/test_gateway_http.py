@@ -20,19 +20,40 @@ def teams(client: httpx.Client) -> dict[str, str]:
     """Two fresh tenants with public and confidential documents."""
     a, b = f"dao_a_{uuid.uuid4().hex[:6]}", f"dao_b_{uuid.uuid4().hex[:6]}"
     docs = [
-        {"team_id": a, "doc_id": "rag_spec", "title": "Spec microdao RAG stack",
-         "text": "# RAG stack\n\nThe gateway stores chunks in Milvus and relations in Neo4j. "
-                 "Project prj_x already uses Milvus for hybrid search.",
-         "project_id": "prj_x", "doc_type": "doc", "tags": ["rag", "milvus"],
-         "url": "https://example.org/rag"},
-        {"team_id": a, "doc_id": "salaries", "title": "Payroll",
-         "text": "Confidential: payroll of the core team for Milvus engineers.",
-         "visibility": "confidential", "doc_type": "file"},
-        {"dao_id": b, "doc_id": "b_milvus", "title": "Other DAO Milvus notes",
-         "text": "Team B evaluates Milvus as vector database.", "doc_type": "wiki"},
-        {"team_id": a, "doc_id": "uk", "title": "Енергетика",
-         "text": "Сонячні панелі та акумулятори живлять мікрогрід громади.", "doc_type": "wiki"},
-    ]  # fmt: skip
+        {
+            "team_id": a,
+            "doc_id": "rag_spec",
+            "title": "Spec microdao RAG stack",
+            "text": "# RAG stack\n\nThe gateway stores chunks in Milvus and relations in Neo4j. "
+            "Project prj_x already uses Milvus for hybrid search.",
+            "project_id": "prj_x",
+            "doc_type": "doc",
+            "tags": ["rag", "milvus"],
+            "url": "https://example.org/rag",
+        },
+        {
+            "team_id": a,
+            "doc_id": "salaries",
+            "title": "Payroll",
+            "text": "Confidential: payroll of the core team for Milvus engineers.",
+            "visibility": "confidential",
+            "doc_type": "file",
+        },
+        {
+            "dao_id": b,
+            "doc_id": "b_milvus",
+            "title": "Other DAO Milvus notes",
+            "text": "Team B evaluates Milvus as vector database.",
+            "doc_type": "wiki",
+        },
+        {
+            "team_id": a,
+            "doc_id": "uk",
+            "title": "Енергетика",
+            "text": "Сонячні панелі та акумулятори живлять мікрогрід громади.",
+            "doc_type": "wiki",
+        },
+    ]
     r = client.post("/ingest/documents", json={"documents": docs})
     assert r.status_code == 200, r.text
     assert r.json()["indexed"] == 4
@@ -51,25 +72,37 @@ def test_readyz_reports_every_component(client: httpx.Client):
 
 
 def test_search_returns_spec_shape(client: httpx.Client, teams):
-    r = search(client, agent_id="ag_daarwizz", team_id=teams["a"], top_k=5,
-               query="які проєкти у нас вже використовують Milvus?",
-               filters={"project_id": "prj_x", "doc_type": ["doc", "wiki"], "visibility": "public"})  # fmt: skip
+    r = search(
+        client,
+        agent_id="ag_daarwizz",
+        team_id=teams["a"],
+        top_k=5,
+        query="які проєкти у нас вже використовують Milvus?",
+        filters={"project_id": "prj_x", "doc_type": ["doc", "wiki"], "visibility": "public"},
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["degraded"] is False
     match = body["matches"][0]
     assert {"score", "title", "snippet", "source_ref"} <= set(match)
     assert match["title"] == "Spec microdao RAG stack"
-    assert match["source_ref"] == {"type": "doc", "id": "rag_spec", "url": "https://example.org/rag",
-                                   "team_id": teams["a"], "doc_type": "doc", "chunk_index": 0}  # fmt: skip
+    assert match["source_ref"] == {
+        "type": "doc",
+        "id": "rag_spec",
+        "url": "https://example.org/rag",
+        "team_id": teams["a"],
+        "doc_type": "doc",
+        "chunk_index": 0,
+    }
 
 
 def test_tenant_and_visibility_enforced(client: httpx.Client, teams):
     public = search(client, team_id=teams["a"], query="Milvus engineers payroll", top_k=10).json()
     assert {m["source_ref"]["id"] for m in public["matches"]} <= {"rag_spec", "uk"}
     assert all(m["source_ref"]["team_id"] == teams["a"] for m in public["matches"])
-    wide = search(client, team_id=teams["a"], query="Milvus engineers payroll", top_k=10,
-                  mode="confidential").json()  # fmt: skip
+    wide = search(
+        client, team_id=teams["a"], query="Milvus engineers payroll", top_k=10, mode="confidential"
+    ).json()
     assert "salaries" in {m["source_ref"]["id"] for m in wide["matches"]}
     other = search(client, microdao_id=teams["b"], query="Milvus", top_k=10).json()
     assert {m["source_ref"]["id"] for m in other["matches"]} == {"b_milvus"}
@@ -81,8 +114,13 @@ def test_ukrainian_query_finds_ukrainian_document(client: httpx.Client, teams):
 
 
 def test_reingest_is_idempotent(client: httpx.Client, teams):
-    doc = {"team_id": teams["b"], "doc_id": "b_milvus", "title": "Other DAO Milvus notes",
-           "text": "Team B evaluates Milvus as vector database.", "doc_type": "wiki"}  # fmt: skip
+    doc = {
+        "team_id": teams["b"],
+        "doc_id": "b_milvus",
+        "title": "Other DAO Milvus notes",
+        "text": "Team B evaluates Milvus as vector database.",
+        "doc_type": "wiki",
+    }
     r = client.post("/ingest/documents", json={"documents": [doc]}).json()
     assert r["unchanged"] == 1 and r["indexed"] == 0
 
@@ -106,15 +144,20 @@ def test_bad_input_is_422_naming_the_field(client: httpx.Client, body, field):
 
 
 def test_malformed_json_is_422(client: httpx.Client):
-    r = client.post("/rag/search_docs", content=b'{"team_id": "t", "query": ',
-                    headers={"content-type": "application/json"})  # fmt: skip
+    r = client.post(
+        "/rag/search_docs",
+        content=b'{"team_id": "t", "query": ',
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 422
 
 
 def test_bad_document_rejects_the_whole_batch_before_writing(client: httpx.Client, teams):
     fresh = f"doc_{uuid.uuid4().hex[:6]}"
-    docs = [{"team_id": teams["a"], "doc_id": fresh, "text": "valid"},
-            {"team_id": teams["a"], "doc_id": "bad", "text": ""}]  # fmt: skip
+    docs = [
+        {"team_id": teams["a"], "doc_id": fresh, "text": "valid"},
+        {"team_id": teams["a"], "doc_id": "bad", "text": ""},
+    ]
     r = client.post("/ingest/documents", json={"documents": docs})
     assert r.status_code == 422
     assert "documents.1.text" in [f["field"] for f in r.json()["fields"]]
@@ -136,7 +179,7 @@ async def test_concurrent_searches_all_succeed(gateway: str, teams):
             *(
                 ac.post("/rag/search_docs", json={"team_id": teams["a"], "query": f"Milvus {i}"})
                 for i in range(16)
-            )  # fmt: skip
+            )
         )
     assert [r.status_code for r in replies] == [200] * 16
 
@@ -144,11 +187,12 @@ async def test_concurrent_searches_all_succeed(gateway: str, teams):
 def test_reranker_deployment_rescores_candidates(client: httpx.Client, teams):
     ready = client.get("/rr/readyz").json()
     assert ready["components"]["reranker"]["ready"] is True
-    body = search(client, team_id=teams["a"], query="Milvus hybrid search", top_k=3,
-                  explain=True)  # fmt: skip
+    body = search(client, team_id=teams["a"], query="Milvus hybrid search", top_k=3, explain=True)
     plain = body.json()
-    r = client.post("/rr/rag/search_docs", json={"team_id": teams["a"], "top_k": 3,
-                    "query": "Milvus hybrid search", "explain": True})  # fmt: skip
+    r = client.post(
+        "/rr/rag/search_docs",
+        json={"team_id": teams["a"], "top_k": 3, "query": "Milvus hybrid search", "explain": True},
+    )
     assert r.status_code == 200, r.text
     reranked = r.json()
     assert reranked["degraded"] is False

@@ -1,0 +1,134 @@
+"""GatewaySettings: environment variables, validation of sections, production secrets."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from pydantic import ValidationError
+
+from deployments.config import (
+    PLACEHOLDER_SECRETS,
+    ChunkingSettings,
+    EmbedderSettings,
+    GatewaySettings,
+)
+
+SECTIONS = (
+    "environment",
+    "embedder",
+    "reranker",
+    "milvus",
+    "neo4j",
+    "search",
+    "chunking",
+    "ingest",
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    """Drop any gateway variable of the surrounding shell so each test sets its own."""
+    for name in list(os.environ):
+        lowered = name.lower()
+        if any(lowered == s or lowered.startswith(s + "__") for s in SECTIONS):
+            monkeypatch.delenv(name)
+
+
+def test_defaults_need_no_environment():
+    settings = GatewaySettings()
+    assert settings.environment == "development"
+    assert settings.milvus.uri == "http://127.0.0.1:19530"
+    assert settings.chunking.overlap_tokens < settings.chunking.max_tokens
+
+
+def test_env_nested_delimiter_sets_a_section_field(monkeypatch):
+    monkeypatch.setenv("MILVUS__URI", "http://milvus.internal:19530")
+    settings = GatewaySettings()
+    assert settings.milvus.uri == "http://milvus.internal:19530"
+    assert settings.milvus.collection == "rag_chunks"
+
+
+def test_env_names_are_case_insensitive_and_values_are_coerced(monkeypatch):
+    monkeypatch.setenv("search__max_top_k", "20")
+    monkeypatch.setenv("EMBEDDER__NORMALIZE", "false")
+    monkeypatch.setenv("NEO4J__TIMEOUT_S", "2.5")
+    settings = GatewaySettings()
+    assert settings.search.max_top_k == 20
+    assert settings.embedder.normalize is False
+    assert settings.neo4j.timeout_s == 2.5
+
+
+def test_invalid_env_value_raises(monkeypatch):
+    monkeypatch.setenv("SEARCH__MODE", "semantic")
+    with pytest.raises(ValidationError, match="mode"):
+        GatewaySettings()
+
+
+def test_init_arguments_override_env(monkeypatch):
+    monkeypatch.setenv("MILVUS__URI", "http://from-env:19530")
+    settings = GatewaySettings(milvus={"uri": "http://from-args:19530"})
+    assert settings.milvus.uri == "http://from-args:19530"
+
+
+@pytest.mark.parametrize("password", sorted(PLACEHOLDER_SECRETS))
+def test_production_with_placeholder_neo4j_password_raises(monkeypatch, password):
+    monkeypatch.setenv("ENVIRONMENT", "production")
+    monkeypatch.setenv("NEO4J__PASSWORD", password)
+    with pytest.raises(ValidationError, match="placeholder"):
+        GatewaySettings()
+
+
+def test_production_with_default_password_raises():
+    with pytest.raises(ValidationError, match="NEO4J__PASSWORD"):
+        GatewaySettings(environment="production")
+
+
+def test_production_with_real_secret_is_accepted(monkeypatch):
+    monkeypatch.setenv("ENVIRONMENT", "production")
+    monkeypatch.setenv("NEO4J__PASSWORD", "s3cr3t-from-vault")
+    assert GatewaySettings().environment == "production"
+
+
+@pytest.mark.parametrize("environment", ["development", "test"])
+def test_placeholder_password_is_fine_outside_production(environment):
+    assert GatewaySettings(environment=environment).neo4j.password == "rag-gateway-dev"
+
+
+@pytest.mark.parametrize(("max_tokens", "overlap"), [(100, 100), (100, 150), (16, 16)])
+def test_overlap_not_below_max_tokens_raises(max_tokens, overlap):
+    with pytest.raises(ValidationError, match="overlap_tokens"):
+        ChunkingSettings(max_tokens=max_tokens, overlap_tokens=overlap)
+
+
+def test_overlap_not_below_max_tokens_from_env_raises(monkeypatch):
+    monkeypatch.setenv("CHUNKING__MAX_TOKENS", "64")
+    monkeypatch.setenv("CHUNKING__OVERLAP_TOKENS", "64")
+    with pytest.raises(ValidationError, match="overlap_tokens"):
+        GatewaySettings()
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        {"embedder": {"max_length": 4}},
+        {"embedder": {"pooling": "max"}},
+        {"milvus": {"metric_type": "HAMMING"}},
+        {"milvus": {"timeout_s": 0}},
+        {"search": {"max_top_k": 0}},
+        {"search": {"snippet_chars": 10}},
+        {"environment": "staging"},
+    ],
+)
+def test_out_of_range_settings_raise(section):
+    with pytest.raises(ValidationError):
+        GatewaySettings(**section)
+
+
+def test_unknown_top_level_setting_is_ignored():
+    assert GatewaySettings(colour="green").environment == "development"
+
+
+def test_embed_model_tag_is_name_at_version():
+    assert EmbedderSettings().embed_model_tag == "all-MiniLM-L6-v2@v1"
+    assert EmbedderSettings(model_name="bge-m3", model_version="2").embed_model_tag == "bge-m3@2"

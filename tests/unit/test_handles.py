@@ -1,0 +1,78 @@
+"""HandleProxy: a Serve handle behaves like a backend protocol, errors mapped on the way."""
+
+from __future__ import annotations
+
+import pytest
+from ray.exceptions import RayTaskError
+
+from deployments.errors import BackendUnavailable, Forbidden, InvalidInput
+from serve_app.handles import HandleProxy
+
+
+class FakeMethod:
+    def __init__(self, outcome):
+        self.outcome = outcome
+        self.calls: list[tuple[tuple, dict]] = []
+
+    def remote(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+
+        async def respond():
+            if isinstance(self.outcome, BaseException):
+                raise self.outcome
+            return self.outcome
+
+        return respond()
+
+
+class FakeHandle:
+    def __init__(self, **methods: FakeMethod) -> None:
+        for name, method in methods.items():
+            setattr(self, name, method)
+
+
+async def test_method_call_is_forwarded_with_its_arguments():
+    method = FakeMethod([1, 2])
+    proxy = HandleProxy(FakeHandle(count=method), "milvus")
+    assert await proxy.count("dao_x", extra=True) == [1, 2]
+    assert method.calls == [(("dao_x",), {"extra": True})]
+
+
+@pytest.mark.parametrize(
+    "error", [InvalidInput("bad"), Forbidden("no"), BackendUnavailable("x", "y")]
+)
+async def test_gateway_errors_reach_the_caller_as_themselves(error):
+    proxy = HandleProxy(FakeHandle(search=FakeMethod(error)), "milvus")
+    with pytest.raises(type(error)) as info:
+        await proxy.search()
+    assert info.value is error
+
+
+async def test_gateway_error_wrapped_in_ray_task_error_is_unwrapped():
+    cause = InvalidInput("dimension mismatch")
+    wrapped = RayTaskError("upsert", "traceback text", cause)
+    proxy = HandleProxy(FakeHandle(upsert=FakeMethod(wrapped)), "milvus")
+    with pytest.raises(InvalidInput) as info:
+        await proxy.upsert([])
+    assert info.value is cause
+
+
+async def test_unexpected_replica_crash_becomes_backend_unavailable_naming_the_backend():
+    wrapped = RayTaskError("embed", "traceback text", RuntimeError("CUDA error"))
+    proxy = HandleProxy(FakeHandle(embed=FakeMethod(wrapped)), "embedder")
+    with pytest.raises(BackendUnavailable, match="embedder") as info:
+        await proxy.embed(["x"])
+    assert info.value.backend == "embedder"
+
+
+async def test_any_other_exception_becomes_backend_unavailable():
+    proxy = HandleProxy(FakeHandle(status=FakeMethod(ConnectionError("gone"))), "neo4j")
+    with pytest.raises(BackendUnavailable, match="ConnectionError: gone") as info:
+        await proxy.status()
+    assert info.value.status_code == 503
+
+
+def test_private_attributes_are_not_proxied():
+    proxy = HandleProxy(FakeHandle(), "milvus")
+    with pytest.raises(AttributeError):
+        proxy._secret  # noqa: B018
