@@ -171,11 +171,21 @@ class EmbedderCore:
         return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def _count_texts(requests: list[list[str]]) -> int:
+    return sum(len(texts) for texts in requests)
+
+
 class EmbedderDeployment:
-    """Serve shell: loads the model in the background and batches requests across callers."""
+    """Serve shell: loads the model in the background and batches texts across callers.
+
+    Queries and passages have separate batch queues, so a search never waits behind a large
+    ingestion batch, and a batch is bounded by texts (``batch_size_fn``), not by requests:
+    a request with many texts is split into slices of at most ``max_batch_size`` first.
+    """
 
     def __init__(self, settings: EmbedderSettings) -> None:
         self.core = EmbedderCore(settings)
+        self._max_texts = settings.max_batch_size
         self._load_error: str | None = None
         self._loading = asyncio.get_running_loop().run_in_executor(None, self._load)
 
@@ -189,10 +199,12 @@ class EmbedderDeployment:
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Batch size and wait come from ``user_config`` so ops can tune without a restart."""
-        if "max_batch_size" in user_config:
-            self._embed_batch.set_max_batch_size(int(user_config["max_batch_size"]))
-        if "batch_wait_timeout_s" in user_config:
-            self._embed_batch.set_batch_wait_timeout_s(float(user_config["batch_wait_timeout_s"]))
+        for queue in (self._embed_queries, self._embed_passages):
+            if "max_batch_size" in user_config:
+                self._max_texts = int(user_config["max_batch_size"])
+                queue.set_max_batch_size(self._max_texts)
+            if "batch_wait_timeout_s" in user_config:
+                queue.set_batch_wait_timeout_s(float(user_config["batch_wait_timeout_s"]))
 
     async def status(self) -> dict[str, Any]:
         return {
@@ -204,6 +216,8 @@ class EmbedderDeployment:
         }
 
     async def embed(self, texts: list[str], kind: str = "passage") -> np.ndarray:
+        if kind not in ("query", "passage"):
+            raise InvalidInput(f"kind must be 'query' or 'passage', got {kind!r}")
         if not self.core.loaded:
             try:
                 await asyncio.shield(self._loading)
@@ -211,25 +225,31 @@ class EmbedderDeployment:
                 raise BackendUnavailable("embedder", f"model failed to load: {exc}") from exc
         if not texts:
             return np.zeros((0, self.core.dim or 0), dtype=np.float32)
-        return await self._embed_batch((kind, texts))
+        queue = self._embed_queries if kind == "query" else self._embed_passages
+        step = self._max_texts
+        parts = await asyncio.gather(
+            *(queue(list(texts[i : i + step])) for i in range(0, len(texts), step))
+        )
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
-    async def _embed_batch(self, requests: list[tuple[str, list[str]]]) -> list[np.ndarray]:
-        # Each request carries a list of texts: flatten per kind, embed once, split back.
-        results: list[np.ndarray | None] = [None] * len(requests)
+    async def _run(self, requests: list[list[str]], kind: str) -> list[np.ndarray]:
+        # Flatten the requests of one batch, embed once off the event loop, split back.
+        flat = [text for texts in requests for text in texts]
         loop = asyncio.get_running_loop()
-        for kind in ("query", "passage"):
-            members = [i for i, (k, _) in enumerate(requests) if k == kind]
-            if not members:
-                continue
-            flat = [t for i in members for t in requests[i][1]]
-            vectors = await loop.run_in_executor(None, self.core.embed, flat, kind)
-            offset = 0
-            for i in members:
-                n = len(requests[i][1])
-                results[i] = vectors[offset : offset + n]
-                offset += n
-        return [r if r is not None else np.zeros((0, 0), np.float32) for r in results]
+        vectors = await loop.run_in_executor(None, self.core.embed, flat, kind)
+        out, offset = [], 0
+        for texts in requests:
+            out.append(vectors[offset : offset + len(texts)])
+            offset += len(texts)
+        return out
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005, batch_size_fn=_count_texts)
+    async def _embed_queries(self, requests: list[list[str]]) -> list[np.ndarray]:
+        return await self._run(requests, "query")
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005, batch_size_fn=_count_texts)
+    async def _embed_passages(self, requests: list[list[str]]) -> list[np.ndarray]:
+        return await self._run(requests, "passage")
 
     async def count_tokens(self, text: str) -> int:
         return self.core.count_tokens(text)

@@ -172,7 +172,13 @@ class MilvusStore:
     def _connect(self) -> Any:
         from pymilvus import MilvusClient
 
-        kwargs: dict[str, Any] = {"uri": self.settings.uri, "timeout": self.settings.timeout_s}
+        kwargs: dict[str, Any] = {
+            "uri": self.settings.uri,
+            "timeout": self.settings.timeout_s,
+            # No keepalive pings on an idle channel: the Milvus Lite server answers them
+            # with GOAWAY "too_many_pings" and drops idle replicas' connections.
+            "grpc_options": {"grpc.keepalive_permit_without_calls": 0},
+        }
         if self.settings.token:
             kwargs["token"] = self.settings.token
         if self.settings.db_name:
@@ -269,16 +275,31 @@ class MilvusStore:
                 return int(field.get("params", {}).get("dim", 0)) or None
         return None
 
-    def _call(self, what: str, fn, *args, **kwargs):
-        self.start()
-        try:
-            return fn(*args, **kwargs)
-        except InvalidInput:
-            raise
-        except Exception as exc:
-            # A dropped connection should reconnect on the next call.
-            self._ready = False
-            raise BackendUnavailable("milvus", f"{what} failed: {exc}") from exc
+    def _call(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a client method, connecting first. Every operation here is idempotent, so a
+        failure (often a connection the server dropped while idle) is retried once on a
+        fresh connection before it becomes ``BackendUnavailable``."""
+        for attempt in (1, 2):
+            self.start()
+            try:
+                return getattr(self._client, method)(*args, **kwargs)
+            except InvalidInput:
+                raise
+            except Exception as exc:
+                self._drop_client()
+                if attempt == 2:
+                    raise BackendUnavailable("milvus", f"{what} failed: {exc}") from exc
+                logger.warning("milvus %s failed (%s); reconnecting and retrying once", what, exc)
+        raise AssertionError("unreachable")
+
+    def _drop_client(self) -> None:
+        with self._lock:
+            client, self._client, self._ready = self._client, None, False
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # already broken
+                logger.debug("closing a broken Milvus client failed", exc_info=True)
 
     # --- writes -----------------------------------------------------------------
     def upsert(self, chunks: list[ChunkRecord]) -> int:
@@ -292,24 +313,24 @@ class MilvusStore:
                 )
         rows = [chunk_to_row(c) for c in chunks]
         # Always upsert: a plain insert of an existing pk duplicates rows in real Milvus.
-        self._call("upsert", self._client.upsert, self.collection, rows)
+        self._call("upsert", "upsert", self.collection, rows)
         return len(rows)
 
     def delete_stale_chunks(self, team_id: str, doc_type: str, doc_id: str, keep: list[str]) -> int:
         expr = _doc_expr(team_id, doc_type, doc_id)
         if keep:
             expr += f" and chunk_id not in {milvus_list(keep)}"
-        result = self._call("delete", self._client.delete, self.collection, filter=expr)
+        result = self._call("delete", "delete", self.collection, filter=expr)
         return _deleted_count(result)
 
     def flush(self) -> None:
-        self._call("flush", self._client.flush, self.collection)
+        self._call("flush", "flush", self.collection)
 
     # --- reads ------------------------------------------------------------------
     def get_chunks(self, team_id: str, doc_type: str, doc_id: str) -> list[ChunkRecord]:
         expr = _doc_expr(team_id, doc_type, doc_id)
         rows = self._call(
-            "query", self._client.query, self.collection, filter=expr, output_fields=OUTPUT_FIELDS
+            "query", "query", self.collection, filter=expr, output_fields=OUTPUT_FIELDS
         )
         return sorted((row_to_chunk(r) for r in rows), key=lambda c: c.chunk_index)
 
@@ -317,7 +338,7 @@ class MilvusStore:
         expr = f"team_id == {milvus_literal(team_id)}" if team_id else ""
         rows = self._call(
             "count",
-            self._client.query,
+            "query",
             self.collection,
             filter=expr,
             output_fields=["count(*)"],
@@ -348,7 +369,7 @@ class MilvusStore:
         if mode == "dense":
             result = self._call(
                 "search",
-                self._client.search,
+                "search",
                 self.collection,
                 data=[query_vector],
                 anns_field="dense",
@@ -360,7 +381,7 @@ class MilvusStore:
         elif mode == "bm25":
             result = self._call(
                 "search",
-                self._client.search,
+                "search",
                 self.collection,
                 data=[query_text],
                 anns_field="sparse",
@@ -378,7 +399,7 @@ class MilvusStore:
             ]
             result = self._call(
                 "hybrid search",
-                self._client.hybrid_search,
+                "hybrid_search",
                 self.collection,
                 requests,
                 RRFRanker(rrf_k),
@@ -397,7 +418,7 @@ class MilvusStore:
     def ping(self) -> dict[str, Any]:
         started = time.perf_counter()
         self.start()
-        self._call("ping", self._client.has_collection, self.collection)
+        self._call("ping", "has_collection", self.collection)
         return {
             "ready": True,
             "uri": self.settings.uri,

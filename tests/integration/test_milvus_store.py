@@ -175,3 +175,18 @@ def test_unreachable_milvus_is_backend_unavailable():
     with pytest.raises(BackendUnavailable) as info:
         store.start()
     assert info.value.backend == "milvus"
+
+
+def test_dropped_connection_is_reestablished_transparently(store: MilvusStore, team: str):
+    store.upsert([chunk(team, "doc")])
+    store._client.close()  # what an idle GOAWAY from the server amounts to
+    assert store.count(team) == 1
+
+
+def test_first_call_on_a_fresh_store_connects_by_itself(settings, team: str):
+    fresh = MilvusStore(settings.milvus, dim=384)
+    try:
+        fresh.flush()
+        assert fresh.count(team) == 0
+    finally:
+        fresh.close()

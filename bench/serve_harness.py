@@ -1,0 +1,330 @@
+"""Start the whole gateway on a private local Ray cluster for a benchmark, then tear it down.
+
+    with ServeHarness(port=8300, collection="bench_search") as h:
+        httpx.get(h.url("/readyz"))
+        embedder = h.embedder_handle()
+
+``start()``:
+
+* sets ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (node IP 127.0.0.1, core listeners on loopback)
+  and ``RAY_AUTH_MODE=token`` with ``RAY_AUTH_TOKEN_PATH`` pointing at a fresh random token in
+  a private temp folder (so nothing is written to ``~/.ray``);
+* ``ray.init(address="local", include_dashboard=False, _temp_dir=<that folder>)``;
+* ``serve.start`` with HTTP on ``127.0.0.1:<port>`` and ``serve.run(build_app(...))`` as app
+  ``rag`` at ``/``, with the Milvus collection overridden to the benchmark's own;
+* waits until ``GET /readyz`` answers 200 (model loaded, Milvus and Neo4j reachable).
+
+``stop()`` shuts Serve and Ray down, drops the benchmark collection with
+``MilvusStore.drop()``, deletes the benchmark tenants' nodes from Neo4j (ingestion MERGEs them
+into the shared graph) and removes the temp folder (kept, with Ray's logs, if startup failed).
+Collection names must start with ``bench_`` so a benchmark can never drop someone else's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+logger = logging.getLogger("bench.harness")
+
+APP_NAME = "rag"
+COLLECTION_PREFIX = "bench_"
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _raise_system_exit(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+class ServeHarness:
+    """The gateway app on a throw-away local Ray cluster.
+
+    Args:
+        port: HTTP port of the Serve proxy on 127.0.0.1.
+        collection: Milvus collection of this run; must start with ``bench_``.
+        tenant_prefix: team_id prefix of the benchmark's documents; their Neo4j nodes are
+            deleted at stop. ``None`` skips the graph cleanup.
+        graph_enabled: compose the Graph deployment (ingestion then MERGEs into Neo4j).
+        settings: further ``GatewaySettings`` overrides (deep-merged; collection wins).
+        ready_timeout_s: how long to wait for ``/readyz``.
+        num_cpus: CPUs Ray may schedule (default: all).
+        keep_temp: keep Ray's temp folder (logs) after a clean stop.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int = 8300,
+        collection: str = "bench_default",
+        tenant_prefix: str | None = None,
+        graph_enabled: bool = True,
+        settings: dict[str, Any] | None = None,
+        ready_timeout_s: float = 300.0,
+        num_cpus: int | None = None,
+        keep_temp: bool = False,
+    ) -> None:
+        if not collection.startswith(COLLECTION_PREFIX):
+            raise ValueError(f"benchmark collections must start with {COLLECTION_PREFIX!r}")
+        if tenant_prefix is not None and not tenant_prefix.startswith(COLLECTION_PREFIX):
+            raise ValueError(f"benchmark tenants must start with {COLLECTION_PREFIX!r}")
+        self._env_saved: dict[str, str | None] = {}
+        self.temp_dir: Path | None = None
+        # Ray reads RAY_AUTH_MODE once, when ray is first imported: set it up before that.
+        self._prepare_env()
+        from serve_app.app import AppArgs
+
+        self.port = port
+        self.collection = collection
+        self.tenant_prefix = tenant_prefix
+        self.graph_enabled = graph_enabled
+        self.ready_timeout_s = ready_timeout_s
+        self.num_cpus = num_cpus
+        self.keep_temp = keep_temp
+        overrides = dict(settings or {})
+        overrides["milvus"] = {**overrides.get("milvus", {}), "collection": collection}
+        self.app_args = AppArgs(settings=overrides, graph_enabled=graph_enabled)
+        self.settings = self.app_args.gateway_settings()
+        self.startup_s: float | None = None
+        self._sigterm_saved: Any = None
+        self._ray_started = False
+        self._start_attempted = False
+        self._failed = False
+
+    # --- lifecycle --------------------------------------------------------------------
+    def __enter__(self) -> ServeHarness:
+        try:
+            self.start()
+        except BaseException:
+            self._failed = True
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self._failed = True
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, path: str) -> str:
+        return self.base_url + path
+
+    def _set_env(self, name: str, value: str) -> None:
+        self._env_saved.setdefault(name, os.environ.get(name))
+        os.environ[name] = value
+
+    def _restore_env(self) -> None:
+        for name, value in self._env_saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._env_saved.clear()
+
+    def _prepare_env(self) -> None:
+        """A private temp folder with a random auth token, and the Ray environment."""
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="bench_ray_", dir="/tmp"))
+        token_path = self.temp_dir / "auth_token"
+        token_path.write_text(secrets.token_hex(32))
+        token_path.chmod(0o600)
+        self._set_env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        self._set_env("RAY_AUTH_MODE", "token")
+        self._set_env("RAY_AUTH_TOKEN_PATH", str(token_path))
+        self._set_env("HF_HUB_OFFLINE", "1")
+        self._set_env("TRANSFORMERS_OFFLINE", "1")
+        if "ray._raylet" in sys.modules:
+            # ray was imported before this harness: refresh its cached config the way
+            # ray._private.authentication.authentication_token_setup does.
+            logger.warning("ray was imported before ServeHarness; refreshing its auth config")
+            from ray._raylet import AuthenticationTokenLoader, Config
+
+            Config.initialize("")
+            AuthenticationTokenLoader.instance().reset_cache()
+
+    def _preflight(self) -> None:
+        if not port_is_free(self.port):
+            raise RuntimeError(f"port {self.port} on 127.0.0.1 is in use; pass another --port")
+        store = self.milvus_store()
+        try:
+            # A bare client: MilvusStore.start() would create the collection first.
+            client = store._connect()
+            exists = client.has_collection(self.collection)
+            client.close()
+        except Exception as exc:
+            uri = self.settings.milvus.uri
+            raise RuntimeError(f"Milvus at {uri} is not reachable: {exc}") from exc
+        if exists:
+            # Only a crashed earlier benchmark leaves a bench_ collection behind.
+            logger.warning("dropping leftover collection %s", self.collection)
+            self.drop_collection()
+        self.cleanup_graph()
+
+    def start(self) -> None:
+        import ray
+        from ray import serve
+
+        from serve_app.app import build_app
+
+        started = time.perf_counter()
+        self._sigterm_saved = signal.signal(signal.SIGTERM, _raise_system_exit)
+        if self.temp_dir is None:  # a second start() after stop()
+            self._prepare_env()
+        self._start_attempted = True
+        self._preflight()
+        logger.info("starting local Ray (temp dir %s)", self.temp_dir)
+        ray.init(
+            address="local",
+            include_dashboard=False,
+            _temp_dir=str(self.temp_dir),
+            num_cpus=self.num_cpus,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+        self._ray_started = True
+        serve.start(http_options={"host": "127.0.0.1", "port": self.port})
+        logger.info(
+            "deploying app %r on %s (collection %s, graph %s)",
+            APP_NAME,
+            self.base_url,
+            self.collection,
+            "on" if self.graph_enabled else "off",
+        )
+        serve.run(build_app(self.app_args), name=APP_NAME, route_prefix="/")
+        self.wait_ready()
+        self.startup_s = round(time.perf_counter() - started, 1)
+        logger.info("gateway ready in %.1fs", self.startup_s)
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        last = "no answer"
+        with httpx.Client(timeout=15.0) as client:
+            while time.monotonic() < deadline:
+                try:
+                    resp = client.get(self.url("/readyz"))
+                    if resp.status_code == 200:
+                        return
+                    last = f"{resp.status_code} {resp.text[:300]}"
+                except httpx.HTTPError as exc:
+                    last = f"{type(exc).__name__}: {exc}"
+                time.sleep(1.0)
+        raise TimeoutError(f"/readyz not 200 after {self.ready_timeout_s:.0f}s; last: {last}")
+
+    def stop(self) -> None:
+        """Idempotent teardown; each step runs even if an earlier one failed."""
+        if self._ray_started:
+            import ray
+            from ray import serve
+
+            try:
+                serve.shutdown()
+            except Exception:
+                logger.exception("serve.shutdown failed")
+            try:
+                ray.shutdown()
+            except Exception:
+                logger.exception("ray.shutdown failed")
+            self._ray_started = False
+            logger.info("Ray stopped")
+        if self._start_attempted:
+            self._start_attempted = False
+            try:
+                self.drop_collection()
+            except Exception:
+                logger.exception("could not drop collection %s", self.collection)
+            try:
+                self.cleanup_graph()
+            except Exception:
+                logger.exception("could not delete benchmark nodes from Neo4j")
+        self._restore_env()
+        if self.temp_dir is not None:
+            if self._failed or self.keep_temp:
+                logger.info("Ray temp dir (logs) kept at %s", self.temp_dir)
+            else:
+                shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.temp_dir = None
+        if self._sigterm_saved is not None:
+            signal.signal(signal.SIGTERM, self._sigterm_saved)
+            self._sigterm_saved = None
+
+    # --- access for the benchmarks ----------------------------------------------------
+    def embedder_handle(self) -> Any:
+        """The Embedder deployment's handle: calls go through ``@serve.batch`` like the
+        ingress's do."""
+        from ray import serve
+
+        return serve.get_deployment_handle("Embedder", app_name=APP_NAME)
+
+    def milvus_store(self) -> Any:
+        """An in-process ``MilvusStore`` on the benchmark collection (same settings)."""
+        from deployments.embedder import embedding_dim
+        from deployments.retriever import MilvusStore
+
+        return MilvusStore(self.settings.milvus, dim=embedding_dim(self.settings.embedder))
+
+    def drop_collection(self, attempts: int = 5) -> None:
+        """Drop the benchmark collection, retrying: pymilvus shares one gRPC connection per
+        process, and after minutes idle the Milvus Lite server answers its keepalive pings
+        with GOAWAY "too_many_pings", which can fail the first reconnect."""
+        for attempt in range(1, attempts + 1):
+            store = self.milvus_store()
+            try:
+                store.drop()
+            except Exception as exc:
+                if attempt == attempts:
+                    raise
+                logger.warning(
+                    "dropping %s failed (%s); retrying in %ds", self.collection, exc, 2 * attempt
+                )
+                time.sleep(2 * attempt)
+            else:
+                logger.info("dropped Milvus collection %s", self.collection)
+                return
+            finally:
+                store.close()
+
+    def cleanup_graph(self) -> int:
+        """Delete every Neo4j node whose team_id starts with the benchmark tenant prefix."""
+        if self.tenant_prefix is None or not self.graph_enabled:
+            return 0
+        from neo4j import GraphDatabase
+
+        cfg = self.settings.neo4j
+        deleted = 0
+        with GraphDatabase.driver(cfg.uri, auth=(cfg.user, cfg.password)) as driver:
+            while True:
+                records, _, _ = driver.execute_query(
+                    "MATCH (n) WHERE n.team_id STARTS WITH $prefix "
+                    "WITH n LIMIT 5000 DETACH DELETE n RETURN count(*) AS n",
+                    {"prefix": self.tenant_prefix},
+                    database_=cfg.database,
+                )
+                n = int(records[0]["n"]) if records else 0
+                deleted += n
+                if n == 0:
+                    break
+        if deleted:
+            logger.info("deleted %d Neo4j nodes of tenants %s*", deleted, self.tenant_prefix)
+        return deleted
