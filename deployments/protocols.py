@@ -52,6 +52,7 @@ class SearchFilter:
     agent_id: str | None = None
     doc_types: tuple[str, ...] = ()
     tags_any: tuple[str, ...] = ()
+    tags_all: tuple[str, ...] = ()
     created_from: int | None = None
     created_to: int | None = None
 
@@ -124,6 +125,17 @@ class VectorStore(Protocol):
         limit: int,
         mode: str,
     ) -> list[SearchHit]: ...
+
+    async def candidates(
+        self,
+        query_text: str,
+        query_vector: list[float] | None,
+        flt: SearchFilter,
+        limit: int,
+        methods: tuple[str, ...],
+    ) -> dict[str, list[SearchHit]]:
+        """Top ``limit`` chunks of each single method (``dense``, ``bm25``), for fusion."""
+        ...
 
     async def count(self, team_id: str | None = None) -> int: ...
 

@@ -91,6 +91,8 @@ def build_filter_expr(flt: SearchFilter) -> str:
         terms.append(f"doc_type in {milvus_list(flt.doc_types)}")
     if flt.tags_any:
         terms.append(f"array_contains_any(tags, {milvus_list(flt.tags_any)})")
+    if flt.tags_all:
+        terms.append(f"array_contains_all(tags, {milvus_list(flt.tags_all)})")
     if flt.created_from is not None:
         terms.append(f"created_at >= {int(flt.created_from)}")
     if flt.created_to is not None:
@@ -480,6 +482,23 @@ class RetrieverDeployment:
         return await asyncio.to_thread(
             self.store.search, query_text, query_vector, flt, limit, mode, self.rrf_k
         )
+
+    async def candidates(
+        self,
+        query_text: str,
+        query_vector: list[float] | None,
+        flt: SearchFilter,
+        limit: int,
+        methods: tuple[str, ...],
+    ) -> dict[str, list[SearchHit]]:
+        # The single-method searches run concurrently; fusion happens in the ingress.
+        results = await asyncio.gather(
+            *(
+                asyncio.to_thread(self.store.search, query_text, query_vector, flt, limit, m)
+                for m in methods
+            )
+        )
+        return dict(zip(methods, results, strict=True))
 
     async def count(self, team_id: str | None = None) -> int:
         return await asyncio.to_thread(self.store.count, team_id)

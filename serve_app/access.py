@@ -59,7 +59,8 @@ class AccessContext:
             channel_id=filters.channel_id or None,
             agent_id=filters.agent_id or None,
             doc_types=tuple(filters.doc_type or ()),
-            tags_any=tuple(filters.tags or ()),
+            tags_any=tuple(filters.tags or ()) if filters.tags_mode == "any" else (),
+            tags_all=tuple(filters.tags or ()) if filters.tags_mode == "all" else (),
             created_from=filters.created_from,
             created_to=filters.created_to,
         )

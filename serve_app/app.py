@@ -17,10 +17,10 @@ from pydantic import BaseModel, Field
 from ray import serve
 from ray.serve import Application
 
-from batch_ingest.chunking import Chunker, tokenizer_counter
+from batch_ingest.chunking import Chunker, embedder_token_counter
 from batch_ingest.pipeline import IngestPipeline
 from deployments.config import GatewaySettings
-from deployments.embedder import EmbedderDeployment, embedding_dim, resolve_model_path
+from deployments.embedder import EmbedderDeployment, embedding_dim
 from deployments.graph import GraphDeployment
 from deployments.reranker import RerankerDeployment
 from deployments.retriever import RetrieverDeployment
@@ -63,9 +63,9 @@ class Ingress:
         embedder_proxy = HandleProxy(embedder, "embedder")
         store = HandleProxy(retriever, "milvus")
         graph_proxy = HandleProxy(graph, "neo4j") if graph is not None else None
-        model_path = resolve_model_path(settings.embedder.model_path)
+        count_tokens = embedder_token_counter(settings.embedder)
         chunker = Chunker(
-            tokenizer_counter(model_path),
+            count_tokens,
             settings.chunking.max_tokens,
             settings.chunking.overlap_tokens,
         )
@@ -83,6 +83,7 @@ class Ingress:
             graph=graph_proxy,
             reranker=HandleProxy(reranker, "reranker") if reranker is not None else None,
             pipeline=pipeline,
+            count_tokens=count_tokens,
         )
 
     def __serve_build_asgi_app__(self):

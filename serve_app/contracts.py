@@ -43,6 +43,8 @@ class SearchFilters(BaseModel):
     agent_id: OptionalId | None = None
     doc_type: list[Annotated[str, StringConstraints(min_length=1, max_length=32)]] | None = None
     tags: list[Tag] | None = Field(None, max_length=64)
+    # "any": a chunk with at least one of the tags; "all": with every one of them.
+    tags_mode: Literal["any", "all"] = "any"
     visibility: Literal["public", "confidential"] | None = None
     created_from: int | None = None
     created_to: int | None = None
@@ -68,6 +70,13 @@ class SearchFilters(BaseModel):
         return self
 
 
+class FusionWeights(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dense: float = Field(0.5, ge=0.0)
+    bm25: float = Field(0.5, ge=0.0)
+
+
 class SearchDocsRequest(BaseModel):
     """rag.search_docs."""
 
@@ -89,6 +98,10 @@ class SearchDocsRequest(BaseModel):
         "public", validation_alias=AliasChoices("visibility", "mode")
     )
     search_mode: Literal["hybrid", "dense", "bm25"] | None = None
+    fusion: Literal["rrf", "weighted"] | None = None
+    weights: FusionWeights | None = None
+    min_score: float | None = None
+    max_context_tokens: int | None = Field(None, ge=1, le=1_000_000)
     rerank: bool | None = None
     explain: bool = False
 

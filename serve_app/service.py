@@ -7,11 +7,12 @@ thin and call one method each.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
+from batch_ingest.chunking import whitespace_tokens
 from batch_ingest.documents import SourceDocument
 from batch_ingest.pipeline import IngestPipeline, strip_header
 from deployments.config import GatewaySettings
@@ -26,6 +27,7 @@ from serve_app.contracts import (
     SearchDocsResponse,
     SourceRef,
 )
+from serve_app.ranking import drop_near_duplicates, fuse_rrf, fuse_weighted, within_budget
 from serve_app.snippets import best_snippet
 
 logger = logging.getLogger(__name__)
@@ -41,8 +43,11 @@ class GatewayService:
         graph: GraphStore | None,
         reranker: Reranker | None,
         pipeline: IngestPipeline,
+        count_tokens: Callable[[str], int] = whitespace_tokens,
     ) -> None:
         self.settings = settings
+        # Counts tokens of returned passages for max_context_tokens (the embedder's tokenizer).
+        self.count_tokens = count_tokens
         self.embedder = embedder
         self.store = store
         self.graph = graph
@@ -81,7 +86,9 @@ class GatewayService:
         fetch = top_k * cfg.candidate_multiplier
         if use_rerank:
             fetch = max(fetch, self.settings.reranker.candidates)
-        hits = await self.store.search(req.query, _as_list(vector), flt, fetch, mode)
+        methods = ("dense", "bm25") if mode == "hybrid" else (mode,)
+        lists = await self.store.candidates(req.query, _as_list(vector), flt, fetch, methods)
+        hits = self._fuse(lists, req) if mode == "hybrid" else lists[mode]
 
         if use_rerank and hits:
             try:
@@ -89,7 +96,15 @@ class GatewayService:
             except BackendUnavailable as exc:
                 degraded.append(f"reranker unavailable, fused order kept: {exc.message}")
 
-        matches = self._to_matches(_dedupe(hits)[:top_k], req)
+        hits = drop_near_duplicates(hits, _body, cfg.near_duplicate_threshold)
+        min_score = req.min_score if req.min_score is not None else cfg.min_score
+        if min_score is not None:
+            hits = [h for h in hits if h.score >= min_score]
+        hits = hits[:top_k]
+        budget = req.max_context_tokens or cfg.max_context_tokens
+        if budget is not None:
+            hits = within_budget(hits, _body, self.count_tokens, budget)
+        matches = self._to_matches(hits, req)
         return SearchDocsResponse(
             degraded=bool(degraded),
             degraded_reasons=degraded,
@@ -98,6 +113,18 @@ class GatewayService:
             took_ms=round((time.perf_counter() - started) * 1000, 1),
             trace_id=trace_id,
         )
+
+    def _fuse(self, lists: dict[str, list[SearchHit]], req: SearchDocsRequest) -> list[SearchHit]:
+        cfg = self.settings.search
+        weights = (
+            req.weights.model_dump()
+            if req.weights is not None
+            else {"dense": cfg.dense_weight, "bm25": cfg.bm25_weight}
+        )
+        if (req.fusion or cfg.fusion) == "weighted":
+            return fuse_weighted(lists, weights)
+        # RRF is unweighted unless the caller sends weights.
+        return fuse_rrf(lists, cfg.rrf_k, weights if req.weights is not None else None)
 
     async def _rerank(self, query: str, hits: list[SearchHit]) -> list[SearchHit]:
         assert self.reranker is not None
@@ -195,13 +222,5 @@ def _as_list(vector: Any) -> list[float] | None:
     return [float(x) for x in vector]
 
 
-def _dedupe(hits: list[SearchHit]) -> list[SearchHit]:
-    """Drop exact duplicate passages (same text in two chunks), keeping the best-scored."""
-    seen: set[str] = set()
-    out = []
-    for hit in hits:
-        key = hashlib.sha1(strip_header(hit.chunk).strip().lower().encode()).hexdigest()
-        if key not in seen:
-            seen.add(key)
-            out.append(hit)
-    return out
+def _body(hit: SearchHit) -> str:
+    return strip_header(hit.chunk)

@@ -130,6 +130,8 @@ def matches_filter(chunk: ChunkRecord, flt: SearchFilter) -> bool:
         return False
     if flt.tags_any and not set(chunk.tags) & set(flt.tags_any):
         return False
+    if flt.tags_all and not set(flt.tags_all) <= set(chunk.tags):
+        return False
     if flt.created_from is not None and chunk.created_at < int(flt.created_from):
         return False
     return not (flt.created_to is not None and chunk.created_at > int(flt.created_to))
@@ -203,6 +205,16 @@ class FakeVectorStore:
         scored = [(c, float(len(wanted & set(words(c.text))))) for c in pool]
         # Like a sparse index, chunks sharing no term with the query are not returned.
         return sorted(((c, s) for c, s in scored if s > 0), key=lambda cs: (-cs[1], cs[0].chunk_id))
+
+    async def candidates(
+        self,
+        query_text: str,
+        query_vector: list[float] | None,
+        flt: SearchFilter,
+        limit: int,
+        methods: tuple[str, ...],
+    ) -> dict[str, list[SearchHit]]:
+        return {m: await self.search(query_text, query_vector, flt, limit, m) for m in methods}
 
     async def search(
         self,

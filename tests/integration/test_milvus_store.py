@@ -118,6 +118,8 @@ def test_every_filter_field_narrows(store: MilvusStore, team: str):
     assert only(doc_types=("doc",)) == {"b"}
     assert only(doc_types=("doc", "wiki")) == {"a", "b"}
     assert only(tags_any=("solar", "none")) == {"a"}
+    assert only(tags_all=("energy", "solar")) == {"a"}
+    assert only(tags_all=("energy", "food")) == set()
     assert only(created_from=1_500) == {"b"}
     assert only(created_to=1_500) == {"a"}
     assert only(created_from=1_500, created_to=1_400) == set()
@@ -190,3 +192,16 @@ def test_first_call_on_a_fresh_store_connects_by_itself(settings, team: str):
         assert fresh.count(team) == 0
     finally:
         fresh.close()
+
+
+async def test_candidates_run_each_method_for_fusion(settings, store: MilvusStore, team: str):
+    from deployments.retriever import RetrieverDeployment
+
+    store.upsert([chunk(team, "x", text="graph traversal in neo4j"), chunk(team, "y")])
+    retriever = RetrieverDeployment(settings.milvus, 384)
+    retriever.store = store
+    q = "neo4j traversal"
+    lists = await retriever.candidates(q, vec(q), SearchFilter(team_id=team), 5, ("dense", "bm25"))
+    assert set(lists) == {"dense", "bm25"}
+    assert [h.chunk.doc_id for h in lists["bm25"]] == ["x"]
+    assert {h.chunk.doc_id for h in lists["dense"]} == {"x", "y"}

@@ -244,14 +244,46 @@ def test_conflicting_team_id_and_dao_id_rejected(gateway):
 
 def test_explain_adds_per_method_scores(gateway):
     response = gateway.search(SPEC_EXAMPLE | {"explain": True})
-    assert all("hybrid" in m["scores"] for m in response.json()["matches"])
+    for match in response.json()["matches"]:
+        assert match["scores"]["rrf"] == pytest.approx(match["score"], abs=1e-6)
+        assert {"dense", "bm25"} & set(match["scores"])
+
+
+def test_weighted_fusion_selectable_per_request(gateway):
+    body = SPEC_EXAMPLE | {
+        "explain": True,
+        "fusion": "weighted",
+        "weights": {"dense": 1, "bm25": 0},
+    }
+    matches = gateway.search(body).json()["matches"]
+    assert matches and all("weighted" in m["scores"] for m in matches)
+    assert [m["score"] for m in matches] == sorted((m["score"] for m in matches), reverse=True)
+
+
+def test_unknown_weight_key_is_422(gateway):
+    response = gateway.search(SPEC_EXAMPLE | {"weights": {"dense": 1, "colbert": 1}})
+    assert response.status_code == 422
+    assert "weights.colbert" in field_names(response)
+
+
+def test_token_budget_limits_returned_passages(gateway):
+    everything = gateway.search(SPEC_EXAMPLE | {"top_k": 10}).json()["matches"]
+    tight = gateway.search(SPEC_EXAMPLE | {"top_k": 10, "max_context_tokens": 1}).json()
+    assert len(everything) > 0 and tight["matches"] == []
+
+
+def test_min_score_drops_weak_matches(gateway):
+    response = gateway.search(SPEC_EXAMPLE | {"min_score": 10.0})
+    assert response.json()["matches"] == []
 
 
 @pytest.mark.parametrize("mode", ["dense", "bm25", "hybrid"])
 def test_search_mode_is_passed_to_the_store(gateway, mode):
     response = gateway.search(SPEC_EXAMPLE | {"search_mode": mode})
     assert response.json()["mode"] == mode
-    assert gateway.store.searches[-1][3] == mode
+    # Hybrid asks the store for each single method and fuses in the ingress.
+    expected = ["dense", "bm25"] if mode == "hybrid" else [mode]
+    assert [s[3] for s in gateway.store.searches[-len(expected) :]] == expected
 
 
 def test_duplicate_passages_are_returned_once(make_gateway):
@@ -485,7 +517,7 @@ def test_reranker_reorders_matches_and_explains_its_score(make_gateway):
     response = gateway.search(SPEC_EXAMPLE | {"explain": True})
     matches = response.json()["matches"]
     assert matches
-    assert all("rerank" in m["scores"] and "hybrid" in m["scores"] for m in matches)
+    assert all("rerank" in m["scores"] and "rrf" in m["scores"] for m in matches)
     assert [m["score"] for m in matches] == sorted((m["score"] for m in matches), reverse=True)
     assert gateway.store.searches[-1][2] == gateway.settings.reranker.candidates
     # The reranker reads chunk bodies without the stored title header.

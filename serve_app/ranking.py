@@ -1,0 +1,111 @@
+"""The query pipeline after retrieval: fusion, near-duplicate removal, score threshold and
+token budget. Pure functions over ``SearchHit`` lists, so each step is tested on its own."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from deployments.protocols import SearchHit
+
+WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def fuse_rrf(
+    lists: dict[str, list[SearchHit]], k: int = 60, weights: dict[str, float] | None = None
+) -> list[SearchHit]:
+    """Reciprocal-rank fusion: ``sum_m w_m / (k + rank_m)``; rank-based, so methods whose
+    scores live on different scales (cosine, BM25) combine without calibration."""
+    fused: dict[str, float] = {}
+    per_method: dict[str, dict[str, float]] = {}
+    first: dict[str, SearchHit] = {}
+    for method, hits in lists.items():
+        weight = 1.0 if weights is None else weights.get(method, 0.0)
+        for rank, hit in enumerate(hits, start=1):
+            cid = hit.chunk.chunk_id
+            first.setdefault(cid, hit)
+            fused[cid] = fused.get(cid, 0.0) + weight / (k + rank)
+            per_method.setdefault(cid, {})[method] = hit.score
+    return _ranked(first, fused, per_method, "rrf")
+
+
+def fuse_weighted(lists: dict[str, list[SearchHit]], weights: dict[str, float]) -> list[SearchHit]:
+    """Weighted sum of per-method scores, each min-max normalised over its own candidates
+    (a method that did not return a chunk contributes 0 for it)."""
+    fused: dict[str, float] = {}
+    per_method: dict[str, dict[str, float]] = {}
+    first: dict[str, SearchHit] = {}
+    for method, hits in lists.items():
+        if not hits:
+            continue
+        scores = [h.score for h in hits]
+        low, high = min(scores), max(scores)
+        span = high - low
+        weight = weights.get(method, 0.0)
+        for hit in hits:
+            cid = hit.chunk.chunk_id
+            first.setdefault(cid, hit)
+            normalised = (hit.score - low) / span if span > 0 else 1.0
+            fused[cid] = fused.get(cid, 0.0) + weight * normalised
+            per_method.setdefault(cid, {})[method] = hit.score
+    return _ranked(first, fused, per_method, "weighted")
+
+
+def _ranked(
+    first: dict[str, SearchHit],
+    fused: dict[str, float],
+    per_method: dict[str, dict[str, float]],
+    name: str,
+) -> list[SearchHit]:
+    order = sorted(fused, key=lambda cid: (-fused[cid], cid))
+    return [
+        SearchHit(
+            chunk=first[cid].chunk, score=fused[cid], scores={**per_method[cid], name: fused[cid]}
+        )
+        for cid in order
+    ]
+
+
+def shingles(text: str, size: int = 4) -> set[tuple[str, ...]]:
+    words = [w.lower() for w in WORD.findall(text)]
+    if len(words) <= size:
+        return {tuple(words)} if words else set()
+    return {tuple(words[i : i + size]) for i in range(len(words) - size + 1)}
+
+
+def drop_near_duplicates(
+    hits: list[SearchHit], text_of: Callable[[SearchHit], str], threshold: float = 0.8
+) -> list[SearchHit]:
+    """Keep the best-ranked of any group of passages whose word-4-gram shingle sets have a
+    Jaccard similarity ≥ ``threshold`` (re-posted messages, copied sections, overlaps)."""
+    kept: list[SearchHit] = []
+    kept_shingles: list[set[tuple[str, ...]]] = []
+    for hit in hits:
+        current = shingles(text_of(hit))
+        duplicate = any(
+            current and other and len(current & other) / len(current | other) >= threshold
+            for other in kept_shingles
+        )
+        if not duplicate:
+            kept.append(hit)
+            kept_shingles.append(current)
+    return kept
+
+
+def within_budget(
+    hits: list[SearchHit],
+    text_of: Callable[[SearchHit], str],
+    count_tokens: Callable[[str], int],
+    max_tokens: int,
+) -> list[SearchHit]:
+    """The best-ranked hits whose texts together fit ``max_tokens`` (stops at the first
+    that does not fit, so the order of relevance is kept)."""
+    out: list[SearchHit] = []
+    used = 0
+    for hit in hits:
+        cost = count_tokens(text_of(hit))
+        if used + cost > max_tokens:
+            break
+        out.append(hit)
+        used += cost
+    return out

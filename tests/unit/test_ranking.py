@@ -1,0 +1,86 @@
+"""Fusion, near-duplicate removal and token budget of the query pipeline."""
+
+from __future__ import annotations
+
+import pytest
+
+from deployments.protocols import ChunkRecord, SearchHit
+from serve_app.ranking import (
+    drop_near_duplicates,
+    fuse_rrf,
+    fuse_weighted,
+    shingles,
+    within_budget,
+)
+
+
+def hit(cid: str, score: float, text: str = "") -> SearchHit:
+    chunk = ChunkRecord(
+        chunk_id=cid,
+        doc_id=cid,
+        team_id="t",
+        chunk_index=0,
+        text=text or f"text of {cid}",
+        title="",
+        content_hash="",
+        embed_model="m",
+    )
+    return SearchHit(chunk=chunk, score=score, scores={})
+
+
+def ids(hits: list[SearchHit]) -> list[str]:
+    return [h.chunk.chunk_id for h in hits]
+
+
+def test_rrf_rewards_agreement_between_methods():
+    lists = {
+        "dense": [hit("a", 0.9), hit("b", 0.8), hit("e", 0.7)],
+        "bm25": [hit("c", 12.0), hit("b", 11.0), hit("d", 3.0)],
+    }
+    fused = fuse_rrf(lists, k=60)
+    assert ids(fused)[0] == "b"  # ranked 2nd by both beats 1st by one
+    assert fused[0].scores == {"dense": 0.8, "bm25": 11.0, "rrf": pytest.approx(2 / 62)}
+    assert set(ids(fused)) == {"a", "b", "c", "d", "e"}
+
+
+def test_rrf_weights_can_silence_a_method():
+    lists = {"dense": [hit("a", 0.9)], "bm25": [hit("b", 5.0)]}
+    assert ids(fuse_rrf(lists, weights={"dense": 0.0, "bm25": 1.0}))[0] == "b"
+
+
+def test_weighted_fusion_normalises_each_method_scale():
+    # BM25 scores are an order of magnitude larger; normalisation keeps them comparable.
+    lists = {"dense": [hit("a", 0.90), hit("b", 0.10)], "bm25": [hit("b", 30.0), hit("a", 10.0)]}
+    fused = fuse_weighted(lists, {"dense": 0.7, "bm25": 0.3})
+    assert ids(fused) == ["a", "b"]
+    assert fused[0].score == pytest.approx(0.7)
+    assert fused[1].score == pytest.approx(0.3)
+
+
+def test_weighted_fusion_of_single_hit_lists_is_defined():
+    fused = fuse_weighted({"dense": [hit("a", 0.5)], "bm25": []}, {"dense": 1.0, "bm25": 1.0})
+    assert ids(fused) == ["a"] and fused[0].score == 1.0
+
+
+def test_near_duplicates_keep_the_best_ranked_copy():
+    base = "the solar farm in district four feeds the community microgrid every afternoon"
+    hits = [hit("a", 3, base), hit("b", 2, base + " today"), hit("c", 1, "an unrelated note")]
+    kept = drop_near_duplicates(hits, lambda h: h.chunk.text, threshold=0.8)
+    assert ids(kept) == ["a", "c"]
+
+
+def test_distinct_passages_are_all_kept():
+    hits = [hit(str(i), 1, f"passage number {i} about topic {i * 7}") for i in range(5)]
+    assert len(drop_near_duplicates(hits, lambda h: h.chunk.text, 0.8)) == 5
+
+
+def test_shingles_of_short_text():
+    assert shingles("one two") == {("one", "two")}
+    assert shingles("") == set()
+
+
+def test_budget_stops_at_first_passage_that_does_not_fit():
+    hits = [hit("a", 3, "w " * 5), hit("b", 2, "w " * 10), hit("c", 1, "w " * 2)]
+    count = lambda text: len(text.split())  # noqa: E731
+    assert ids(within_budget(hits, lambda h: h.chunk.text, count, 12)) == ["a"]
+    assert ids(within_budget(hits, lambda h: h.chunk.text, count, 17)) == ["a", "b", "c"]
