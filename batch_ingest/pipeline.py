@@ -118,15 +118,11 @@ class IngestPipeline:
             )
         return records
 
-    async def _unchanged(self, doc: SourceDocument, chunks: list[ChunkRecord]) -> bool:
-        stored = await self.store.get_chunks(doc.team_id, doc.doc_type, doc.doc_id)
-        if len(stored) != len(chunks):
-            return False
-        return all(
-            (s.chunk_id, s.content_hash, s.embed_model)
-            == (c.chunk_id, c.content_hash, c.embed_model)
-            for s, c in zip(stored, chunks, strict=True)
-        )
+    @staticmethod
+    def _unchanged(stored: list[tuple[str, str, str]], chunks: list[ChunkRecord]) -> bool:
+        return bool(stored) and stored == [
+            (c.chunk_id, c.content_hash, c.embed_model) for c in chunks
+        ]
 
     async def ingest(self, docs: list[SourceDocument]) -> IngestReport:
         """Index ``docs`` in order; report per document.
@@ -138,9 +134,11 @@ class IngestPipeline:
         report = IngestReport()
         planned: list[tuple[SourceDocument, list[ChunkRecord]]] = []
         unchanged: list[SourceDocument] = []
-        for doc in docs:
-            chunks = self.build_chunks(doc)
-            if await self._unchanged(doc, chunks):
+        built = [(doc, self.build_chunks(doc)) for doc in docs]
+        # One round trip for what is already stored, not one query per document.
+        stored = await self.store.fingerprints([(d.team_id, d.doc_type, d.doc_id) for d in docs])
+        for doc, chunks in built:
+            if self._unchanged(stored[(doc.team_id, doc.doc_type, doc.doc_id)], chunks):
                 unchanged.append(doc)
                 report.results.append(
                     DocResult(doc.doc_id, doc.team_id, "unchanged", chunks=len(chunks))

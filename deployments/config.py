@@ -76,6 +76,9 @@ class MilvusSettings(BaseModel):
     index_type: str = "HNSW"
     metric_type: Literal["COSINE", "IP", "L2"] = "COSINE"
     timeout_s: float = Field(10.0, gt=0)
+    # Flush after this many upserted rows (0 = never): Milvus Lite searches and filtered
+    # queries slow down as unflushed rows pile up during a bulk load.
+    auto_flush_rows: int = Field(2000, ge=0)
 
 
 class Neo4jSettings(BaseModel):

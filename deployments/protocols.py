@@ -117,6 +117,13 @@ class VectorStore(Protocol):
         """The stored chunks of one document (without vectors), by chunk index."""
         ...
 
+    async def fingerprints(
+        self, docs: list[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, str], list[tuple[str, str, str]]]:
+        """For each ``(team_id, doc_type, doc_id)``: its stored chunks as
+        ``(chunk_id, content_hash, embed_model)`` by chunk index, in one round trip."""
+        ...
+
     async def search(
         self,
         query_text: str,

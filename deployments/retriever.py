@@ -165,6 +165,7 @@ class MilvusStore:
         self.dim = dim
         self._client: Any = None
         self._ready = False
+        self._unflushed = 0
         self._lock = threading.Lock()
 
     @property
@@ -316,6 +317,10 @@ class MilvusStore:
         rows = [chunk_to_row(c) for c in chunks]
         # Always upsert: a plain insert of an existing pk duplicates rows in real Milvus.
         self._call("upsert", "upsert", self.collection, rows)
+        self._unflushed += len(rows)
+        limit = self.settings.auto_flush_rows
+        if limit and self._unflushed >= limit:
+            self.flush()
         return len(rows)
 
     def delete_stale_chunks(self, team_id: str, doc_type: str, doc_id: str, keep: list[str]) -> int:
@@ -327,6 +332,7 @@ class MilvusStore:
 
     def flush(self) -> None:
         self._call("flush", "flush", self.collection)
+        self._unflushed = 0
 
     # --- reads ------------------------------------------------------------------
     def get_chunks(self, team_id: str, doc_type: str, doc_id: str) -> list[ChunkRecord]:
@@ -335,6 +341,43 @@ class MilvusStore:
             "query", "query", self.collection, filter=expr, output_fields=OUTPUT_FIELDS
         )
         return sorted((row_to_chunk(r) for r in rows), key=lambda c: c.chunk_index)
+
+    def fingerprints(
+        self, docs: list[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, str], list[tuple[str, str, str]]]:
+        """Stored ``(chunk_id, content_hash, embed_model)`` per document, few queries."""
+        out: dict[tuple[str, str, str], list[tuple[str, str, str]]] = {d: [] for d in docs}
+        rows: list[dict[str, Any]] = []
+        groups: dict[tuple[str, str], list[str]] = {}
+        for team_id, doc_type, doc_id in dict.fromkeys(docs):
+            groups.setdefault((team_id, doc_type), []).append(doc_id)
+        for (team_id, doc_type), doc_ids in groups.items():
+            for start in range(0, len(doc_ids), 64):
+                expr = (
+                    f"team_id == {milvus_literal(team_id)} and "
+                    f"doc_type == {milvus_literal(doc_type)} and "
+                    f"doc_id in {milvus_list(doc_ids[start : start + 64])}"
+                )
+                rows += self._call(
+                    "query",
+                    "query",
+                    self.collection,
+                    filter=expr,
+                    output_fields=[
+                        "team_id",
+                        "doc_type",
+                        "doc_id",
+                        "chunk_id",
+                        "chunk_index",
+                        "content_hash",
+                        "embed_model",
+                    ],
+                )
+        for row in sorted(rows, key=lambda r: int(r["chunk_index"])):
+            key = (row["team_id"], row["doc_type"], row["doc_id"])
+            if key in out:
+                out[key].append((row["chunk_id"], row["content_hash"], row["embed_model"]))
+        return out
 
     def count(self, team_id: str | None = None) -> int:
         expr = f"team_id == {milvus_literal(team_id)}" if team_id else ""
@@ -470,6 +513,11 @@ class RetrieverDeployment:
 
     async def get_chunks(self, team_id: str, doc_type: str, doc_id: str) -> list[ChunkRecord]:
         return await asyncio.to_thread(self.store.get_chunks, team_id, doc_type, doc_id)
+
+    async def fingerprints(
+        self, docs: list[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, str], list[tuple[str, str, str]]]:
+        return await asyncio.to_thread(self.store.fingerprints, docs)
 
     async def search(
         self,

@@ -188,6 +188,17 @@ class FakeVectorStore:
             del self.rows[chunk_id]
         return len(stale)
 
+    async def fingerprints(
+        self, docs: list[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, str], list[tuple[str, str, str]]]:
+        out = {}
+        for team_id, doc_type, doc_id in docs:
+            chunks = await self.get_chunks(team_id, doc_type, doc_id)
+            out[(team_id, doc_type, doc_id)] = [
+                (c.chunk_id, c.content_hash, c.embed_model) for c in chunks
+            ]
+        return out
+
     async def get_chunks(self, team_id: str, doc_type: str, doc_id: str) -> list[ChunkRecord]:
         self._check_up("query")
         rows = self._doc_rows(team_id, doc_type, doc_id)
