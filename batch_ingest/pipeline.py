@@ -157,9 +157,12 @@ class IngestPipeline:
             result = DocResult(doc.doc_id, doc.team_id, "indexed", chunks=len(chunks))
             try:
                 await self.store.upsert(with_vectors)
-                result.removed_chunks = await self.store.delete_stale_chunks(
-                    doc.team_id, doc.doc_type, doc.doc_id, [c.chunk_id for c in chunks]
-                )
+                # Stale = stored before and no longer produced; deleted by primary key, and
+                # only when there are any (a new document costs no delete at all).
+                fresh = {c.chunk_id for c in chunks}
+                key = (doc.team_id, doc.doc_type, doc.doc_id)
+                stale = [cid for cid, _, _ in stored[key] if cid not in fresh]
+                result.removed_chunks = await self.store.delete_chunks(stale) if stale else 0
                 written.append(doc)
             except GatewayError as exc:
                 if not written and isinstance(exc, BackendUnavailable) and doc is planned[0][0]:

@@ -113,6 +113,10 @@ class VectorStore(Protocol):
         """Remove the document's chunks whose ids are not in ``keep``; return how many."""
         ...
 
+    async def delete_chunks(self, chunk_ids: list[str]) -> int:
+        """Remove chunks by primary key (cheap: no filter scan); return how many were asked."""
+        ...
+
     async def get_chunks(self, team_id: str, doc_type: str, doc_id: str) -> list[ChunkRecord]:
         """The stored chunks of one document (without vectors), by chunk index."""
         ...

@@ -323,6 +323,12 @@ class MilvusStore:
             self.flush()
         return len(rows)
 
+    def delete_chunks(self, chunk_ids: list[str]) -> int:
+        if not chunk_ids:
+            return 0
+        self._call("delete", "delete", self.collection, ids=list(chunk_ids))
+        return len(chunk_ids)
+
     def delete_stale_chunks(self, team_id: str, doc_type: str, doc_id: str, keep: list[str]) -> int:
         expr = _doc_expr(team_id, doc_type, doc_id)
         if keep:
@@ -503,6 +509,9 @@ class RetrieverDeployment:
 
     async def upsert(self, chunks: list[ChunkRecord]) -> int:
         return await asyncio.to_thread(self.store.upsert, chunks)
+
+    async def delete_chunks(self, chunk_ids: list[str]) -> int:
+        return await asyncio.to_thread(self.store.delete_chunks, chunk_ids)
 
     async def delete_stale_chunks(
         self, team_id: str, doc_type: str, doc_id: str, keep: list[str]

@@ -176,6 +176,12 @@ class FakeVectorStore:
             if (c.team_id, c.doc_type, c.doc_id) == (team_id, doc_type, doc_id)
         ]
 
+    async def delete_chunks(self, chunk_ids: list[str]) -> int:
+        self._check_up("delete")
+        for cid in chunk_ids:
+            self.rows.pop(cid, None)
+        return len(chunk_ids)
+
     async def delete_stale_chunks(
         self, team_id: str, doc_type: str, doc_id: str, keep: list[str]
     ) -> int:

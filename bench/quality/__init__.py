@@ -1,0 +1,1 @@
+"""Retrieval-quality evaluation on labeled sets built from texts that ship offline."""

