@@ -92,8 +92,9 @@ class IngestPipeline:
     def build_chunks(self, doc: SourceDocument) -> list[ChunkRecord]:
         """Chunk records without vectors; ids and hashes are deterministic."""
         meta = doc.metadata_fingerprint()
+        pieces = self.chunker.split(doc.text)
         records = []
-        for piece in self.chunker.split(doc.text):
+        for piece in pieces:
             text = compose_text(doc.title, piece.heading, piece.text)
             records.append(
                 ChunkRecord(
@@ -104,7 +105,9 @@ class IngestPipeline:
                     text=text,
                     title=doc.title,
                     heading=piece.heading,
-                    content_hash=content_hash(text, meta),
+                    # The chunk count is hashed too: equal hashes for ids 0..n-1 then mean the
+                    # stored document has no chunks beyond n-1.
+                    content_hash=content_hash(text, meta, f"{piece.index}/{len(pieces)}"),
                     embed_model=self.embed_model,
                     visibility=doc.visibility,
                     doc_type=doc.doc_type,
@@ -118,12 +121,6 @@ class IngestPipeline:
             )
         return records
 
-    @staticmethod
-    def _unchanged(stored: list[tuple[str, str, str]], chunks: list[ChunkRecord]) -> bool:
-        return bool(stored) and stored == [
-            (c.chunk_id, c.content_hash, c.embed_model) for c in chunks
-        ]
-
     async def ingest(self, docs: list[SourceDocument]) -> IngestReport:
         """Index ``docs`` in order; report per document.
 
@@ -135,16 +132,26 @@ class IngestPipeline:
         planned: list[tuple[SourceDocument, list[ChunkRecord]]] = []
         unchanged: list[SourceDocument] = []
         built = [(doc, self.build_chunks(doc)) for doc in docs]
-        # One round trip for what is already stored, not one query per document.
-        stored = await self.store.fingerprints([(d.team_id, d.doc_type, d.doc_id) for d in docs])
+        # Primary-key lookups only (filtered scans are slow in Milvus Lite): chunk ids are
+        # deterministic, so the new ids find whatever of the document is already stored.
+        found = await self.store.lookup([c.chunk_id for _, chunks in built for c in chunks])
+        existing: list[SourceDocument] = []
         for doc, chunks in built:
-            if self._unchanged(stored[(doc.team_id, doc.doc_type, doc.doc_id)], chunks):
+            if all(found.get(c.chunk_id) == (c.content_hash, c.embed_model) for c in chunks):
                 unchanged.append(doc)
                 report.results.append(
                     DocResult(doc.doc_id, doc.team_id, "unchanged", chunks=len(chunks))
                 )
             else:
                 planned.append((doc, chunks))
+                if chunks[0].chunk_id in found:
+                    existing.append(doc)
+        # Only a changed document that existed before can leave stale chunks behind.
+        stored = (
+            await self.store.fingerprints([(d.team_id, d.doc_type, d.doc_id) for d in existing])
+            if existing
+            else {}
+        )
 
         # One embedding call for the whole request lets the embedder batch it.
         texts = [c.text for _, chunks in planned for c in chunks]
@@ -161,7 +168,7 @@ class IngestPipeline:
                 # only when there are any (a new document costs no delete at all).
                 fresh = {c.chunk_id for c in chunks}
                 key = (doc.team_id, doc.doc_type, doc.doc_id)
-                stale = [cid for cid, _, _ in stored[key] if cid not in fresh]
+                stale = [cid for cid, _, _ in stored.get(key, []) if cid not in fresh]
                 result.removed_chunks = await self.store.delete_chunks(stale) if stale else 0
                 written.append(doc)
             except GatewayError as exc:

@@ -113,6 +113,10 @@ class VectorStore(Protocol):
         """Remove the document's chunks whose ids are not in ``keep``; return how many."""
         ...
 
+    async def lookup(self, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
+        """``chunk_id → (content_hash, embed_model)`` of those ids that are stored."""
+        ...
+
     async def delete_chunks(self, chunk_ids: list[str]) -> int:
         """Remove chunks by primary key (cheap: no filter scan); return how many were asked."""
         ...

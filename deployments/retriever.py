@@ -323,6 +323,20 @@ class MilvusStore:
             self.flush()
         return len(rows)
 
+    def lookup(self, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
+        out: dict[str, tuple[str, str]] = {}
+        for start in range(0, len(chunk_ids), 256):
+            rows = self._call(
+                "lookup",
+                "query",
+                self.collection,
+                filter=f"chunk_id in {milvus_list(chunk_ids[start : start + 256])}",
+                output_fields=["chunk_id", "content_hash", "embed_model"],
+            )
+            for row in rows:
+                out[row["chunk_id"]] = (row["content_hash"], row["embed_model"])
+        return out
+
     def delete_chunks(self, chunk_ids: list[str]) -> int:
         if not chunk_ids:
             return 0
@@ -512,6 +526,9 @@ class RetrieverDeployment:
 
     async def delete_chunks(self, chunk_ids: list[str]) -> int:
         return await asyncio.to_thread(self.store.delete_chunks, chunk_ids)
+
+    async def lookup(self, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
+        return await asyncio.to_thread(self.store.lookup, chunk_ids)
 
     async def delete_stale_chunks(
         self, team_id: str, doc_type: str, doc_id: str, keep: list[str]

@@ -176,6 +176,14 @@ class FakeVectorStore:
             if (c.team_id, c.doc_type, c.doc_id) == (team_id, doc_type, doc_id)
         ]
 
+    async def lookup(self, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
+        self._check_up("lookup")
+        return {
+            cid: (self.rows[cid].content_hash, self.rows[cid].embed_model)
+            for cid in chunk_ids
+            if cid in self.rows
+        }
+
     async def delete_chunks(self, chunk_ids: list[str]) -> int:
         self._check_up("delete")
         for cid in chunk_ids:
