@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import ray
 from pydantic import ValidationError
@@ -11,24 +9,7 @@ from ray.serve import Application
 
 from serve_app.app import AppArgs, build_app
 
-SECTIONS = (
-    "environment",
-    "embedder",
-    "reranker",
-    "milvus",
-    "neo4j",
-    "search",
-    "chunking",
-    "ingest",
-)
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in list(os.environ):
-        lowered = name.lower()
-        if any(lowered == s or lowered.startswith(s + "__") for s in SECTIONS):
-            monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("clean_gateway_env")
 
 
 def test_args_deep_merge_over_env(monkeypatch):

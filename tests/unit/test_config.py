@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from pydantic import ValidationError
 
@@ -14,25 +12,7 @@ from deployments.config import (
     GatewaySettings,
 )
 
-SECTIONS = (
-    "environment",
-    "embedder",
-    "reranker",
-    "milvus",
-    "neo4j",
-    "search",
-    "chunking",
-    "ingest",
-)
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    """Drop any gateway variable of the surrounding shell so each test sets its own."""
-    for name in list(os.environ):
-        lowered = name.lower()
-        if any(lowered == s or lowered.startswith(s + "__") for s in SECTIONS):
-            monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("clean_gateway_env")
 
 
 def test_defaults_need_no_environment():
