@@ -134,7 +134,13 @@ class IngestPipeline:
         built = [(doc, self.build_chunks(doc)) for doc in docs]
         # Primary-key lookups only (filtered scans are slow in Milvus Lite): chunk ids are
         # deterministic, so the new ids find whatever of the document is already stored.
-        found = await self.store.lookup([c.chunk_id for _, chunks in built for c in chunks])
+        by_team: dict[str, list[str]] = {}
+        for _, chunks in built:
+            for c in chunks:
+                by_team.setdefault(c.team_id, []).append(c.chunk_id)
+        found: dict[str, tuple[str, str]] = {}
+        for team_id, chunk_ids in by_team.items():
+            found.update(await self.store.lookup(team_id, chunk_ids))
         existing: list[SourceDocument] = []
         for doc, chunks in built:
             if all(found.get(c.chunk_id) == (c.content_hash, c.embed_model) for c in chunks):
@@ -169,7 +175,9 @@ class IngestPipeline:
                 fresh = {c.chunk_id for c in chunks}
                 key = (doc.team_id, doc.doc_type, doc.doc_id)
                 stale = [cid for cid, _, _ in stored.get(key, []) if cid not in fresh]
-                result.removed_chunks = await self.store.delete_chunks(stale) if stale else 0
+                result.removed_chunks = (
+                    await self.store.delete_chunks(doc.team_id, stale) if stale else 0
+                )
                 written.append(doc)
             except GatewayError as exc:
                 if not written and isinstance(exc, BackendUnavailable) and doc is planned[0][0]:

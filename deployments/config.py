@@ -71,7 +71,12 @@ class MilvusSettings(BaseModel):
     uri: str = "http://127.0.0.1:19530"
     token: str = ""
     db_name: str = ""
-    collection: str = "rag_chunks"
+    # Base name. With layout "collection_per_team" every team gets its own collection
+    # "<collection>__<team slug>" (an alias onto a versioned collection "...__v<N>"): a team's
+    # searches never scan another team's rows. "shared" keeps one collection for all teams,
+    # separated by the team_id partition key (prunes on a Milvus cluster, not in Milvus Lite).
+    collection: str = Field("rag_chunks", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+    layout: Literal["collection_per_team", "shared"] = "collection_per_team"
     # HNSW on the dense vector; BM25 sparse index on the text.
     index_type: str = "HNSW"
     metric_type: Literal["COSINE", "IP", "L2"] = "COSINE"

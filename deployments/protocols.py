@@ -113,11 +113,11 @@ class VectorStore(Protocol):
         """Remove the document's chunks whose ids are not in ``keep``; return how many."""
         ...
 
-    async def lookup(self, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
-        """``chunk_id → (content_hash, embed_model)`` of those ids that are stored."""
+    async def lookup(self, team_id: str, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
+        """``chunk_id → (content_hash, embed_model)`` of the team's ids that are stored."""
         ...
 
-    async def delete_chunks(self, chunk_ids: list[str]) -> int:
+    async def delete_chunks(self, team_id: str, chunk_ids: list[str]) -> int:
         """Remove chunks by primary key (cheap: no filter scan); return how many were asked."""
         ...
 
@@ -152,7 +152,7 @@ class VectorStore(Protocol):
         """Top ``limit`` chunks of each single method (``dense``, ``bm25``), for fusion."""
         ...
 
-    async def count(self, team_id: str | None = None) -> int: ...
+    async def count(self, team_id: str) -> int: ...
 
     async def status(self) -> dict[str, Any]: ...
 

@@ -10,8 +10,10 @@ operators must never change the expression.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
+import re
 import threading
 import time
 from typing import Any
@@ -152,11 +154,30 @@ def row_to_chunk(row: dict[str, Any]) -> ChunkRecord:
     )
 
 
+def team_slug(team_id: str) -> str:
+    """A collection-name-safe, collision-free token for ``team_id``: readable prefix + hash."""
+    readable = re.sub(r"[^a-z0-9]+", "_", team_id.lower()).strip("_")[:32]
+    digest = hashlib.sha256(team_id.encode("utf-8")).hexdigest()[:12]
+    return f"{readable}_{digest}" if readable else f"t_{digest}"
+
+
+def collection_for(settings: MilvusSettings, team_id: str) -> str:
+    """The logical collection (an alias) that holds ``team_id``'s chunks."""
+    if settings.layout == "shared":
+        return settings.collection
+    return f"{settings.collection}__{team_slug(team_id)}"
+
+
 class MilvusStore:
-    """The chunk collection in Milvus.
+    """The chunk collections in Milvus.
+
+    Every operation names its team; ``collection_for`` maps the team to a logical collection
+    name, which is an alias onto a physical, versioned collection (``<name>__v1``), so a
+    reindex can build ``__v2`` beside it and swap the alias. Reads of a team that has no
+    collection yet return nothing and create nothing.
 
     Args:
-        settings: URI, credentials, collection name and index choice.
+        settings: URI, credentials, base collection name, layout and index choice.
         dim: dense vector size; must match the embedder.
     """
 
@@ -165,12 +186,18 @@ class MilvusStore:
         self.dim = dim
         self._client: Any = None
         self._ready = False
-        self._unflushed = 0
+        self._open: set[str] = set()  # logical names checked and loaded on this connection
+        self._unflushed: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._open_lock = threading.Lock()
 
     @property
     def collection(self) -> str:
+        """The base name; see ``collection_for`` for a team's collection."""
         return self.settings.collection
+
+    def collection_for(self, team_id: str) -> str:
+        return collection_for(self.settings, team_id)
 
     def _connect(self) -> Any:
         from pymilvus import MilvusClient
@@ -189,14 +216,14 @@ class MilvusStore:
         return MilvusClient(**kwargs)
 
     def start(self) -> None:
-        """Connect and create the collection with its indexes if missing; idempotent."""
+        """Connect; idempotent. Collections are opened (and created) per team on first use."""
         with self._lock:
             if self._ready:
                 return
             try:
                 if self._client is None:
                     self._client = self._connect()
-                self._ensure_collection()
+                self._client.list_collections()
             except Exception as exc:
                 self._client = None
                 raise BackendUnavailable(
@@ -206,73 +233,106 @@ class MilvusStore:
                 ) from exc
             self._ready = True
 
-    def _ensure_collection(self) -> None:
-        from pymilvus import DataType, Function, FunctionType
+    def _collection(self, team_id: str, *, create: bool) -> str | None:
+        """The team's logical collection, checked and loaded; ``None`` if it does not exist
+        and ``create`` is false."""
+        name = self.collection_for(team_id)
+        if name in self._open:
+            return name
+        with self._open_lock:
+            if name in self._open:
+                return name
+            if not self._call("has collection", "has_collection", name):
+                if not create:
+                    return None
+                self._create(name)
+            else:
+                existing = self._collection_dim(name)
+                if existing is not None and existing != self.dim:
+                    raise BackendUnavailable(
+                        "milvus",
+                        f"collection {name!r} holds {existing}-d vectors but the embedder makes "
+                        f"{self.dim}-d ones",
+                        hint="reindex the team with the new model or point MILVUS__COLLECTION "
+                        "elsewhere",
+                    )
+            # Milvus Lite needs an explicit load after a restart.
+            self._call("load", "load_collection", name)
+            self._open.add(name)
+        return name
 
-        client = self._client
-        name = self.collection
-        if not client.has_collection(name):
-            schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
-            schema.add_field("chunk_id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID)
-            schema.add_field("doc_id", DataType.VARCHAR, max_length=MAX_ID)
-            schema.add_field("team_id", DataType.VARCHAR, max_length=MAX_ID, is_partition_key=True)
-            for field in ("project_id", "channel_id", "agent_id"):
-                schema.add_field(field, DataType.VARCHAR, max_length=MAX_ID)
-            schema.add_field("visibility", DataType.VARCHAR, max_length=32)
-            schema.add_field("doc_type", DataType.VARCHAR, max_length=64)
-            schema.add_field(
-                "tags",
-                DataType.ARRAY,
-                element_type=DataType.VARCHAR,
-                max_capacity=MAX_TAGS,
-                max_length=MAX_TAG,
-            )
-            schema.add_field("created_at", DataType.INT64)
-            schema.add_field("title", DataType.VARCHAR, max_length=MAX_TITLE)
-            schema.add_field("heading", DataType.VARCHAR, max_length=MAX_TITLE)
-            schema.add_field("url", DataType.VARCHAR, max_length=MAX_URL)
-            schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT, enable_analyzer=True)
-            schema.add_field("chunk_index", DataType.INT64)
-            schema.add_field("content_hash", DataType.VARCHAR, max_length=128)
-            schema.add_field("embed_model", DataType.VARCHAR, max_length=256)
-            schema.add_field("dense", DataType.FLOAT_VECTOR, dim=self.dim)
-            schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
-            schema.add_function(
-                Function(
-                    name="text_bm25",
-                    function_type=FunctionType.BM25,
-                    input_field_names=["text"],
-                    output_field_names=["sparse"],
-                )
-            )
-            index = client.prepare_index_params()
-            dense_params = (
-                {"M": 16, "efConstruction": 200} if self.settings.index_type == "HNSW" else {}
-            )
-            index.add_index(
-                "dense",
-                index_type=self.settings.index_type,
-                metric_type=self.settings.metric_type,
-                params=dense_params,
-            )
-            index.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
-            for scalar in ("doc_id", "visibility", "doc_type"):
-                index.add_index(scalar, index_type="INVERTED")
-            client.create_collection(name, schema=schema, index_params=index)
-            logger.info("created Milvus collection %s (dim=%d)", name, self.dim)
-        else:
-            existing = self._collection_dim()
-            if existing is not None and existing != self.dim:
-                raise InvalidInput(
-                    f"collection {name!r} holds {existing}-d vectors but the embedder makes "
-                    f"{self.dim}-d ones; reindex into a new collection or point MILVUS__COLLECTION "
-                    "elsewhere"
-                )
-        # Milvus Lite needs an explicit load after a restart.
-        client.load_collection(name)
+    def _create(self, name: str, version: int = 1) -> str:
+        """Create the physical collection ``<name>__v<version>`` and point alias ``name`` at
+        it. Safe against a concurrent creator (another replica): "already exists" is fine."""
+        physical = f"{name}__v{version}"
+        try:
+            self._call("create collection", "create_collection", physical, **self._definition())
+            logger.info("created Milvus collection %s (dim=%d)", physical, self.dim)
+        except BackendUnavailable:
+            if not self._call("has collection", "has_collection", physical):
+                raise
+        try:
+            self._call("create alias", "create_alias", physical, name)
+        except BackendUnavailable:
+            if not self._call("has collection", "has_collection", name):
+                raise
+        return physical
 
-    def _collection_dim(self) -> int | None:
-        info = self._client.describe_collection(self.collection)
+    def _definition(self) -> dict[str, Any]:
+        from pymilvus import DataType, Function, FunctionType, MilvusClient
+
+        schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("chunk_id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID)
+        schema.add_field("doc_id", DataType.VARCHAR, max_length=MAX_ID)
+        schema.add_field("team_id", DataType.VARCHAR, max_length=MAX_ID, is_partition_key=True)
+        for field in ("project_id", "channel_id", "agent_id"):
+            schema.add_field(field, DataType.VARCHAR, max_length=MAX_ID)
+        schema.add_field("visibility", DataType.VARCHAR, max_length=32)
+        schema.add_field("doc_type", DataType.VARCHAR, max_length=64)
+        schema.add_field(
+            "tags",
+            DataType.ARRAY,
+            element_type=DataType.VARCHAR,
+            max_capacity=MAX_TAGS,
+            max_length=MAX_TAG,
+        )
+        schema.add_field("created_at", DataType.INT64)
+        schema.add_field("title", DataType.VARCHAR, max_length=MAX_TITLE)
+        schema.add_field("heading", DataType.VARCHAR, max_length=MAX_TITLE)
+        schema.add_field("url", DataType.VARCHAR, max_length=MAX_URL)
+        schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT, enable_analyzer=True)
+        schema.add_field("chunk_index", DataType.INT64)
+        schema.add_field("content_hash", DataType.VARCHAR, max_length=128)
+        schema.add_field("embed_model", DataType.VARCHAR, max_length=256)
+        schema.add_field("dense", DataType.FLOAT_VECTOR, dim=self.dim)
+        schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
+        schema.add_function(
+            Function(
+                name="text_bm25",
+                function_type=FunctionType.BM25,
+                input_field_names=["text"],
+                output_field_names=["sparse"],
+            )
+        )
+        index = MilvusClient.prepare_index_params()
+        hnsw = self.settings.index_type == "HNSW"
+        dense_params = {"M": 16, "efConstruction": 200} if hnsw else {}
+        index.add_index(
+            "dense",
+            index_type=self.settings.index_type,
+            metric_type=self.settings.metric_type,
+            params=dense_params,
+        )
+        index.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
+        for scalar in ("doc_id", "visibility", "doc_type"):
+            index.add_index(scalar, index_type="INVERTED")
+        # One team per collection needs no partition-key buckets (a Milvus cluster honours
+        # this; Milvus Lite ignores it).
+        partitions = 1 if self.settings.layout == "collection_per_team" else 16
+        return {"schema": schema, "index_params": index, "num_partitions": partitions}
+
+    def _collection_dim(self, name: str) -> int | None:
+        info = self._call("describe", "describe_collection", name)
         for field in info.get("fields", []):
             if field.get("name") == "dense":
                 return int(field.get("params", {}).get("dim", 0)) or None
@@ -289,6 +349,8 @@ class MilvusStore:
             except InvalidInput:
                 raise
             except Exception as exc:
+                if _already_exists(exc):
+                    raise BackendUnavailable("milvus", f"{what} failed: {exc}") from exc
                 self._drop_client()
                 if attempt == 2:
                     raise BackendUnavailable("milvus", f"{what} failed: {exc}") from exc
@@ -298,6 +360,8 @@ class MilvusStore:
     def _drop_client(self) -> None:
         with self._lock:
             client, self._client, self._ready = self._client, None, False
+            # A new connection may face a restarted server: load collections again.
+            self._open = set()
         if client is not None:
             try:
                 client.close()
@@ -308,28 +372,36 @@ class MilvusStore:
     def upsert(self, chunks: list[ChunkRecord]) -> int:
         if not chunks:
             return 0
+        by_team: dict[str, list[dict[str, Any]]] = {}
         for chunk in chunks:
             if len(chunk.vector) != self.dim:
                 raise InvalidInput(
                     f"chunk {chunk.chunk_id} has a {len(chunk.vector)}-d vector, "
                     f"expected {self.dim}"
                 )
-        rows = [chunk_to_row(c) for c in chunks]
-        # Always upsert: a plain insert of an existing pk duplicates rows in real Milvus.
-        self._call("upsert", "upsert", self.collection, rows)
-        self._unflushed += len(rows)
-        limit = self.settings.auto_flush_rows
-        if limit and self._unflushed >= limit:
-            self.flush()
-        return len(rows)
+            by_team.setdefault(chunk.team_id, []).append(chunk_to_row(chunk))
+        for team_id, rows in by_team.items():
+            name = self._collection(team_id, create=True)
+            # Always upsert: a plain insert of an existing pk duplicates rows in real Milvus.
+            self._call("upsert", "upsert", name, rows)
+            self._unflushed[name] = self._unflushed.get(name, 0) + len(rows)
+            limit = self.settings.auto_flush_rows
+            if limit and self._unflushed[name] >= limit:
+                self._flush(name)
+        return len(chunks)
 
-    def lookup(self, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
+    def lookup(self, team_id: str, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
+        """``chunk_id → (content_hash, embed_model)`` of the team's stored chunks among
+        ``chunk_ids``; primary-key queries only."""
+        name = self._collection(team_id, create=False)
         out: dict[str, tuple[str, str]] = {}
+        if name is None:
+            return out
         for start in range(0, len(chunk_ids), 256):
             rows = self._call(
                 "lookup",
                 "query",
-                self.collection,
+                name,
                 filter=f"chunk_id in {milvus_list(chunk_ids[start : start + 256])}",
                 output_fields=["chunk_id", "content_hash", "embed_model"],
             )
@@ -337,29 +409,44 @@ class MilvusStore:
                 out[row["chunk_id"]] = (row["content_hash"], row["embed_model"])
         return out
 
-    def delete_chunks(self, chunk_ids: list[str]) -> int:
-        if not chunk_ids:
+    def delete_chunks(self, team_id: str, chunk_ids: list[str]) -> int:
+        name = self._collection(team_id, create=False)
+        if not chunk_ids or name is None:
             return 0
-        self._call("delete", "delete", self.collection, ids=list(chunk_ids))
+        self._call("delete", "delete", name, ids=list(chunk_ids))
         return len(chunk_ids)
 
     def delete_stale_chunks(self, team_id: str, doc_type: str, doc_id: str, keep: list[str]) -> int:
+        name = self._collection(team_id, create=False)
+        if name is None:
+            return 0
         expr = _doc_expr(team_id, doc_type, doc_id)
         if keep:
             expr += f" and chunk_id not in {milvus_list(keep)}"
-        result = self._call("delete", "delete", self.collection, filter=expr)
+        result = self._call("delete", "delete", name, filter=expr)
         return _deleted_count(result)
 
-    def flush(self) -> None:
-        self._call("flush", "flush", self.collection)
-        self._unflushed = 0
+    def flush(self, team_id: str | None = None) -> None:
+        """Flush one team's collection, or every collection written through this store."""
+        if team_id is not None:
+            name = self._collection(team_id, create=False)
+            if name is not None:
+                self._flush(name)
+            return
+        for name in list(self._unflushed) or list(self._open):
+            self._flush(name)
+
+    def _flush(self, name: str) -> None:
+        self._call("flush", "flush", name)
+        self._unflushed[name] = 0
 
     # --- reads ------------------------------------------------------------------
     def get_chunks(self, team_id: str, doc_type: str, doc_id: str) -> list[ChunkRecord]:
+        name = self._collection(team_id, create=False)
+        if name is None:
+            return []
         expr = _doc_expr(team_id, doc_type, doc_id)
-        rows = self._call(
-            "query", "query", self.collection, filter=expr, output_fields=OUTPUT_FIELDS
-        )
+        rows = self._call("query", "query", name, filter=expr, output_fields=OUTPUT_FIELDS)
         return sorted((row_to_chunk(r) for r in rows), key=lambda c: c.chunk_index)
 
     def fingerprints(
@@ -372,6 +459,9 @@ class MilvusStore:
         for team_id, doc_type, doc_id in dict.fromkeys(docs):
             groups.setdefault((team_id, doc_type), []).append(doc_id)
         for (team_id, doc_type), doc_ids in groups.items():
+            name = self._collection(team_id, create=False)
+            if name is None:
+                continue
             for start in range(0, len(doc_ids), 64):
                 expr = (
                     f"team_id == {milvus_literal(team_id)} and "
@@ -381,7 +471,7 @@ class MilvusStore:
                 rows += self._call(
                     "query",
                     "query",
-                    self.collection,
+                    name,
                     filter=expr,
                     output_fields=[
                         "team_id",
@@ -399,13 +489,15 @@ class MilvusStore:
                 out[key].append((row["chunk_id"], row["content_hash"], row["embed_model"]))
         return out
 
-    def count(self, team_id: str | None = None) -> int:
-        expr = f"team_id == {milvus_literal(team_id)}" if team_id else ""
+    def count(self, team_id: str) -> int:
+        name = self._collection(team_id, create=False)
+        if name is None:
+            return 0
         rows = self._call(
             "count",
             "query",
-            self.collection,
-            filter=expr,
+            name,
+            filter=f"team_id == {milvus_literal(team_id)}",
             output_fields=["count(*)"],
         )
         return int(rows[0]["count(*)"]) if rows else 0
@@ -419,7 +511,7 @@ class MilvusStore:
         mode: str = "hybrid",
         rrf_k: int = 60,
     ) -> list[SearchHit]:
-        """Top ``limit`` chunks inside ``flt``.
+        """Top ``limit`` chunks inside ``flt``, searched in the filter's team collection only.
 
         ``mode``: ``dense`` (vector only), ``bm25`` (Milvus full-text only) or ``hybrid``
         (both, fused by Milvus's RRF ranker). Scores are "higher is better" in every mode.
@@ -428,14 +520,18 @@ class MilvusStore:
             raise InvalidInput(f"mode must be one of {', '.join(SEARCH_MODES)}, got {mode!r}")
         if mode != "bm25" and query_vector is None:
             raise InvalidInput(f"mode {mode!r} needs a query vector")
+        # The team term stays in the expression even inside a per-team collection.
         expr = build_filter_expr(flt)
+        name = self._collection(flt.team_id, create=False)
+        if name is None:
+            return []
         dense_param = {"metric_type": self.settings.metric_type, "params": {"ef": max(64, limit)}}
         bm25_param = {"metric_type": "BM25"}
         if mode == "dense":
             result = self._call(
                 "search",
                 "search",
-                self.collection,
+                name,
                 data=[query_vector],
                 anns_field="dense",
                 filter=expr,
@@ -447,7 +543,7 @@ class MilvusStore:
             result = self._call(
                 "search",
                 "search",
-                self.collection,
+                name,
                 data=[query_text],
                 anns_field="sparse",
                 filter=expr,
@@ -465,7 +561,7 @@ class MilvusStore:
             result = self._call(
                 "hybrid search",
                 "hybrid_search",
-                self.collection,
+                name,
                 requests,
                 RRFRanker(rrf_k),
                 limit=limit,
@@ -482,26 +578,50 @@ class MilvusStore:
 
     def ping(self) -> dict[str, Any]:
         started = time.perf_counter()
+        self._ready = False  # force a round trip
         self.start()
-        self._call("ping", "has_collection", self.collection)
         return {
             "ready": True,
             "uri": self.settings.uri,
             "collection": self.collection,
+            "layout": self.settings.layout,
             "latency_ms": round((time.perf_counter() - started) * 1000, 1),
         }
 
+    def owned_collections(self) -> tuple[list[str], list[str]]:
+        """``(aliases, physical collections)`` that belong to this base name."""
+        base = self.collection
+
+        def owned(name: str) -> bool:
+            return name == base or name.startswith(base + "__")
+
+        physical = [c for c in self._call("list collections", "list_collections") if owned(c)]
+        aliases: list[str] = []
+        for name in physical:
+            info = self._call("list aliases", "list_aliases", name)
+            aliases += [a for a in info.get("aliases", []) if owned(a)]
+        return aliases, physical
+
     def drop(self) -> None:
-        """Drop the collection (tests and benchmarks only)."""
-        self.start()
-        self._client.drop_collection(self.collection)
-        self._ready = False
+        """Drop every collection and alias of this base name (tests and benchmarks only)."""
+        aliases, physical = self.owned_collections()
+        for alias in aliases:
+            self._call("drop alias", "drop_alias", alias)
+        for name in physical:
+            self._call("drop", "drop_collection", name)
+        self._open = set()
+        self._unflushed = {}
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
             self._ready = False
+            self._open = set()
+
+
+def _already_exists(exc: Exception) -> bool:
+    return "already exist" in str(exc).lower()
 
 
 def _deleted_count(result: Any) -> int:
@@ -524,11 +644,11 @@ class RetrieverDeployment:
     async def upsert(self, chunks: list[ChunkRecord]) -> int:
         return await asyncio.to_thread(self.store.upsert, chunks)
 
-    async def delete_chunks(self, chunk_ids: list[str]) -> int:
-        return await asyncio.to_thread(self.store.delete_chunks, chunk_ids)
+    async def delete_chunks(self, team_id: str, chunk_ids: list[str]) -> int:
+        return await asyncio.to_thread(self.store.delete_chunks, team_id, chunk_ids)
 
-    async def lookup(self, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
-        return await asyncio.to_thread(self.store.lookup, chunk_ids)
+    async def lookup(self, team_id: str, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
+        return await asyncio.to_thread(self.store.lookup, team_id, chunk_ids)
 
     async def delete_stale_chunks(
         self, team_id: str, doc_type: str, doc_id: str, keep: list[str]
@@ -574,11 +694,11 @@ class RetrieverDeployment:
         )
         return dict(zip(methods, results, strict=True))
 
-    async def count(self, team_id: str | None = None) -> int:
+    async def count(self, team_id: str) -> int:
         return await asyncio.to_thread(self.store.count, team_id)
 
-    async def flush(self) -> None:
-        await asyncio.to_thread(self.store.flush)
+    async def flush(self, team_id: str | None = None) -> None:
+        await asyncio.to_thread(self.store.flush, team_id)
 
     async def status(self) -> dict[str, Any]:
         try:

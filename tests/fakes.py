@@ -176,18 +176,19 @@ class FakeVectorStore:
             if (c.team_id, c.doc_type, c.doc_id) == (team_id, doc_type, doc_id)
         ]
 
-    async def lookup(self, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
+    async def lookup(self, team_id: str, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
         self._check_up("lookup")
         return {
             cid: (self.rows[cid].content_hash, self.rows[cid].embed_model)
             for cid in chunk_ids
-            if cid in self.rows
+            if cid in self.rows and self.rows[cid].team_id == team_id
         }
 
-    async def delete_chunks(self, chunk_ids: list[str]) -> int:
+    async def delete_chunks(self, team_id: str, chunk_ids: list[str]) -> int:
         self._check_up("delete")
         for cid in chunk_ids:
-            self.rows.pop(cid, None)
+            if cid in self.rows and self.rows[cid].team_id == team_id:
+                del self.rows[cid]
         return len(chunk_ids)
 
     async def delete_stale_chunks(
@@ -280,9 +281,9 @@ class FakeVectorStore:
             for c, score in ranked
         ]
 
-    async def count(self, team_id: str | None = None) -> int:
+    async def count(self, team_id: str) -> int:
         self._check_up("count")
-        return sum(1 for c in self.rows.values() if team_id is None or c.team_id == team_id)
+        return sum(1 for c in self.rows.values() if c.team_id == team_id)
 
     async def status(self) -> dict[str, Any]:
         if self.down:

