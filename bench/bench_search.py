@@ -53,7 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--collection", default="bench_search", help="Milvus collection (must start bench_)"
     )
-    p.add_argument("--docs", type=int, default=5000, help="documents to ingest")
+    p.add_argument("--docs", type=int, default=5000, help="documents in the corpus")
+    p.add_argument(
+        "--api-docs",
+        type=int,
+        default=None,
+        help="ingest only the first N documents through the API (real embeddings); the rest "
+        "are written straight into Milvus as filler with random vectors (bench/filler.py). "
+        "Default: all through the API",
+    )
     p.add_argument("--tenants", type=int, default=10, help="tenants (team_id) of the corpus")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-words", type=int, default=100)
@@ -214,6 +222,8 @@ async def run(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
         max_words=args.max_words,
         tenant_prefix=tenant_prefix(args),
     )
+    n_api = len(docs) if args.api_docs is None else min(args.api_docs, len(docs))
+    docs, filler_docs = docs[:n_api], docs[n_api:]
     logger.info(
         "ingesting %d documents (%d tenants) in requests of %d, %d concurrent",
         len(docs),
@@ -248,12 +258,25 @@ async def run(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
         # MilvusStore methods other than ping()/drop() read self._client before _call() runs
         # start(), so a fresh store must be started explicitly.
         await asyncio.to_thread(store.start)
+        if filler_docs:
+            from bench.filler import insert_filler
+            from deployments.embedder import embedding_dim
+
+            logger.info("writing %d filler documents straight into Milvus", len(filler_docs))
+            result["filler"] = await asyncio.to_thread(
+                insert_filler,
+                store,
+                filler_docs,
+                h.settings,
+                embedding_dim(h.settings.embedder),
+                seed=args.seed,
+            )
         if not args.no_flush:
             t0 = time.perf_counter()
             await asyncio.to_thread(store.flush)
             result["flush_s"] = round(time.perf_counter() - t0, 2)
             logger.info("Milvus flush took %.1fs", result["flush_s"])
-        result["collection_rows"] = await asyncio.to_thread(store.count)
+        result["collection_rows"] = await asyncio.to_thread(store.count_all)
         logger.info("collection %s holds %d chunks", args.collection, result["collection_rows"])
 
         limits = httpx.Limits(max_connections=max(args.concurrency) + 2)

@@ -195,14 +195,25 @@ class ServeHarness:
         self._start_attempted = True
         self._preflight()
         logger.info("starting local Ray (temp dir %s)", self.temp_dir)
-        ray.init(
-            address="local",
-            include_dashboard=False,
-            _temp_dir=str(self.temp_dir),
-            num_cpus=self.num_cpus,
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-        )
+        for attempt in (1, 2, 3):
+            try:
+                ray.init(
+                    address="local",
+                    include_dashboard=False,
+                    _temp_dir=str(self.temp_dir),
+                    num_cpus=self.num_cpus,
+                    log_to_driver=False,
+                    logging_level=logging.WARNING,
+                )
+                break
+            except Exception as exc:
+                # On 2 busy cores the node sometimes misses Ray's startup deadline, mostly
+                # right after another cluster stopped; a retry a little later succeeds.
+                if attempt == 3 or "timed out during startup" not in str(exc):
+                    raise
+                logger.warning("Ray node start timed out (attempt %d); retrying", attempt)
+                ray.shutdown()
+                time.sleep(10)
         self._ray_started = True
         serve.start(http_options={"host": "127.0.0.1", "port": self.port})
         logger.info(

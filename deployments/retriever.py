@@ -427,13 +427,13 @@ class MilvusStore:
         return _deleted_count(result)
 
     def flush(self, team_id: str | None = None) -> None:
-        """Flush one team's collection, or every collection written through this store."""
+        """Flush one team's collection, or every collection of this base name."""
         if team_id is not None:
             name = self._collection(team_id, create=False)
             if name is not None:
                 self._flush(name)
             return
-        for name in list(self._unflushed) or list(self._open):
+        for name in self.owned_collections()[0]:
             self._flush(name)
 
     def _flush(self, name: str) -> None:
@@ -501,6 +501,14 @@ class MilvusStore:
             output_fields=["count(*)"],
         )
         return int(rows[0]["count(*)"]) if rows else 0
+
+    def count_all(self) -> int:
+        """Rows in every collection of this base name (benchmarks, operators)."""
+        total = 0
+        for name in self.owned_collections()[0]:
+            rows = self._call("count", "query", name, filter="", output_fields=["count(*)"])
+            total += int(rows[0]["count(*)"]) if rows else 0
+        return total
 
     def search(
         self,

@@ -4,11 +4,14 @@ bodies that say what was wrong and what to send instead."""
 from __future__ import annotations
 
 import logging
+import types
+import typing
 import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from deployments.errors import BackendUnavailable, Forbidden, GatewayError, InvalidInput, Overloaded
 
@@ -39,6 +42,51 @@ def _field_path(loc: tuple) -> str:
     return ".".join(parts) or "body"
 
 
+def _submodel(annotation: typing.Any) -> type[BaseModel] | None:
+    """The pydantic model inside ``annotation`` (through Optional, list, Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (
+        typing.Union,
+        types.UnionType,
+        list,
+        tuple,
+        typing.Annotated,
+    ):
+        for arg in typing.get_args(annotation):
+            found = _submodel(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def allowed_keys(request: Request, loc: tuple) -> list[str] | None:
+    """For an unknown key at ``loc``: the keys the model at that place accepts."""
+    endpoint = getattr(request.scope.get("route"), "endpoint", None)
+    if endpoint is None:
+        return None
+    try:
+        model = _submodel(typing.get_type_hints(endpoint, include_extras=True).get("body"))
+    except Exception:  # unresolvable annotations: no list, the error stays clear without it
+        return None
+    for part in loc[1:-1] if loc and loc[0] == "body" else loc[:-1]:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(str(part)) or next(
+            (f for f in model.model_fields.values() if f.alias == part), None
+        )
+        model = _submodel(field.annotation) if field is not None else None
+    if model is None:
+        return None
+    keys = set(model.model_fields)
+    for field in model.model_fields.values():
+        choices = getattr(field.validation_alias, "choices", None)
+        keys.update(c for c in choices or () if isinstance(c, str))
+        if field.alias:
+            keys.add(field.alias)
+    return sorted(keys)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -58,6 +106,11 @@ def install_error_handlers(app: FastAPI) -> None:
             ctx = err.get("ctx") or {}
             if "expected" in ctx:
                 item["allowed"] = ctx["expected"]
+            elif err.get("type") == "extra_forbidden":
+                keys = allowed_keys(request, tuple(err.get("loc", ())))
+                if keys:
+                    item["problem"] = f"unknown key; allowed: {', '.join(keys)}"
+                    item["allowed"] = keys
             fields.append(item)
         names = ", ".join(sorted({f["field"] for f in fields}))
         return JSONResponse(

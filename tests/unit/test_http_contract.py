@@ -696,3 +696,39 @@ def test_readyz_counts_a_status_call_that_raises_as_not_ready(gateway, monkeypat
     body = gateway.client.get("/readyz").json()
     assert body["not_ready"] == ["neo4j"]
     assert "ConnectionError" in body["components"]["neo4j"]["error"]
+
+
+def item_for(response, field: str) -> dict:
+    return next(item for item in response.json()["fields"] if item["field"] == field)
+
+
+def test_unknown_filter_key_lists_the_filter_keys(gateway):
+    response = gateway.search(SPEC_EXAMPLE | {"filters": {"projectid": "typo"}})
+    assert response.status_code == 422
+    item = item_for(response, "filters.projectid")
+    assert {"project_id", "channel_id", "agent_id", "doc_type", "tags"} <= set(item["allowed"])
+    assert "project_id" in item["problem"]
+
+
+def test_unknown_top_level_key_lists_the_request_keys(gateway):
+    response = gateway.search(SPEC_EXAMPLE | {"topk": 3})
+    assert response.status_code == 422
+    item = item_for(response, "topk")
+    assert {"query", "top_k", "filters", "team_id", "dao_id"} <= set(item["allowed"])
+
+
+def test_wrong_enum_value_lists_the_allowed_values(gateway):
+    response = gateway.search(SPEC_EXAMPLE | {"filters": {"visibility": "secret"}})
+    item = item_for(response, "filters.visibility")
+    assert "public" in item["allowed"] and "confidential" in item["allowed"]
+    response = gateway.search(SPEC_EXAMPLE | {"fusion": "borda"})
+    item = item_for(response, "fusion")
+    assert "rrf" in item["allowed"] and "weighted" in item["allowed"]
+
+
+def test_unknown_key_inside_an_ingested_document_lists_document_keys(gateway):
+    doc = {"team_id": "dao_x", "doc_id": "d1", "text": "hello", "colour": "red"}
+    response = gateway.client.post("/ingest/documents", json={"documents": [doc]})
+    assert response.status_code == 422, response.text
+    item = item_for(response, "documents.0.colour")
+    assert {"team_id", "doc_id", "text", "tags", "created_at"} <= set(item["allowed"])
