@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -82,9 +83,17 @@ def insert_filler(
     logging progress; return counts and timing."""
     progress = Progress("filler upsert", len(docs), "docs", every_s=15.0)
     chunks = 0
-    for group in filler_batches(docs, settings, dim, seed=seed, batch=batch):
-        store.upsert(group)
-        chunks += len(group)
-        progress.add(len({(c.team_id, c.doc_id) for c in group}))
+    # Chunking here overlaps with the server's work on the previous upserts (at most two in
+    # flight): the Milvus server is another process, and gRPC waits release the GIL.
+    in_flight: list[Future] = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for group in filler_batches(docs, settings, dim, seed=seed, batch=batch):
+            if len(in_flight) >= 2:
+                in_flight.pop(0).result()
+            in_flight.append(pool.submit(store.upsert, group))
+            chunks += len(group)
+            progress.add(len({(c.team_id, c.doc_id) for c in group}))
+        for future in in_flight:
+            future.result()
     progress.log()
     return {"docs": len(docs), "chunks": chunks, "wall_s": round(progress.elapsed, 1)}

