@@ -10,10 +10,26 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PLACEHOLDER_SECRETS = {"", "changeme", "change-me", "password", "neo4j", "rag-gateway-dev"}
+# Signature algorithms a token may use; "none" and anything unknown are refused at start-up.
+JWT_ALGORITHMS = (
+    "HS256",
+    "HS384",
+    "HS512",
+    "RS256",
+    "RS384",
+    "RS512",
+    "PS256",
+    "PS384",
+    "PS512",
+    "ES256",
+    "ES384",
+    "ES512",
+    "EdDSA",
+)
 
 
 class EmbedderSettings(BaseModel):
@@ -143,6 +159,92 @@ class IngestSettings(BaseModel):
     max_document_chars: int = Field(2_000_000, ge=1)
 
 
+class ClaimNames(BaseModel):
+    """Where the identity lives in a verified token. A name is tried as one key first, then as
+    a dotted path (``realm_access.roles``), so namespaced claims (``https://x.org/teams``) work."""
+
+    subject: str = "sub"
+    # {"dao_a": ["member"], ...}, ["dao_a", ...] (roles from the roles claim) or
+    # [{"id": "dao_a", "roles": [...]}, ...].
+    teams: str = "teams"
+    # Roles for teams listed without their own roles.
+    roles: str = "roles"
+    groups: str = "groups"
+    # A list, or one space-separated string like OAuth's "scope".
+    permissions: str = "permissions"
+    agent_id: str = "agent_id"
+
+
+class AuthSettings(BaseModel):
+    """Who the caller is: verified bearer JWTs and API keys, or development body trust."""
+
+    # jwt: every request but /healthz and /readyz needs a valid credential.
+    # dev: a request without credentials is trusted from its body (team_id, mode, user_id),
+    #      as before authentication existed; credentials that are sent are still verified.
+    #      Refused with environment=production.
+    mode: Literal["jwt", "dev"] = "dev"
+    # HS* tokens: a shared secret of at least 32 bytes (development, internal services).
+    hs256_secret: SecretStr = SecretStr("")
+    # RS*/PS*/ES*/EdDSA tokens: the OIDC provider's JWKS, from a URL (cached) or a file.
+    jwks_url: str = ""
+    jwks_file: str = ""
+    jwks_cache_s: float = Field(300.0, gt=0)
+    # Least time between two refetches for an unknown key id (a flood of random kids must
+    # not become a flood of requests to the identity provider).
+    jwks_refresh_cooldown_s: float = Field(30.0, ge=0)
+    jwks_timeout_s: float = Field(5.0, gt=0)
+    issuer: str = ""
+    audience: str = ""
+    algorithms: list[str] = Field(default_factory=lambda: ["HS256", "RS256", "ES256"])
+    leeway_s: float = Field(30.0, ge=0, le=600)
+    claims: ClaimNames = ClaimNames()
+    # Roles of a team listed in the token without roles of its own (list form, no roles claim).
+    default_team_roles: list[str] = Field(default_factory=lambda: ["member"])
+    # API keys of service agents: a YAML/JSON file of hashed keys (python -m serve_app.auth).
+    api_keys_file: str = ""
+    # HMAC key of the stored API key hashes; kept outside the key file.
+    api_key_pepper: SecretStr = SecretStr("")
+    # Seconds between checks whether the API key file changed (revocations apply then).
+    api_keys_reload_s: float = Field(5.0, ge=0)
+    # Policy YAML (roles, doc types, project and skill policies); "" = serve_app/policy.yaml.
+    policy_file: str = ""
+    # Team roles of a dev-mode caller without credentials (body trust).
+    dev_roles: list[str] = Field(default_factory=lambda: ["owner"])
+
+    @field_validator("algorithms")
+    @classmethod
+    def _known_algorithms(cls, value: list[str]) -> list[str]:
+        unknown = [a for a in value if a not in JWT_ALGORITHMS]
+        if unknown:
+            raise ValueError(
+                f"unsupported JWT algorithms {unknown}; allowed: {', '.join(JWT_ALGORITHMS)}"
+            )
+        if not value:
+            raise ValueError("auth.algorithms must name at least one algorithm")
+        return value
+
+    @field_validator("hs256_secret")
+    @classmethod
+    def _long_enough(cls, value: SecretStr) -> SecretStr:
+        secret = value.get_secret_value()
+        if secret and len(secret.encode()) < 32:
+            raise ValueError("auth.hs256_secret must be at least 32 bytes (RFC 7518 3.2)")
+        return value
+
+    @property
+    def verifies_tokens(self) -> bool:
+        return bool(self.hs256_secret.get_secret_value() or self.jwks_url or self.jwks_file)
+
+    @model_validator(mode="after")
+    def _jwt_mode_needs_a_credential_source(self) -> AuthSettings:
+        if self.mode == "jwt" and not (self.verifies_tokens or self.api_keys_file):
+            raise ValueError(
+                "auth.mode=jwt needs AUTH__JWKS_URL, AUTH__JWKS_FILE, AUTH__HS256_SECRET or "
+                "AUTH__API_KEYS_FILE; without one every request would be refused"
+            )
+        return self
+
+
 class GatewaySettings(BaseSettings):
     """All configuration of the gateway, read from the environment and from app args."""
 
@@ -158,6 +260,7 @@ class GatewaySettings(BaseSettings):
     search: SearchSettings = SearchSettings()
     chunking: ChunkingSettings = ChunkingSettings()
     ingest: IngestSettings = IngestSettings()
+    auth: AuthSettings = AuthSettings()
 
     @model_validator(mode="after")
     def _no_placeholder_secrets_in_production(self) -> GatewaySettings:
@@ -166,4 +269,23 @@ class GatewaySettings(BaseSettings):
                 "neo4j.password is a placeholder; set NEO4J__PASSWORD to the real secret "
                 "before running with ENVIRONMENT=production"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _verified_identity_in_production(self) -> GatewaySettings:
+        if self.environment != "production":
+            return self
+        auth = self.auth
+        if auth.mode == "dev":
+            raise ValueError(
+                "auth.mode=dev trusts the request body; set AUTH__MODE=jwt (with AUTH__JWKS_URL "
+                "or AUTH__HS256_SECRET, AUTH__ISSUER, AUTH__AUDIENCE) for ENVIRONMENT=production"
+            )
+        if auth.verifies_tokens and not (auth.issuer and auth.audience):
+            raise ValueError(
+                "tokens are only checked against an issuer and an audience in production; "
+                "set AUTH__ISSUER and AUTH__AUDIENCE"
+            )
+        if auth.api_keys_file and auth.api_key_pepper.get_secret_value() in PLACEHOLDER_SECRETS:
+            raise ValueError("auth.api_keys_file needs AUTH__API_KEY_PEPPER in production")
         return self

@@ -24,11 +24,47 @@ class InvalidInput(GatewayError):
     code = "invalid_input"
 
 
+class Unauthorized(GatewayError):
+    """No credentials, or credentials that do not verify (bad signature, expired, unknown key).
+
+    Answered 401 with ``WWW-Authenticate: Bearer``; ``error`` is the RFC 6750 error code
+    (``invalid_token`` when a credential was sent, ``None`` when none was).
+    """
+
+    status_code = 401
+    code = "unauthorized"
+
+    def __init__(
+        self, message: str, *, hint: str | None = None, error: str | None = "invalid_token"
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.error = error
+
+    @property
+    def headers(self) -> dict[str, str]:
+        challenge = 'Bearer realm="rag-gateway"'
+        if self.error:
+            challenge += f', error="{self.error}"'
+        return {"WWW-Authenticate": challenge}
+
+
 class Forbidden(GatewayError):
-    """The caller may not do or see this."""
+    """The caller may not do or see this. ``reason`` is a short machine-readable code
+    (``team_not_granted``, ``not_in_allowed_groups``, ...) for callers and the audit log."""
 
     status_code = 403
     code = "forbidden"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        field: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint, field=field)
+        self.reason = reason
 
 
 class Overloaded(GatewayError):

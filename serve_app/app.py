@@ -26,6 +26,7 @@ from deployments.reranker import RerankerDeployment
 from deployments.retriever import RetrieverDeployment
 from serve_app.handles import HandleProxy
 from serve_app.http import create_app
+from serve_app.policy import Policy
 from serve_app.service import GatewayService
 
 logger = logging.getLogger(__name__)
@@ -91,10 +92,17 @@ class Ingress:
 
 
 def build_app(args: AppArgs) -> Application:
-    """Compose the gateway. Raises ``pydantic.ValidationError`` on bad args or settings."""
+    """Compose the gateway.
+
+    Raises:
+        pydantic.ValidationError: bad args or settings.
+        ValueError: the policy file is missing or invalid.
+    """
     if isinstance(args, dict):  # `serve run` passes a plain dict on some paths
         args = AppArgs.model_validate(args)
     settings = args.gateway_settings()
+    # A broken policy file fails the deploy here, not in every Ingress replica.
+    Policy.load(settings.auth.policy_file)
     dim = embedding_dim(settings.embedder)
     emb = settings.embedder
     embedder = serve.deployment(

@@ -169,5 +169,7 @@ class ErrorBody(BaseModel):
     error: str
     message: str
     hint: str | None = None
+    # 403 only: a short code of the policy decision (team_not_granted, not_in_allowed_groups).
+    reason: str | None = None
     fields: list[dict[str, Any]] | None = None
     trace_id: str | None = None

@@ -13,7 +13,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from deployments.errors import BackendUnavailable, Forbidden, GatewayError, InvalidInput, Overloaded
+from deployments.errors import (
+    BackendUnavailable,
+    Forbidden,
+    GatewayError,
+    InvalidInput,
+    Overloaded,
+    Unauthorized,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +30,7 @@ __all__ = [
     "GatewayError",
     "InvalidInput",
     "Overloaded",
+    "Unauthorized",
     "install_error_handlers",
     "trace_id_of",
 ]
@@ -136,9 +144,14 @@ def install_error_handlers(app: FastAPI) -> None:
             "hint": exc.hint,
             "trace_id": trace_id_of(request),
         }
+        reason = getattr(exc, "reason", None)
+        if reason:
+            content["reason"] = reason
         if exc.field:
             content["fields"] = [{"field": exc.field, "problem": exc.message}]
-        return JSONResponse(status_code=exc.status_code, content=content)
+        return JSONResponse(
+            status_code=exc.status_code, content=content, headers=getattr(exc, "headers", None)
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -5,17 +5,21 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from serve_app.api import health, ingest, search
+from serve_app.auth import Authenticator
 from serve_app.errors import install_error_handlers
 from serve_app.service import GatewayService
 
 
-def create_app(service: GatewayService) -> FastAPI:
+def create_app(service: GatewayService, authenticator: Authenticator | None = None) -> FastAPI:
+    """The app over ``service``; ``authenticator`` defaults to the one ``service.settings``
+    configure (every route but /healthz and /readyz needs a principal)."""
     app = FastAPI(
         title="RAG Gateway",
         version="0.1.0",
         description="Tool endpoints for agents over Milvus and Neo4j, tenancy-enforced.",
     )
     app.state.service = service
+    app.state.authenticator = authenticator or Authenticator.from_settings(service.settings)
     install_error_handlers(app)
     for module in (search, ingest, health):
         app.include_router(module.router)

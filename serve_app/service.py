@@ -18,7 +18,8 @@ from batch_ingest.pipeline import IngestPipeline, strip_header
 from deployments.config import GatewaySettings
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.protocols import Embedder, GraphStore, Reranker, SearchHit, VectorStore
-from serve_app.access import AccessContext
+from serve_app.access import AccessContext, check_ingest
+from serve_app.auth.principal import Principal
 from serve_app.contracts import (
     IngestDocumentsResponse,
     IngestedDocument,
@@ -27,6 +28,7 @@ from serve_app.contracts import (
     SearchDocsResponse,
     SourceRef,
 )
+from serve_app.policy import Policy
 from serve_app.ranking import drop_near_duplicates, fuse_rrf, fuse_weighted, within_budget
 from serve_app.snippets import best_snippet
 
@@ -44,8 +46,11 @@ class GatewayService:
         reranker: Reranker | None,
         pipeline: IngestPipeline,
         count_tokens: Callable[[str], int] = whitespace_tokens,
+        policy: Policy | None = None,
     ) -> None:
         self.settings = settings
+        # Roles, doc types and resource policies; the file of auth.policy_file by default.
+        self.policy = policy if policy is not None else Policy.load(settings.auth.policy_file)
         # Counts tokens of returned passages for max_context_tokens (the embedder's tokenizer).
         self.count_tokens = count_tokens
         self.embedder = embedder
@@ -55,8 +60,19 @@ class GatewayService:
         self.pipeline = pipeline
 
     # --- rag.search_docs -----------------------------------------------------------------
-    async def search_docs(self, req: SearchDocsRequest, trace_id: str) -> SearchDocsResponse:
+    async def search_docs(
+        self, req: SearchDocsRequest, trace_id: str, principal: Principal
+    ) -> SearchDocsResponse:
+        """Search inside the scope ``principal`` grants in ``req.team_id``.
+
+        Raises:
+            Forbidden: the team, mode, doc types or project are not granted (before searching).
+            InvalidInput: top_k or the query exceed the configured bounds.
+        """
         started = time.perf_counter()
+        # Access first: a caller outside the scope learns nothing, not even about limits.
+        ctx = AccessContext.for_search(principal, req, self.policy)
+        flt = ctx.search_filter(req.filters)
         cfg = self.settings.search
         top_k = req.top_k or cfg.default_top_k
         if top_k > cfg.max_top_k:
@@ -66,8 +82,6 @@ class GatewayService:
                 f"query is {len(req.query)} characters; the limit is {cfg.max_query_chars}",
                 field="query",
             )
-        ctx = AccessContext.from_search_request(req)
-        flt = ctx.search_filter(req.filters)
         mode = req.search_mode or cfg.mode
         degraded: list[str] = []
 
@@ -88,6 +102,9 @@ class GatewayService:
             fetch = max(fetch, self.settings.reranker.candidates)
         methods = ("dense", "bm25") if mode == "hybrid" else (mode,)
         lists = await self.store.candidates(req.query, _as_list(vector), flt, fetch, methods)
+        # The store filtered by team, visibility and doc type already; this drops chunks of
+        # projects and skills whose policy denies the caller, and anything a store bug let by.
+        lists = {m: [h for h in found if ctx.may_see(h.chunk)] for m, found in lists.items()}
         hits = self._fuse(lists, req) if mode == "hybrid" else lists[mode]
 
         if use_rerank and hits:
@@ -162,8 +179,16 @@ class GatewayService:
 
     # --- ingestion ----------------------------------------------------------------------
     async def ingest_documents(
-        self, docs: list[SourceDocument], trace_id: str
+        self, docs: list[SourceDocument], trace_id: str, principal: Principal
     ) -> IngestDocumentsResponse:
+        """Index ``docs`` after checking that ``principal`` may write every one of them.
+
+        Raises:
+            Forbidden: a document's team, doc type, visibility or project is not writable by
+                the caller; nothing is written then.
+            InvalidInput: too many documents or a document too long.
+        """
+        check_ingest(principal, docs, self.policy)
         limits = self.settings.ingest
         if len(docs) > limits.max_documents:
             raise InvalidInput(

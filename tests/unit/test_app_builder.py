@@ -56,8 +56,19 @@ def test_production_placeholder_secret_from_args_raises():
 
 def test_args_can_complete_settings_that_env_alone_leaves_invalid(monkeypatch):
     monkeypatch.setenv("ENVIRONMENT", "production")
-    args = AppArgs(settings={"neo4j": {"password": "a-real-secret"}})
-    assert args.gateway_settings().neo4j.password == "a-real-secret"
+    monkeypatch.setenv("AUTH__MODE", "jwt")
+    monkeypatch.setenv("AUTH__ISSUER", "https://id.example.org/")
+    monkeypatch.setenv("AUTH__AUDIENCE", "rag-gateway")
+    args = AppArgs(
+        settings={
+            "neo4j": {"password": "a-real-secret"},
+            "auth": {"jwks_url": "https://id.example.org/jwks"},
+        }
+    )
+    settings = args.gateway_settings()
+    assert settings.neo4j.password == "a-real-secret"
+    assert settings.auth.jwks_url == "https://id.example.org/jwks"
+    assert settings.auth.audience == "rag-gateway"
 
 
 def test_build_app_returns_application_without_starting_ray():

@@ -64,9 +64,18 @@ def test_production_with_default_password_raises():
         GatewaySettings(environment="production")
 
 
+def production_auth_env(monkeypatch) -> None:
+    """Verified identity, which production requires besides real secrets."""
+    monkeypatch.setenv("AUTH__MODE", "jwt")
+    monkeypatch.setenv("AUTH__JWKS_URL", "https://id.example.org/application/o/rag/jwks/")
+    monkeypatch.setenv("AUTH__ISSUER", "https://id.example.org/application/o/rag/")
+    monkeypatch.setenv("AUTH__AUDIENCE", "rag-gateway")
+
+
 def test_production_with_real_secret_is_accepted(monkeypatch):
     monkeypatch.setenv("ENVIRONMENT", "production")
     monkeypatch.setenv("NEO4J__PASSWORD", "s3cr3t-from-vault")
+    production_auth_env(monkeypatch)
     assert GatewaySettings().environment == "production"
 
 

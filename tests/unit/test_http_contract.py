@@ -115,7 +115,11 @@ def make_gateway(count):
         store: FakeVectorStore | None = None,
         corpus: bool = True,
     ) -> Gateway:
-        gateway_settings = GatewaySettings(environment="test", **(settings or {}))
+        # The contract tests send no credentials: they run in dev mode (body trust), which
+        # keeps them about the contract; tokens and policy are in test_auth_http.py.
+        gateway_settings = GatewaySettings(
+            environment="test", **({"auth": {"mode": "dev"}} | (settings or {}))
+        )
         embedder, graph = FakeEmbedder(dim=32), FakeGraphStore()
         store = store or FakeVectorStore()
         pipeline = IngestPipeline(
