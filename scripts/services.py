@@ -1,23 +1,34 @@
 #!/usr/bin/env python3
 """Start, stop and check the embedded backing services on 127.0.0.1.
 
-    python scripts/services.py up       # Milvus Lite server + Neo4j 5.26, waits until ready
+    python scripts/services.py up       # Milvus Lite + Neo4j 5.26 + PostgreSQL, waits until ready
     python scripts/services.py status
     python scripts/services.py down
 
 Milvus Lite runs as its own server process so that every Serve replica and batch job shares
 one store. Neo4j is the real 5.26 Community server, resolved from Maven Central by
 scripts/neo4j/pom.xml and started by scripts/neo4j/Launcher.java, with a capped heap and page
-cache. State, logs and pid files live in $RAG_VAR_DIR (default ./var).
+cache. PostgreSQL (for the audit log tests; the gateway's default audit store is SQLite) is
+the distribution's server binaries (Debian package ``postgresql``, installed with apt-get when
+missing and CI=true) running a private cluster in var/postgres on 127.0.0.1:5433 with tiny
+memory settings; as root it runs as the ``postgres`` system user. State, logs and pid files
+live in $RAG_VAR_DIR (default ./var).
+
+    python scripts/services.py url postgres    # the SQLAlchemy URL of the audit database
 
 Environment: RAG_VAR_DIR, RAG_MILVUS_PORT (19530), RAG_NEO4J_PORT (7687),
-NEO4J__PASSWORD (rag-gateway-dev), RAG_NEO4J_HEAP (768m), RAG_NEO4J_PAGECACHE (128m).
+NEO4J__PASSWORD (rag-gateway-dev), RAG_NEO4J_HEAP (768m), RAG_NEO4J_PAGECACHE (128m),
+RAG_POSTGRES_PORT (5433), RAG_POSTGRES_PASSWORD (rag-audit-dev), RAG_POSTGRES_BIN (the newest
+/usr/lib/postgresql/<version>/bin).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import os
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,6 +44,11 @@ NEO4J_PORT = int(os.environ.get("RAG_NEO4J_PORT", "7687"))
 NEO4J_PASSWORD = os.environ.get("NEO4J__PASSWORD", "rag-gateway-dev")
 NEO4J_HEAP = os.environ.get("RAG_NEO4J_HEAP", "768m")
 NEO4J_PAGECACHE = os.environ.get("RAG_NEO4J_PAGECACHE", "128m")
+POSTGRES_PORT = int(os.environ.get("RAG_POSTGRES_PORT", "5433"))
+POSTGRES_USER = "rag_audit"
+POSTGRES_DB = "rag_audit"
+POSTGRES_PASSWORD = os.environ.get("RAG_POSTGRES_PASSWORD", "rag-audit-dev")
+SERVICES = ("milvus", "neo4j", "postgres")
 
 
 def log(msg: str) -> None:
@@ -208,6 +224,274 @@ def neo4j_set_password() -> None:
     log("neo4j password set from NEO4J__PASSWORD")
 
 
+# --- PostgreSQL -------------------------------------------------------------------------
+
+
+def pg_base() -> Path:
+    """The cluster's folder: var/postgres, or, when running as root and the postgres user
+    cannot reach var/ (a checkout under a private home), a folder under /var/tmp."""
+    base = VAR / "postgres"
+    if os.geteuid() != 0:
+        return base
+    try:
+        import pwd
+
+        pwd.getpwnam("postgres")
+    except KeyError:
+        return base
+    reachable = subprocess.run(as_pg_user(["test", "-x", str(VAR)]), capture_output=True)
+    if reachable.returncode == 0:
+        return base
+    import hashlib
+
+    digest = hashlib.sha256(str(VAR).encode()).hexdigest()[:10]
+    return Path("/var/tmp") / f"rag-gateway-postgres-{digest}"
+
+
+def pg_data() -> Path:
+    return pg_base() / "data"
+
+
+def pg_run() -> Path:
+    return pg_base() / "run"  # the unix socket
+
+
+def pg_log() -> Path:
+    return pg_base() / "postgres.log"
+
+
+PG_CONF = """\
+# Written by scripts/services.py; edit the script, not this file.
+listen_addresses = '127.0.0.1'
+port = {port}
+unix_socket_directories = '{run}'
+shared_buffers = 32MB
+work_mem = 2MB
+maintenance_work_mem = 16MB
+max_connections = 40
+max_wal_size = 128MB
+min_wal_size = 32MB
+dynamic_shared_memory_type = posix
+fsync = on
+logging_collector = off
+"""
+
+
+def postgres_url() -> str:
+    return (
+        f"postgresql+psycopg://{POSTGRES_USER}:{POSTGRES_PASSWORD}"
+        f"@127.0.0.1:{POSTGRES_PORT}/{POSTGRES_DB}"
+    )
+
+
+def postgres_bin() -> Path | None:
+    if os.environ.get("RAG_POSTGRES_BIN"):
+        return Path(os.environ["RAG_POSTGRES_BIN"])
+
+    def version(initdb: str) -> int:
+        name = Path(initdb).parent.parent.name
+        return int(name) if name.isdigit() else 0
+
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=version)
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+class PostgresMissing(Exception):
+    """No PostgreSQL server binaries, and not allowed to install them (not CI)."""
+
+
+def postgres_install() -> Path:
+    bindir = postgres_bin()
+    if bindir is not None and (bindir / "pg_ctl").exists():
+        return bindir
+    cmd = "apt-get update && apt-get install -y postgresql"
+    if os.environ.get("CI", "").lower() != "true":
+        raise PostgresMissing(
+            f"PostgreSQL server binaries not found; install them with: {cmd} "
+            "(scripts/services.py runs it itself when CI=true)"
+        )
+    log(f"PostgreSQL binaries missing; CI=true, running: {cmd}")
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run([*sudo, "apt-get", "update"], check=True, env=env)
+    subprocess.run([*sudo, "apt-get", "install", "-y", "postgresql"], check=True, env=env)
+    bindir = postgres_bin()
+    if bindir is None:
+        sys.exit("[services] apt-get installed postgresql but no initdb was found")
+    return bindir
+
+
+def as_pg_user(argv: list[str]) -> list[str]:
+    """PostgreSQL refuses to run as root: run its tools as the 'postgres' system user."""
+    if os.geteuid() != 0:
+        return argv
+    if shutil.which("runuser"):
+        return ["runuser", "-u", "postgres", "--", *argv]
+    return ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(argv)]
+
+
+def pg_own(path: Path) -> None:
+    """As root, hand the cluster's folders to the postgres user (its parents stay readable)."""
+    if os.geteuid() != 0:
+        return
+    import pwd
+
+    pw = pwd.getpwnam("postgres")
+    for root, dirs, files in os.walk(path):
+        os.chown(root, pw.pw_uid, pw.pw_gid)
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), pw.pw_uid, pw.pw_gid, follow_symlinks=False)
+
+
+def postgres_pid() -> int | None:
+    try:
+        return int((pg_data() / "postmaster.pid").read_text().splitlines()[0])
+    except (FileNotFoundError, ValueError, IndexError, PermissionError):
+        return None
+
+
+def postgres_running(bindir: Path | None = None) -> bool:
+    bindir = bindir or postgres_bin()
+    if bindir is None or not (pg_data() / "PG_VERSION").exists():
+        return False
+    result = subprocess.run(
+        as_pg_user([str(bindir / "pg_ctl"), "status", "-D", str(pg_data())]),
+        capture_output=True,
+    )
+    return result.returncode == 0
+
+
+def postgres_up(required: bool = True) -> None:
+    """Start the audit database. ``required=False`` (plain ``up``, as scripts/start.sh calls
+    it): missing binaries are a warning, the gateway's default audit store is SQLite."""
+    try:
+        bindir = postgres_install()
+    except PostgresMissing as exc:
+        if required:
+            sys.exit(f"[services] {exc}")
+        log(f"WARNING: postgres skipped: {exc}")
+        return
+    if postgres_running(bindir) and port_open(POSTGRES_PORT):
+        log(f"postgres already running on 127.0.0.1:{POSTGRES_PORT}")
+        return
+    if port_open(POSTGRES_PORT):
+        sys.exit(
+            f"[services] port {POSTGRES_PORT} is taken by another process; set RAG_POSTGRES_PORT"
+        )
+    base = pg_base()
+    pg_run().mkdir(parents=True, exist_ok=True)
+    pg_log().parent.mkdir(parents=True, exist_ok=True)
+    pg_log().touch()
+    if not (pg_data() / "PG_VERSION").exists():
+        pg_data().mkdir(parents=True, exist_ok=True)
+        pg_own(base)
+        log(f"initdb {pg_data()}")
+        subprocess.run(
+            as_pg_user(
+                [
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(pg_data()),
+                    "-U",
+                    "postgres",
+                    "--auth-local=trust",
+                    "--auth-host=scram-sha-256",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                ]
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    conf = PG_CONF.format(port=POSTGRES_PORT, run=pg_run())
+    (pg_data() / "postgresql.auto.conf").write_text(conf)
+    pg_own(base)
+    # Local socket connections are trusted: only the cluster's owner may reach the socket.
+    pg_run().chmod(0o700)
+    if os.geteuid() == 0:
+        import pwd
+
+        pw = pwd.getpwnam("postgres")
+        os.chown(pg_log(), pw.pw_uid, pw.pw_gid)
+    result = subprocess.run(
+        as_pg_user(
+            [str(bindir / "pg_ctl"), "start", "-w", "-t", "60"]
+            + ["-D", str(pg_data()), "-l", str(pg_log())]
+        ),
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        tail = pg_log().read_text(errors="replace")[-2000:]
+        sys.exit(f"[services] postgres did not start: {result.stderr.strip()}\nlog tail:\n{tail}")
+    log(f"postgres started (data {pg_data()}, log {pg_log()})")
+    postgres_provision(bindir)
+    log("postgres ready")
+
+
+def postgres_provision(bindir: Path) -> None:
+    """Create the audit role and database once (idempotent), over the unix socket."""
+    psql = [str(bindir / "psql"), "-h", str(pg_run()), "-p", str(POSTGRES_PORT), "-U", "postgres"]
+    pw = POSTGRES_PASSWORD.replace("'", "''")
+    u = POSTGRES_USER
+    role_sql = (
+        f"DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{u}') THEN "
+        f"CREATE ROLE {u} LOGIN PASSWORD '{pw}'; ELSE ALTER ROLE {u} PASSWORD '{pw}'; END IF; "
+        "END$$;"
+    )
+    subprocess.run(
+        as_pg_user([*psql, "-q", "-v", "ON_ERROR_STOP=1", "-d", "postgres", "-c", role_sql]),
+        check=True,
+    )
+    exists = subprocess.run(
+        as_pg_user(
+            [
+                *psql,
+                "-tAq",
+                "-d",
+                "postgres",
+                "-c",
+                f"SELECT 1 FROM pg_database WHERE datname = '{POSTGRES_DB}'",
+            ]
+        ),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if exists != "1":
+        subprocess.run(
+            as_pg_user(
+                [
+                    *psql,
+                    "-q",
+                    "-d",
+                    "postgres",
+                    "-c",
+                    f"CREATE DATABASE {POSTGRES_DB} OWNER {POSTGRES_USER}",
+                ]
+            ),
+            check=True,
+        )
+        log(f"postgres database {POSTGRES_DB} created (user {POSTGRES_USER})")
+
+
+def postgres_down() -> None:
+    bindir = postgres_bin()
+    if bindir is None or not postgres_running(bindir):
+        log("postgres not running")
+        return
+    subprocess.run(
+        as_pg_user([str(bindir / "pg_ctl"), "stop", "-w", "-m", "fast", "-D", str(pg_data())]),
+        check=True,
+        capture_output=True,
+    )
+    log("postgres stopped")
+
+
 # --- commands ------------------------------------------------------------------------
 def stop(name: str) -> None:
     pidfile = VAR / f"{name}.pid"
@@ -227,10 +511,11 @@ def stop(name: str) -> None:
     log(f"{name} stopped")
 
 
-def status() -> int:
+def status(names: list[str] | tuple[str, ...] = SERVICES) -> int:
     bad = 0
-    for name, port in (("milvus", MILVUS_PORT), ("neo4j", NEO4J_PORT)):
-        pid = pid_alive(VAR / f"{name}.pid")
+    ports = {"milvus": MILVUS_PORT, "neo4j": NEO4J_PORT, "postgres": POSTGRES_PORT}
+    for name, port in ((n, ports[n]) for n in names):
+        pid = pid_alive(VAR / f"{name}.pid") if name != "postgres" else postgres_pid()
         up = port_open(port)
         log(f"{name}: pid={pid} port {port} {'open' if up else 'closed'}")
         bad += not up
@@ -239,20 +524,27 @@ def status() -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["up", "down", "status"])
-    parser.add_argument("--only", choices=["milvus", "neo4j"], help="act on one service")
+    parser.add_argument("command", choices=["up", "down", "status", "url"])
+    parser.add_argument("service", nargs="?", choices=["postgres"], help="for url")
+    parser.add_argument("--only", choices=SERVICES, help="act on one service")
     args = parser.parse_args()
+    if args.command == "url":
+        print(postgres_url())
+        return 0
     VAR.mkdir(parents=True, exist_ok=True)
-    names = [args.only] if args.only else ["milvus", "neo4j"]
+    names = [args.only] if args.only else list(SERVICES)
     if args.command == "up":
         for name in names:
-            {"milvus": milvus_up, "neo4j": neo4j_up}[name]()
+            if name == "postgres":
+                postgres_up(required=bool(args.only))
+            else:
+                {"milvus": milvus_up, "neo4j": neo4j_up}[name]()
         return 0
     if args.command == "down":
         for name in names:
-            stop(name)
+            postgres_down() if name == "postgres" else stop(name)
         return 0
-    return status()
+    return status(names)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
-# The test command: install, start Milvus Lite + Neo4j, run the unit, integration and Serve
-# suites (the Serve suite in its own process: it owns a Ray cluster), stop what it started.
+# The test command: install, start Milvus Lite + Neo4j + PostgreSQL (audit log), run the unit,
+# integration and Serve suites (the Serve suite in its own process: it owns a Ray cluster), stop
+# what it started.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${RAG_VENV:-$ROOT/.venv}"
 cd "$ROOT"
 bash scripts/install.sh || exit 1
 
-started=""
-if ! "$VENV/bin/python" scripts/services.py status >/dev/null 2>&1; then
-  "$VENV/bin/python" scripts/services.py up || exit 1
-  started=1
-fi
-cleanup() { [ -n "$started" ] && "$VENV/bin/python" scripts/services.py down; }
+# Start only the services that are not running, and stop only those at the end.
+started=()
+cleanup() {
+  for name in "${started[@]}"; do "$VENV/bin/python" scripts/services.py down --only "$name"; done
+}
 trap cleanup EXIT
+for name in milvus neo4j postgres; do
+  if ! "$VENV/bin/python" scripts/services.py status --only "$name" >/dev/null 2>&1; then
+    "$VENV/bin/python" scripts/services.py up --only "$name" || exit 1
+    started+=("$name")
+  fi
+done
 
 export RAG_TEST_RUN_ID="${RAG_TEST_RUN_ID:-$(date +%s)}"
+# The audit log's PostgreSQL tests (tests/integration/test_audit_postgres.py) use this URL.
+export RAG_TEST_POSTGRES_URL="${RAG_TEST_POSTGRES_URL:-$("$VENV/bin/python" scripts/services.py url postgres)}"
 "$VENV/bin/ruff" check . || exit 1
 "$VENV/bin/python" -m pytest tests/unit tests/integration "$@"
 first=$?

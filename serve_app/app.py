@@ -90,6 +90,12 @@ class Ingress:
     def __serve_build_asgi_app__(self):
         return create_app(self.service)
 
+    def __del__(self) -> None:
+        # Serve calls __del__ on a graceful replica shutdown: write the queued audit records.
+        service = getattr(self, "service", None)
+        if service is not None:
+            service.audit.close()
+
 
 def build_app(args: AppArgs) -> Application:
     """Compose the gateway.

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI
 
-from serve_app.api import health, ingest, search
+from serve_app.api import audit, health, ingest, search
 from serve_app.auth import Authenticator
 from serve_app.errors import install_error_handlers
 from serve_app.service import GatewayService
@@ -13,7 +17,15 @@ from serve_app.service import GatewayService
 def create_app(service: GatewayService, authenticator: Authenticator | None = None) -> FastAPI:
     """The app over ``service``; ``authenticator`` defaults to the one ``service.settings``
     configure (every route but /healthz and /readyz needs a principal)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        # Shutdown: write every queued audit record before the process goes.
+        await asyncio.to_thread(service.audit.close)
+
     app = FastAPI(
+        lifespan=lifespan,
         title="RAG Gateway",
         version="0.1.0",
         description="Tool endpoints for agents over Milvus and Neo4j, tenancy-enforced.",
@@ -21,6 +33,6 @@ def create_app(service: GatewayService, authenticator: Authenticator | None = No
     app.state.service = service
     app.state.authenticator = authenticator or Authenticator.from_settings(service.settings)
     install_error_handlers(app)
-    for module in (search, ingest, health):
+    for module in (search, ingest, audit, health):
         app.include_router(module.router)
     return app

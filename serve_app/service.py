@@ -16,9 +16,10 @@ from batch_ingest.chunking import whitespace_tokens
 from batch_ingest.documents import SourceDocument
 from batch_ingest.pipeline import IngestPipeline, strip_header
 from deployments.config import GatewaySettings
-from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.errors import BackendUnavailable, Forbidden, GatewayError, InvalidInput
 from deployments.protocols import Embedder, GraphStore, Reranker, SearchHit, VectorStore
-from serve_app.access import AccessContext, check_ingest
+from serve_app.access import DEV_SUBJECT, AccessContext, check_ingest
+from serve_app.audit import AuditLog, AuditRecord, sha256_text
 from serve_app.auth.principal import Principal
 from serve_app.contracts import (
     IngestDocumentsResponse,
@@ -47,8 +48,11 @@ class GatewayService:
         pipeline: IngestPipeline,
         count_tokens: Callable[[str], int] = whitespace_tokens,
         policy: Policy | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
         self.settings = settings
+        # Every allow/deny decision goes here (asynchronously; see serve_app/audit.py).
+        self.audit = audit if audit is not None else AuditLog(settings.audit)
         # Roles, doc types and resource policies; the file of auth.policy_file by default.
         self.policy = policy if policy is not None else Policy.load(settings.auth.policy_file)
         # Counts tokens of returned passages for max_context_tokens (the embedder's tokenizer).
@@ -63,13 +67,48 @@ class GatewayService:
     async def search_docs(
         self, req: SearchDocsRequest, trace_id: str, principal: Principal
     ) -> SearchDocsResponse:
-        """Search inside the scope ``principal`` grants in ``req.team_id``.
+        """Search inside the scope ``principal`` grants in ``req.team_id``; the decision is
+        audited (allowed with the returned chunk ids, or denied with its reason).
 
         Raises:
             Forbidden: the team, mode, doc types or project are not granted (before searching).
             InvalidInput: top_k or the query exceed the configured bounds.
         """
         started = time.perf_counter()
+        resource = f"team:{req.team_id}"
+        if req.filters.project_id:
+            resource += f"/project:{req.filters.project_id}"
+        audit = {
+            "action": "search",
+            "team_id": req.team_id,
+            "resource": resource,
+            "query_sha256": sha256_text(req.query),
+            "query_text": req.query,
+            "declared_agent_id": req.agent_id if not principal.agent_id else "",
+            # A dev-mode caller has no verified subject; the body's user_id is all there is.
+            "subject": (req.user_id or DEV_SUBJECT) if principal.trusts_body else principal.sub,
+        }
+        try:
+            response = await self._search_docs(req, trace_id, principal, started)
+        except GatewayError as exc:
+            self.audit_error(exc, trace_id, principal, started, **audit)
+            raise
+        self.audit_decision(
+            trace_id,
+            principal,
+            started,
+            decision="allow",
+            reason="granted",
+            http_status=200,
+            chunk_ids=[m.chunk_id for m in response.matches],
+            doc_ids=list(dict.fromkeys(m.source_ref.id for m in response.matches)),
+            **audit,
+        )
+        return response
+
+    async def _search_docs(
+        self, req: SearchDocsRequest, trace_id: str, principal: Principal, started: float
+    ) -> SearchDocsResponse:
         # Access first: a caller outside the scope learns nothing, not even about limits.
         ctx = AccessContext.for_search(principal, req, self.policy)
         flt = ctx.search_filter(req.filters)
@@ -131,6 +170,54 @@ class GatewayService:
             trace_id=trace_id,
         )
 
+    # --- audit --------------------------------------------------------------------------
+    def audit_decision(
+        self,
+        trace_id: str,
+        principal: Principal | None,
+        started: float | None = None,
+        **fields: Any,
+    ) -> None:
+        """Queue one audit record; the identity fields come from the verified ``principal``
+        (the body's ``user_id`` only for a dev-mode caller, which has no subject of its own)."""
+        if principal is not None:
+            fields.setdefault("auth_method", principal.method)
+            fields.setdefault("key_id", principal.key_id)
+            fields.setdefault("agent_id", principal.agent_id)
+            fields.setdefault("subject", principal.sub)
+        if started is not None:
+            fields.setdefault("latency_ms", round((time.perf_counter() - started) * 1000, 2))
+        try:
+            self.audit.record(AuditRecord(trace_id=trace_id, **fields))
+        except Exception:  # the audit log must never fail a request
+            logger.exception("audit record could not be queued")
+
+    def audit_error(
+        self,
+        exc: GatewayError,
+        trace_id: str,
+        principal: Principal | None,
+        started: float | None = None,
+        *,
+        denied: bool | None = None,
+        **fields: Any,
+    ) -> None:
+        """Audit a request that ended in ``exc``: a 401/403 is a deny with its reason; any
+        other error came after access was granted (an allow answered with that status),
+        unless ``denied`` says otherwise (an identity that could not be checked)."""
+        if denied is None:
+            denied = isinstance(exc, Forbidden) or exc.status_code == 401
+        reason = getattr(exc, "reason", None) or exc.code
+        self.audit_decision(
+            trace_id,
+            principal,
+            started,
+            decision="deny" if denied else "allow",
+            reason=reason if denied else f"granted;{exc.code}",
+            http_status=exc.status_code,
+            **fields,
+        )
+
     def _fuse(self, lists: dict[str, list[SearchHit]], req: SearchDocsRequest) -> list[SearchHit]:
         cfg = self.settings.search
         weights = (
@@ -188,21 +275,52 @@ class GatewayService:
                 the caller; nothing is written then.
             InvalidInput: too many documents or a document too long.
         """
-        check_ingest(principal, docs, self.policy)
-        limits = self.settings.ingest
-        if len(docs) > limits.max_documents:
-            raise InvalidInput(
-                f"documents: at most {limits.max_documents} per request, got {len(docs)}",
-                hint="split the batch into several requests",
-                field="documents",
+        started = time.perf_counter()
+        try:
+            contexts = check_ingest(principal, docs, self.policy)
+        except Forbidden as exc:
+            doc = _failing_document(exc, docs)
+            self.audit_error(
+                exc,
+                trace_id,
+                principal,
+                started,
+                action="ingest",
+                team_id=doc.team_id if doc else "",
+                resource=_doc_resource(doc) if doc else "",
+                doc_ids=[doc.doc_id] if doc else None,
+                declared_agent_id="",
             )
-        for i, doc in enumerate(docs):
-            if len(doc.text) > limits.max_document_chars:
-                raise InvalidInput(
-                    f"documents.{i}.text: {len(doc.text)} characters, the limit is "
-                    f"{limits.max_document_chars}",
-                    field=f"documents.{i}.text",
-                )
+            raise
+        try:
+            self._check_ingest_limits(docs)
+        except InvalidInput as exc:
+            # Access was granted; the request is refused for its size.
+            self.audit_error(
+                exc,
+                trace_id,
+                principal,
+                started,
+                action="ingest",
+                team_id=docs[0].team_id if docs else "",
+                doc_ids=[d.doc_id for d in docs[:1000]],
+            )
+            raise
+        for doc in docs:
+            ctx = contexts[doc.team_id]
+            self.audit_decision(
+                trace_id,
+                principal,
+                started,
+                action="ingest",
+                decision="allow",
+                reason="granted",
+                http_status=200,
+                team_id=doc.team_id,
+                resource=_doc_resource(doc),
+                doc_ids=[doc.doc_id],
+                subject=ctx.user_id if principal.trusts_body else principal.sub,
+            )
         report = await self.pipeline.ingest(docs)
         counts = {
             s: sum(r.status == s for r in report.results)
@@ -217,9 +335,26 @@ class GatewayService:
             **counts,
         )
 
+    def _check_ingest_limits(self, docs: list[SourceDocument]) -> None:
+        limits = self.settings.ingest
+        if len(docs) > limits.max_documents:
+            raise InvalidInput(
+                f"documents: at most {limits.max_documents} per request, got {len(docs)}",
+                hint="split the batch into several requests",
+                field="documents",
+            )
+        for i, doc in enumerate(docs):
+            if len(doc.text) > limits.max_document_chars:
+                raise InvalidInput(
+                    f"documents.{i}.text: {len(doc.text)} characters, the limit is "
+                    f"{limits.max_document_chars}",
+                    field=f"documents.{i}.text",
+                )
+
     # --- health -------------------------------------------------------------------------
     async def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready when the embedder has its model and Milvus and Neo4j answer."""
+        """Ready when the embedder has its model and Milvus and Neo4j answer. The audit
+        database is reported too; it counts for readiness only with audit.required_for_ready."""
         parts: dict[str, Any] = {"embedder": self.embedder, "milvus": self.store}
         if self.graph is not None:
             parts["neo4j"] = self.graph
@@ -232,13 +367,46 @@ class GatewayService:
             except Exception as exc:
                 return name, {"ready": False, "error": f"{type(exc).__name__}: {exc}"}
 
-        results = dict(await asyncio.gather(*(one(n, b) for n, b in parts.items())))
-        not_ready = [n for n, s in results.items() if not s.get("ready")]
-        return not not_ready, {
+        async def audit() -> tuple[str, dict[str, Any]]:
+            try:
+                return "audit", await asyncio.wait_for(
+                    asyncio.to_thread(self.audit.status), timeout=10
+                )
+            except Exception as exc:
+                return "audit", {"ready": False, "error": f"{type(exc).__name__}: {exc}"}
+
+        checks = [one(n, b) for n, b in parts.items()]
+        if self.audit.enabled:
+            checks.append(audit())
+        results = dict(await asyncio.gather(*checks))
+        optional = set() if self.settings.audit.required_for_ready else {"audit"}
+        not_ready = [n for n, s in results.items() if not s.get("ready") and n not in optional]
+        body: dict[str, Any] = {
             "ready": not not_ready,
             "not_ready": not_ready,
             "components": results,
         }
+        degraded = [n for n in optional if n in results and not results[n].get("ready")]
+        if degraded:
+            body["degraded"] = degraded
+        return not not_ready, body
+
+
+def _failing_document(exc: Forbidden, docs: list[SourceDocument]) -> SourceDocument | None:
+    """The document a ``check_ingest`` refusal names (``documents.<i>....``)."""
+    parts = (exc.field or "").split(".")
+    if len(parts) > 1 and parts[0] == "documents" and parts[1].isdigit():
+        i = int(parts[1])
+        if i < len(docs):
+            return docs[i]
+    return None
+
+
+def _doc_resource(doc: SourceDocument) -> str:
+    resource = f"team:{doc.team_id}"
+    if doc.project_id:
+        resource += f"/project:{doc.project_id}"
+    return f"{resource}/{doc.doc_type}:{doc.doc_id}"
 
 
 def _as_list(vector: Any) -> list[float] | None:

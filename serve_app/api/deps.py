@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from serve_app.auth import Authenticator, Principal
-from serve_app.errors import trace_id_of
+from serve_app.errors import GatewayError, trace_id_of
 from serve_app.service import GatewayService
+
+# Route path -> audited action name.
+ACTIONS = {
+    "/rag/search_docs": "search",
+    "/ingest/documents": "ingest",
+    "/audit/decisions": "audit.read",
+}
 
 
 def _service(request: Request) -> GatewayService:
@@ -19,7 +27,28 @@ async def _principal(request: Request) -> Principal:
     """The verified caller; runs before the body is validated, so an unauthenticated request
     gets 401 whatever its body holds."""
     authenticator: Authenticator = request.app.state.authenticator
-    return await authenticator.authenticate(request.headers)
+    started = time.perf_counter()
+    try:
+        return await authenticator.authenticate(request.headers)
+    except GatewayError as exc:
+        # 401 (or 503 when the JWKS cannot be fetched): audited as a deny, subject unknown.
+        service: GatewayService = request.app.state.service
+        path = request.url.path
+        try:
+            found = authenticator.credential(request.headers)
+        except GatewayError:
+            found = ("malformed", "")
+        service.audit_error(
+            exc,
+            trace_id_of(request),
+            None,
+            started,
+            action=ACTIONS.get(path, path[:32]),
+            path=path,
+            auth_method=found[0] if found else "none",
+            denied=True,
+        )
+        raise
 
 
 Service = Annotated[GatewayService, Depends(_service)]

@@ -679,7 +679,7 @@ def test_readyz_is_200_when_all_components_are_up(make_gateway):
     body = response.json()
     assert body["ready"] is True
     assert body["not_ready"] == []
-    assert set(body["components"]) == {"embedder", "milvus", "neo4j", "reranker"}
+    assert set(body["components"]) == {"embedder", "milvus", "neo4j", "reranker", "audit"}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+
+from serve_app.api.deps import CurrentPrincipal, Service, TraceId
+from serve_app.auth import Principal
+from serve_app.errors import BackendUnavailable, Forbidden, GatewayError, InvalidInput
+from serve_app.service import GatewayService
+
+router = APIRouter(tags=["ops"])
+
+
+def audit_scope(service: GatewayService, principal: Principal, team_id: str | None) -> str:
+    """Why ``principal`` may read the audit log for ``team_id`` (None = every team).
+
+    Raises:
+        Forbidden: neither the read permission, nor a reader role in ``team_id``, nor a
+            development caller outside production.
+    """
+    cfg = service.settings.audit
+    if principal.trusts_body:
+        if service.settings.environment == "production":
+            raise Forbidden(
+                "the audit log needs a verified identity in production",
+                reason="audit_read_not_granted",
+            )
+        return "dev_mode"
+    if cfg.read_permission in principal.permissions:
+        return "permission_audit_read"
+    roles = set(principal.roles_in(team_id)) if team_id else set()
+    if team_id and roles & set(cfg.reader_roles):
+        return "team_reader_role"
+    hint = f"a credential with the permission {cfg.read_permission!r}"
+    if cfg.reader_roles:
+        hint += f", or one of the roles {cfg.reader_roles} in the team_id you query"
+    raise Forbidden(
+        "reading the audit log is not granted to this caller"
+        + ("" if team_id else " for every team"),
+        reason="audit_read_not_granted",
+        hint=hint,
+    )
+
+
+@router.get("/audit/decisions")
+async def audit_decisions(
+    request: Request,
+    principal: CurrentPrincipal,
+    service: Service,
+    trace_id: TraceId,
+    since: Annotated[datetime | None, Query(description="ISO 8601; ts >= since")] = None,
+    until: Annotated[datetime | None, Query(description="ISO 8601; ts < until")] = None,
+    subject: Annotated[str | None, Query(max_length=256)] = None,
+    decision: Annotated[Literal["allow", "deny"] | None, Query()] = None,
+    team_id: Annotated[str | None, Query(max_length=256)] = None,
+    limit: Annotated[int, Query(ge=1)] = 100,
+) -> dict[str, Any]:
+    """Audited decisions, newest first. Needs the ``audit:read`` permission (every team), or
+    a reader role (``audit.reader_roles``) in the ``team_id`` asked for."""
+    started = time.perf_counter()
+    fields = {"action": "audit.read", "team_id": team_id or "", "path": request.url.path}
+    try:
+        reason = audit_scope(service, principal, team_id)
+        cfg = service.settings.audit
+        if limit > cfg.max_query_limit:
+            raise InvalidInput(
+                f"limit must be at most {cfg.max_query_limit}, got {limit}", field="limit"
+            )
+        if since is not None and until is not None and since >= until:
+            raise InvalidInput("since must be before until", field="since")
+        if not service.audit.enabled:
+            raise BackendUnavailable("the audit log is disabled (AUDIT__ENABLED=false)")
+        try:
+            rows = await asyncio.to_thread(
+                service.audit.query, since, until, subject, decision, team_id, limit
+            )
+        except Exception as exc:
+            raise BackendUnavailable(
+                f"audit database unavailable: {type(exc).__name__}",
+                hint="see /readyz (component audit)",
+            ) from exc
+    except GatewayError as exc:
+        service.audit_error(exc, trace_id, principal, started, **fields)
+        raise
+    service.audit_decision(
+        trace_id,
+        principal,
+        started,
+        decision="allow",
+        reason=reason,
+        http_status=200,
+        resource=f"audit:{team_id or '*'}",
+        **fields,
+    )
+    return {
+        "decisions": [
+            {k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()}
+            for row in rows
+        ],
+        "count": len(rows),
+        "trace_id": trace_id,
+    }

@@ -1,0 +1,480 @@
+"""Audit log of every access decision: who asked, as which agent, in which team, for what,
+allow or deny, why, and which chunks were returned.
+
+One schema for SQLite (the default, a file under var/) and PostgreSQL (``audit.url``), written
+with SQLAlchemy Core. The request path only appends to an in-memory queue; a background thread
+writes batches. When the database is down, requests still answer: the records wait in memory
+(up to ``audit.max_pending``), the writer retries, and ``status()`` (shown by /readyz) and the
+``rag_audit_records_total`` counter say that the audit log is degraded. ``close()`` (app
+shutdown, and at interpreter exit) writes what is still queued.
+
+    python -m serve_app.audit query --since 1h --decision deny
+    python -m serve_app.audit query --since 2026-11-30T00:00:00Z --subject alice --format json
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import collections
+import hashlib
+import json
+import logging
+import re
+import sys
+import threading
+import time
+import weakref
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from prometheus_client import Counter
+from sqlalchemy.engine import Engine, make_url
+
+from deployments.config import AuditSettings
+
+logger = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+DECISIONS = ("allow", "deny")
+
+RECORDS = Counter(
+    "rag_audit_records_total",
+    "Audit records by outcome: written, failed (a write attempt failed, kept for retry), "
+    "dropped (lost: queue full while the database was down)",
+    ["outcome"],
+)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class AuditRecord:
+    """One decision. ``decision`` is ``allow`` or ``deny``; ``reason`` a short code."""
+
+    action: str
+    decision: str
+    reason: str
+    http_status: int
+    ts: datetime = field(default_factory=utcnow)
+    trace_id: str = ""
+    subject: str = ""
+    auth_method: str = ""
+    key_id: str = ""
+    agent_id: str = ""
+    declared_agent_id: str = ""
+    team_id: str = ""
+    resource: str = ""
+    query_sha256: str | None = None
+    query_text: str | None = None
+    doc_ids: list[str] | None = None
+    chunk_ids: list[str] | None = None
+    latency_ms: float | None = None
+    path: str = ""
+
+
+class UTCDateTime(sa.types.TypeDecorator):
+    """Timestamps stored in UTC on every backend and always read back timezone-aware."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        # SQLite has no timezone type; naive UTC strings keep the order of the index.
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def build_table(metadata: sa.MetaData, name: str) -> sa.Table:
+    return sa.Table(
+        name,
+        metadata,
+        sa.Column(
+            "id",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            primary_key=True,
+            autoincrement=True,
+        ),
+        sa.Column("ts", UTCDateTime(), nullable=False),
+        sa.Column("trace_id", sa.String(128), nullable=False, default=""),
+        sa.Column("subject", sa.String(256), nullable=False, default=""),
+        sa.Column("auth_method", sa.String(16), nullable=False, default=""),
+        sa.Column("key_id", sa.String(128), nullable=False, default=""),
+        sa.Column("agent_id", sa.String(256), nullable=False, default=""),
+        sa.Column("declared_agent_id", sa.String(256), nullable=False, default=""),
+        sa.Column("team_id", sa.String(256), nullable=False, default=""),
+        sa.Column("action", sa.String(32), nullable=False),
+        sa.Column("resource", sa.Text(), nullable=False, default=""),
+        sa.Column("decision", sa.String(8), nullable=False),
+        sa.Column("reason", sa.String(256), nullable=False, default=""),
+        sa.Column("http_status", sa.SmallInteger(), nullable=False),
+        sa.Column("query_sha256", sa.String(64), nullable=True),
+        sa.Column("query_text", sa.Text(), nullable=True),
+        sa.Column("doc_ids", sa.JSON(), nullable=True),
+        sa.Column("chunk_ids", sa.JSON(), nullable=True),
+        sa.Column("latency_ms", sa.Float(), nullable=True),
+        sa.Column("path", sa.String(256), nullable=False, default=""),
+        sa.CheckConstraint("decision IN ('allow', 'deny')", name=f"{name}_decision_ck"),
+        sa.Index(f"ix_{name}_ts", "ts"),
+        sa.Index(f"ix_{name}_subject_ts", "subject", "ts"),
+        sa.Index(f"ix_{name}_decision_ts", "decision", "ts"),
+        sa.Index(f"ix_{name}_team_ts", "team_id", "ts"),
+    )
+
+
+def resolve_url(url: str) -> str:
+    """A relative SQLite path is relative to the repository root; its folder is created."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        path = Path(parsed.database)
+        if not path.is_absolute():
+            path = ROOT / path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        parsed = parsed.set(database=str(path))
+    return parsed.render_as_string(hide_password=False)
+
+
+class AuditStore:
+    """The table and its queries; synchronous (the writer thread and the CLI call it)."""
+
+    def __init__(self, url: str, table: str = "audit_decisions", *, timeout_s: float = 5.0):
+        self.url = resolve_url(url)
+        backend = make_url(self.url).get_backend_name()
+        connect_args: dict[str, Any] = {}
+        if backend == "postgresql":
+            connect_args = {"connect_timeout": max(1, int(timeout_s))}
+        elif backend == "sqlite":
+            connect_args = {"timeout": timeout_s, "check_same_thread": False}
+        self.engine: Engine = sa.create_engine(
+            self.url, pool_pre_ping=True, connect_args=connect_args
+        )
+        self.metadata = sa.MetaData()
+        self.table = build_table(self.metadata, table)
+        self._created = False
+
+    @property
+    def backend(self) -> str:
+        return self.engine.dialect.name
+
+    def create(self) -> None:
+        if not self._created:
+            self.metadata.create_all(self.engine, checkfirst=True)
+            self._created = True
+
+    def insert(self, records: list[AuditRecord]) -> None:
+        if not records:
+            return
+        self.create()
+        with self.engine.begin() as conn:
+            conn.execute(self.table.insert(), [asdict(r) for r in records])
+
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
+    def query(
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        subject: str | None = None,
+        decision: str | None = None,
+        team_id: str | None = None,
+        limit: int = 100,
+        *,
+        action: str | None = None,
+        trace_id: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Records with ``since <= ts < until`` matching the other filters, newest first."""
+        if decision is not None and decision not in DECISIONS:
+            raise ValueError(f"decision must be one of {DECISIONS}, got {decision!r}")
+        self.create()
+        t = self.table
+        stmt = sa.select(t)
+        for column, value in (
+            (t.c.subject, subject),
+            (t.c.decision, decision),
+            (t.c.team_id, team_id),
+            (t.c.action, action),
+            (t.c.trace_id, trace_id),
+        ):
+            if value is not None:
+                stmt = stmt.where(column == value)
+        if since is not None:
+            stmt = stmt.where(t.c.ts >= since)
+        if until is not None:
+            stmt = stmt.where(t.c.ts < until)
+        stmt = stmt.order_by(t.c.ts.desc(), t.c.id.desc()).limit(limit)
+        with self.engine.connect() as conn:
+            return [dict(row._mapping) for row in conn.execute(stmt)]
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+_OPEN_LOGS: weakref.WeakSet[AuditLog] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_logs() -> None:
+    for log in list(_OPEN_LOGS):
+        log.close()
+
+
+class AuditLog:
+    """Asynchronous writer over an ``AuditStore``: ``record()`` only enqueues."""
+
+    def __init__(self, settings: AuditSettings, store: AuditStore | None = None) -> None:
+        self.settings = settings
+        self.enabled = settings.enabled
+        self.store = store
+        if self.enabled and self.store is None:
+            self.store = AuditStore(settings.url, settings.table)
+        self._pending: collections.deque[AuditRecord] = collections.deque()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._busy = False
+        self.written = 0
+        self.dropped = 0
+        self.failures = 0
+        self.last_error: str | None = None
+        self.last_error_at: datetime | None = None
+        self.healthy = True
+        if self.enabled:
+            _OPEN_LOGS.add(self)
+
+    @classmethod
+    def disabled(cls) -> AuditLog:
+        return cls(AuditSettings(enabled=False))
+
+    # --- request path ---------------------------------------------------------------------
+    def record(self, rec: AuditRecord) -> None:
+        """Queue ``rec`` for writing; never blocks on the database, never raises."""
+        if not self.enabled:
+            return
+        if rec.query_text is not None and not self.settings.store_query_text:
+            rec.query_text = None
+        with self._cond:
+            if self._closed:
+                # After shutdown: write synchronously rather than lose it.
+                self._write([rec])
+                return
+            self._pending.append(rec)
+            overflow = len(self._pending) - self.settings.max_pending
+            for _ in range(max(0, overflow)):
+                self._pending.popleft()
+                self.dropped += 1
+                RECORDS.labels("dropped").inc()
+            if overflow > 0:
+                logger.error("audit queue full: %d oldest records dropped", overflow)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
+                self._thread.start()
+            if len(self._pending) >= self.settings.batch_size:
+                self._cond.notify_all()
+
+    # --- writer thread ----------------------------------------------------------------------
+    def _write(self, batch: list[AuditRecord]) -> bool:
+        assert self.store is not None
+        try:
+            self.store.insert(batch)
+        except Exception as exc:
+            self.failures += 1
+            RECORDS.labels("failed").inc(len(batch))
+            if self.healthy:
+                logger.error("audit log DEGRADED: cannot write to %s: %s", self.store.backend, exc)
+            self.healthy = False
+            self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            self.last_error_at = utcnow()
+            return False
+        if not self.healthy:
+            logger.warning("audit log recovered; writing again")
+        self.healthy = True
+        self.written += len(batch)
+        RECORDS.labels("written").inc(len(batch))
+        return True
+
+    def _take(self) -> list[AuditRecord]:
+        n = min(len(self._pending), self.settings.batch_size)
+        return [self._pending.popleft() for _ in range(n)]
+
+    def _run(self) -> None:
+        cfg = self.settings
+        while True:
+            with self._cond:
+                if not self._pending and not self._closed:
+                    self._cond.wait(cfg.flush_interval_s)
+                elif len(self._pending) < cfg.batch_size and not self._closed:
+                    # Let a batch fill for at most one interval.
+                    self._cond.wait_for(
+                        lambda: len(self._pending) >= cfg.batch_size or self._closed,
+                        cfg.flush_interval_s,
+                    )
+                if self._closed and not self._pending:
+                    return
+                batch = self._take()
+                self._busy = bool(batch)
+            if not batch:
+                continue
+            ok = self._write(batch)
+            with self._cond:
+                self._busy = False
+                if not ok:
+                    # Keep them, in order, for the next attempt.
+                    self._pending.extendleft(reversed(batch))
+                self._cond.notify_all()
+                if not ok:
+                    if self._closed:
+                        return
+                    self._cond.wait(cfg.retry_interval_s)
+
+    # --- control ---------------------------------------------------------------------------
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every queued record is written; False when it could not be."""
+        if not self.enabled:
+            return True
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._cond.notify_all()
+            while self._pending or self._busy:
+                if self._thread is None or not self._thread.is_alive():
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+                self._cond.notify_all()
+            rest = list(self._pending)
+            self._pending.clear()
+        return self._write(rest) if rest else True
+
+    def close(self) -> None:
+        """Write what is queued (up to ``shutdown_timeout_s``) and stop the writer."""
+        if not self.enabled or self._closed:
+            return
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        thread = self._thread
+        if thread is not None:
+            thread.join(self.settings.shutdown_timeout_s)
+        with self._cond:
+            rest = list(self._pending)
+            self._pending.clear()
+        if rest and not self._write(rest):
+            self.dropped += len(rest)
+            RECORDS.labels("dropped").inc(len(rest))
+            logger.error("audit log: %d records lost at shutdown (%s)", len(rest), self.last_error)
+        _OPEN_LOGS.discard(self)
+
+    def status(self) -> dict[str, Any]:
+        """For /readyz: whether the database answers, and the writer's counters."""
+        if not self.enabled:
+            return {"ready": True, "enabled": False}
+        assert self.store is not None
+        error = None
+        try:
+            self.store.ping()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        ready = error is None and self.healthy
+        out: dict[str, Any] = {
+            "ready": ready,
+            "degraded": not ready,
+            "backend": self.store.backend,
+            "pending": len(self._pending),
+            "written": self.written,
+            "dropped": self.dropped,
+            "write_failures": self.failures,
+        }
+        if error or self.last_error:
+            out["error"] = error or self.last_error
+        return out
+
+    def query(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        if self.store is None:
+            raise RuntimeError("the audit log is disabled (audit.enabled=false)")
+        return self.store.query(*args, **kwargs)
+
+
+# --- CLI ---------------------------------------------------------------------------------
+_RELATIVE = re.compile(r"^(\d+)([smhdw])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_time(value: str, now: datetime | None = None) -> datetime:
+    """ISO 8601 (naive = UTC) or a span back from now: ``30m``, ``6h``, ``7d``."""
+    value = value.strip()
+    rel = _RELATIVE.match(value)
+    if rel:
+        return (now or utcnow()) - timedelta(**{_UNITS[rel.group(2)]: int(rel.group(1))})
+    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m serve_app.audit", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    q = sub.add_parser("query", help="list decisions, newest first")
+    q.add_argument("--url", help="database URL (default: AUDIT__URL / settings)")
+    q.add_argument("--since", type=parse_time, help="ISO 8601 or 30m / 6h / 7d ago")
+    q.add_argument("--until", type=parse_time)
+    q.add_argument("--subject")
+    q.add_argument("--decision", choices=DECISIONS)
+    q.add_argument("--team-id")
+    q.add_argument("--action")
+    q.add_argument("--trace-id")
+    q.add_argument("--limit", type=int, default=100)
+    q.add_argument("--format", choices=["table", "json"], default="table")
+    args = parser.parse_args(argv)
+
+    from deployments.config import GatewaySettings
+
+    cfg = GatewaySettings().audit
+    store = AuditStore(args.url or cfg.url, cfg.table)
+    try:
+        rows = store.query(
+            args.since,
+            args.until,
+            args.subject,
+            args.decision,
+            args.team_id,
+            args.limit,
+            action=args.action,
+            trace_id=args.trace_id,
+        )
+    finally:
+        store.dispose()
+    if args.format == "json":
+        for row in rows:
+            print(json.dumps(_jsonable(row), ensure_ascii=False))
+        return 0
+    cols = ("ts", "decision", "reason", "http_status", "action", "subject", "team_id", "trace_id")
+    print("\t".join(cols))
+    for row in rows:
+        print("\t".join(str(_jsonable(row)[c]) for c in cols))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,449 @@
+"""The audit log: the store (SQLite), the asynchronous writer, the decisions the gateway
+records, GET /audit/decisions and its permission check, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from deployments.config import AuditSettings
+from serve_app.audit import AuditLog, AuditRecord, AuditStore, main, parse_time, sha256_text
+from tests.auth_support import (
+    TENANCY_POLICY,
+    build_gateway,
+    claims,
+    mint,
+    tenancy_corpus,
+)
+
+pytestmark = pytest.mark.usefixtures("clean_gateway_env")
+
+QUERY = {"team_id": "dao_a", "query": "Milvus gateway search notes", "top_k": 5}
+
+
+def rec(**fields: Any) -> AuditRecord:
+    base: dict[str, Any] = {
+        "action": "search",
+        "decision": "allow",
+        "reason": "granted",
+        "http_status": 200,
+    }
+    return AuditRecord(**(base | fields))
+
+
+@pytest.fixture
+def url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'audit.db'}"
+
+
+@pytest.fixture
+def store(url) -> AuditStore:
+    store = AuditStore(url)
+    yield store
+    store.dispose()
+
+
+def fast(url: str, **overrides: Any) -> AuditSettings:
+    return AuditSettings(url=url, flush_interval_s=0.02, retry_interval_s=0.05, **overrides)
+
+
+# --- the store ---------------------------------------------------------------------------
+
+
+def test_store_round_trips_a_record_with_utc_time_and_json_ids(store):
+    ts = datetime(2026, 11, 30, 8, 0, 1, 250000, tzinfo=UTC)
+    store.insert([rec(ts=ts, subject="alice", chunk_ids=["c1", "c2"], query_sha256="ab" * 32)])
+    (row,) = store.query()
+    assert row["ts"] == ts and row["ts"].tzinfo is not None
+    assert row["chunk_ids"] == ["c1", "c2"]
+    assert row["subject"] == "alice" and row["decision"] == "allow"
+
+
+def test_store_has_the_indexes_for_time_subject_decision_and_team(store):
+    store.create()
+    import sqlalchemy as sa
+
+    indexes = {
+        tuple(i["column_names"]) for i in sa.inspect(store.engine).get_indexes(store.table.name)
+    }
+    assert {("ts",), ("subject", "ts"), ("decision", "ts"), ("team_id", "ts")} <= indexes
+
+
+def test_query_filters_by_time_subject_decision_and_team_newest_first(store):
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    store.insert(
+        [
+            rec(ts=t0, subject="alice", team_id="dao_a"),
+            rec(ts=t0 + timedelta(hours=1), subject="bob", team_id="dao_b", decision="deny"),
+            rec(ts=t0 + timedelta(hours=2), subject="alice", team_id="dao_a", decision="deny"),
+            rec(ts=t0 + timedelta(hours=3), subject="alice", team_id="dao_b"),
+        ]
+    )
+    assert [r["subject"] for r in store.query(subject="bob")] == ["bob"]
+    denied = store.query(decision="deny")
+    assert [r["ts"] for r in denied] == [t0 + timedelta(hours=2), t0 + timedelta(hours=1)]
+    window = store.query(since=t0 + timedelta(hours=1), until=t0 + timedelta(hours=3))
+    assert len(window) == 2
+    assert len(store.query(team_id="dao_a", subject="alice")) == 2
+    assert len(store.query(limit=1)) == 1
+    # A naive datetime is taken as UTC; another offset is converted.
+    assert len(store.query(since=datetime(2026, 1, 1, 2, 30))) == 1
+    east = datetime(2026, 1, 1, 4, 30, tzinfo=__import__("datetime").timezone(timedelta(hours=2)))
+    assert len(store.query(since=east)) == 1
+    with pytest.raises(ValueError, match="decision"):
+        store.query(decision="maybe")
+
+
+def test_audit_settings_come_from_the_environment(monkeypatch):
+    from deployments.config import GatewaySettings
+
+    monkeypatch.delenv("AUDIT__URL", raising=False)
+    default = GatewaySettings().audit
+    assert default.enabled and default.url == "sqlite:///var/audit.db"
+    assert not default.store_query_text
+    monkeypatch.setenv("AUDIT__URL", "postgresql+psycopg://u:p@127.0.0.1:5433/rag_audit")
+    monkeypatch.setenv("AUDIT__ENABLED", "false")
+    monkeypatch.setenv("AUDIT__BATCH_SIZE", "7")
+    audit = GatewaySettings().audit
+    assert audit.url.startswith("postgresql+psycopg://") and not audit.enabled
+    assert audit.batch_size == 7
+
+
+def test_relative_sqlite_path_is_under_the_repository(tmp_path):
+    from serve_app.audit import ROOT, resolve_url
+
+    assert resolve_url("sqlite:///var/audit.db") == f"sqlite:///{ROOT / 'var' / 'audit.db'}"
+    assert resolve_url(f"sqlite:///{tmp_path}/x.db") == f"sqlite:///{tmp_path}/x.db"
+
+
+# --- the asynchronous writer ---------------------------------------------------------------
+
+
+def test_records_are_written_in_the_background_and_flushed(url, store):
+    log = AuditLog(fast(url, batch_size=3))
+    for i in range(10):
+        log.record(rec(subject=f"u{i}"))
+    assert log.flush(5)
+    assert len(store.query(limit=100)) == 10
+    assert log.written == 10
+    log.close()
+
+
+def test_close_writes_everything_still_queued(url, store):
+    # A long interval: nothing would be written before close() without the final flush.
+    log = AuditLog(AuditSettings(url=url, flush_interval_s=30, batch_size=1000))
+    for i in range(25):
+        log.record(rec(subject=f"u{i}"))
+    log.close()
+    assert len(store.query(limit=100)) == 25
+    # After close a record is written synchronously rather than lost.
+    log.record(rec(subject="late"))
+    assert store.query(subject="late")
+
+
+def test_raw_query_text_is_kept_only_when_configured(url, store):
+    log = AuditLog(fast(url))
+    log.record(rec(subject="a", query_sha256=sha256_text("secret"), query_text="secret"))
+    log.close()
+    (row,) = store.query()
+    assert row["query_text"] is None and row["query_sha256"] == sha256_text("secret")
+    log = AuditLog(fast(url, store_query_text=True))
+    log.record(rec(subject="b", query_text="kept"))
+    log.close()
+    assert store.query(subject="b")[0]["query_text"] == "kept"
+
+
+class FlakyStore:
+    """An AuditStore whose database is down until ``up`` is set."""
+
+    backend = "sqlite"
+
+    def __init__(self, real: AuditStore) -> None:
+        self.real = real
+        self.up = threading.Event()
+        self.calls = 0
+
+    def insert(self, records):
+        self.calls += 1
+        if not self.up.is_set():
+            raise ConnectionError("connection refused")
+        self.real.insert(records)
+
+    def ping(self):
+        if not self.up.is_set():
+            raise ConnectionError("connection refused")
+
+    def query(self, *args, **kwargs):
+        return self.real.query(*args, **kwargs)
+
+
+def test_database_down_degrades_then_recovers_without_losing_records(store, url):
+    flaky = FlakyStore(store)
+    log = AuditLog(fast(url), store=flaky)
+    started = time.perf_counter()
+    for i in range(5):
+        log.record(rec(subject=f"u{i}"))
+    assert time.perf_counter() - started < 0.5  # the request path never waits on the db
+    deadline = time.monotonic() + 5
+    while log.healthy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    status = log.status()
+    assert status["ready"] is False and status["degraded"] is True
+    assert "ConnectionError" in status["error"]
+    assert status["pending"] == 5
+    flaky.up.set()
+    assert log.flush(5)
+    assert len(store.query()) == 5
+    assert log.status()["ready"] is True
+    log.close()
+
+
+def test_queue_bounded_while_the_database_is_down(store, url):
+    flaky = FlakyStore(store)
+    log = AuditLog(fast(url, max_pending=3, shutdown_timeout_s=0.5), store=flaky)
+    for i in range(10):
+        log.record(rec(subject=f"u{i}"))
+    assert log.dropped >= 7
+    flaky.up.set()
+    log.close()
+    # The newest records are kept.
+    assert {r["subject"] for r in store.query()} == {"u7", "u8", "u9"}
+
+
+def test_disabled_log_records_nothing():
+    log = AuditLog(AuditSettings(enabled=False))
+    log.record(rec())
+    assert log.flush() and log.status() == {"ready": True, "enabled": False}
+
+
+# --- decisions recorded by the gateway -----------------------------------------------------
+
+
+def token(teams=None, **overrides) -> str:
+    return mint(claims(teams=teams or {"dao_a": ["member"]}, **overrides))
+
+
+@pytest.fixture
+def gateway(url):
+    gw = build_gateway(policy=TENANCY_POLICY, corpus=tenancy_corpus())
+    gw.service.audit = AuditLog(fast(url))
+    yield gw
+    gw.service.audit.close()
+
+
+def decisions(gateway, **filters) -> list[dict[str, Any]]:
+    assert gateway.service.audit.flush(5)
+    return gateway.service.audit.query(**filters)
+
+
+def test_allowed_search_is_recorded_with_returned_chunk_ids_and_query_hash(gateway):
+    response = gateway.search(QUERY | {"agent_id": "ag_x"}, token(), **{"x-trace-id": "t-1"})
+    assert response.status_code == 200
+    (row,) = decisions(gateway)
+    assert row["decision"] == "allow" and row["action"] == "search"
+    assert row["subject"] == "alice" and row["team_id"] == "dao_a"
+    assert row["auth_method"] == "jwt" and row["http_status"] == 200
+    assert row["trace_id"] == "t-1"
+    assert row["chunk_ids"] == [m["chunk_id"] for m in response.json()["matches"]]
+    assert row["chunk_ids"]
+    assert row["query_sha256"] == sha256_text(QUERY["query"]) and row["query_text"] is None
+    # A user token has no verified agent: the body's agent id is recorded as declared only.
+    assert row["agent_id"] == "" and row["declared_agent_id"] == "ag_x"
+    assert row["latency_ms"] is not None
+
+
+def test_denied_search_is_recorded_with_its_reason(gateway):
+    response = gateway.search(QUERY | {"mode": "confidential"}, token())
+    assert response.status_code == 403
+    (row,) = decisions(gateway)
+    assert row["decision"] == "deny" and row["http_status"] == 403
+    assert row["reason"] == response.json()["reason"] == "confidential_not_granted"
+    assert row["chunk_ids"] is None
+
+    gateway.search(QUERY | {"team_id": "dao_b"}, token())
+    assert decisions(gateway, team_id="dao_b")[0]["reason"] == "team_not_granted"
+
+
+def test_project_denied_by_policy_is_recorded_with_the_policy_reason(gateway):
+    response = gateway.search(QUERY | {"filters": {"project_id": "prj_ops"}}, token())
+    assert response.status_code == 403
+    (row,) = decisions(gateway)
+    assert row["reason"] == "not_in_allowed_groups"
+    assert row["resource"] == "team:dao_a/project:prj_ops"
+
+
+def test_unauthenticated_request_is_recorded_as_deny_with_unknown_subject(gateway):
+    assert gateway.search(QUERY).status_code == 401
+    assert gateway.search(QUERY, "not-a-token").status_code == 401
+    rows = decisions(gateway)
+    assert len(rows) == 2
+    assert [r["auth_method"] for r in rows] == ["jwt", "none"]
+    for row in rows:
+        assert row["decision"] == "deny" and row["http_status"] == 401
+        assert row["subject"] == "" and row["action"] == "search"
+        assert row["path"] == "/rag/search_docs"
+
+
+def test_allowed_ingest_is_recorded_per_document(gateway):
+    owner = token({"dao_a": ["owner"]})
+    docs = [
+        {"team_id": "dao_a", "doc_id": "n1", "text": "one"},
+        {"team_id": "dao_a", "doc_id": "n2", "text": "two", "project_id": "prj_open"},
+    ]
+    assert gateway.ingest(docs, owner).status_code == 200
+    rows = decisions(gateway, action="ingest")
+    assert sorted(r["doc_ids"][0] for r in rows) == ["n1", "n2"]
+    assert {r["decision"] for r in rows} == {"allow"}
+    assert "team:dao_a/project:prj_open/doc:n2" in {r["resource"] for r in rows}
+
+
+def test_denied_ingest_is_recorded_naming_the_document(gateway):
+    docs = [{"team_id": "dao_a", "doc_id": "n1", "text": "one"}]
+    response = gateway.ingest(docs, token())  # a member may not write
+    assert response.status_code == 403
+    (row,) = decisions(gateway, action="ingest")
+    assert row["decision"] == "deny" and row["reason"] == "write_not_granted"
+    assert row["doc_ids"] == ["n1"] and row["team_id"] == "dao_a"
+
+
+def test_ingest_refused_for_its_size_is_recorded_with_its_status(gateway):
+    gateway.service.settings.ingest.max_documents = 1
+    owner = token({"dao_a": ["owner"]})
+    docs = [{"team_id": "dao_a", "doc_id": f"n{i}", "text": "x"} for i in range(2)]
+    assert gateway.ingest(docs, owner).status_code == 422
+    (row,) = decisions(gateway, action="ingest")
+    assert (row["decision"], row["http_status"]) == ("allow", 422)
+    assert row["reason"] == "granted;invalid_input" and row["doc_ids"] == ["n0", "n1"]
+
+
+def test_request_answers_when_the_audit_database_is_down(gateway, store):
+    flaky = FlakyStore(store)
+    gateway.service.audit = AuditLog(fast("sqlite://"), store=flaky)
+    assert gateway.search(QUERY, token()).status_code == 200
+    ready = gateway.client.get("/readyz")
+    assert ready.status_code == 200  # audit is reported, not required, by default
+    body = ready.json()
+    assert body["components"]["audit"]["ready"] is False
+    assert body["degraded"] == ["audit"]
+    flaky.up.set()
+    assert gateway.service.audit.flush(5)
+    assert store.query()[0]["action"] == "search"
+
+
+def test_readyz_requires_audit_when_configured(url, store):
+    gw = build_gateway(policy=TENANCY_POLICY)
+    gw.service.settings.audit.required_for_ready = True
+    gw.service.audit = AuditLog(fast(url), store=FlakyStore(store))
+    response = gw.client.get("/readyz")
+    assert response.status_code == 503
+    assert "audit" in response.json()["not_ready"]
+
+
+# --- GET /audit/decisions ----------------------------------------------------------------
+
+
+def get(gateway, token_: str | None = None, **params) -> Any:
+    headers = {"authorization": f"Bearer {token_}"} if token_ else {}
+    return gateway.client.get("/audit/decisions", params=params, headers=headers)
+
+
+def test_endpoint_needs_the_audit_read_permission(gateway):
+    gateway.search(QUERY | {"mode": "confidential"}, token())
+    response = get(gateway, token())
+    assert response.status_code == 403
+    assert response.json()["reason"] == "audit_read_not_granted"
+    auditor = mint(claims(sub="auditor", teams={}, permissions=["audit:read"]))
+    assert gateway.service.audit.flush(5)
+    response = get(gateway, auditor, decision="deny", subject="alice")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["count"] == 2
+    assert [d["reason"] for d in body["decisions"]] == [
+        "audit_read_not_granted",
+        "confidential_not_granted",
+    ]
+    # The reads themselves are decisions too.
+    reads = decisions(gateway, action="audit.read")
+    assert [(r["subject"], r["decision"]) for r in reads] == [
+        ("auditor", "allow"),
+        ("alice", "deny"),
+    ]
+
+
+def test_team_owner_reads_only_its_own_team(gateway):
+    gateway.search(QUERY, token())
+    gateway.search(QUERY | {"team_id": "dao_b"}, token({"dao_b": ["member"]}))
+    assert gateway.service.audit.flush(5)
+    owner = token({"dao_a": ["owner"]})
+    response = get(gateway, owner, team_id="dao_a")
+    assert response.status_code == 200
+    assert {d["team_id"] for d in response.json()["decisions"]} == {"dao_a"}
+    assert get(gateway, owner, team_id="dao_b").status_code == 403
+    assert get(gateway, owner).status_code == 403  # every team needs the permission
+
+
+def test_endpoint_without_credentials_is_401(gateway):
+    assert get(gateway).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"decision": "maybe"}, "query.decision"),
+        ({"since": "yesterday"}, "query.since"),
+        ({"limit": 0}, "query.limit"),
+        ({"limit": 100000}, "limit"),
+        ({"since": "2026-02-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "since"),
+    ],
+)
+def test_bad_parameters_are_422_naming_the_field(gateway, params, field):
+    auditor = mint(claims(sub="auditor", permissions=["audit:read"]))
+    response = get(gateway, auditor, **params)
+    assert response.status_code == 422, response.text
+    assert field in {f["field"] for f in response.json()["fields"]}
+
+
+def test_dev_mode_reads_without_credentials_outside_production(url):
+    gw = build_gateway(auth={"mode": "dev"})
+    gw.service.audit = AuditLog(fast(url))
+    gw.search(QUERY | {"user_id": "dev_user"})
+    assert gw.service.audit.flush(5)
+    response = get(gw, since="2000-01-01T00:00:00Z", decision="allow")
+    assert response.status_code == 200
+    assert "dev_user" in {d["subject"] for d in response.json()["decisions"]}
+    gw.service.audit.close()
+
+
+# --- CLI -----------------------------------------------------------------------------------
+
+
+def test_cli_queries_by_decision_and_time(store, url, capsys):
+    now = datetime.now(UTC)
+    store.insert(
+        [
+            rec(ts=now - timedelta(hours=3), subject="old", decision="deny"),
+            rec(ts=now - timedelta(minutes=5), subject="new", decision="deny"),
+            rec(ts=now - timedelta(minutes=5), subject="ok"),
+        ]
+    )
+    assert (
+        main(["query", "--url", url, "--since", "1h", "--decision", "deny", "--format", "json"])
+        == 0
+    )
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["subject"] for r in rows] == ["new"]
+    assert main(["query", "--url", url, "--subject", "ok"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("ts\tdecision") and len(out) == 2
+
+
+def test_parse_time_accepts_iso_and_relative_spans():
+    now = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    assert parse_time("2h", now) == datetime(2026, 11, 30, 10, tzinfo=UTC)
+    assert parse_time("2026-11-30T08:00:00Z") == datetime(2026, 11, 30, 8, tzinfo=UTC)
+    assert parse_time("2026-11-30T08:00:00") == datetime(2026, 11, 30, 8, tzinfo=UTC)
