@@ -1,0 +1,56 @@
+"""The leak-probe runner (bench/leak_probes.py): no leak and no 500 on the real gateway, and a
+deliberately broken access path is reported as a leak (so the probes can fail)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bench.leak_probes import ENDPOINTS, render_tables, run_probes
+from serve_app import access
+from serve_app.access import AccessContext
+
+pytestmark = pytest.mark.usefixtures("clean_gateway_env")
+
+
+def test_probes_find_no_leak_and_no_server_error():
+    result = run_probes(200, seed=1)
+    assert result["leaks_found"] == 0, result["leaks"]
+    assert result["server_errors"] == 0, result["server_error_samples"]
+    assert sum(sum(c.values()) for c in result["runs"].values()) == 200
+    assert set(result["runs"]) == set(ENDPOINTS)
+    # Enough probes got through to check what came back.
+    assert result["statuses"][ENDPOINTS[0]].get("200", 0) > 10
+    assert result["checked_matches"] > 0
+    assert "| **all endpoints** |" in render_tables(result)
+
+
+def test_same_seed_same_probes():
+    a, b = run_probes(40, seed=3), run_probes(40, seed=3)
+    assert a["runs"] == b["runs"]
+
+
+def _confidential_in_public_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(access.VISIBILITY_SCOPE, "public", ("public", "confidential"))
+    monkeypatch.setattr(AccessContext, "may_see", lambda self, chunk: True)
+
+
+def _other_team_in_the_filter(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = AccessContext.search_filter
+
+    def search_filter(self, filters):
+        flt = original(self, filters)
+        other = "dao_b" if flt.team_id != "dao_b" else "dao_a"
+        return dataclasses.replace(flt, team_id=other)
+
+    monkeypatch.setattr(AccessContext, "search_filter", search_filter)
+    monkeypatch.setattr(AccessContext, "may_see", lambda self, chunk: True)
+
+
+@pytest.mark.parametrize("breakage", [_confidential_in_public_mode, _other_team_in_the_filter])
+def test_a_broken_access_path_is_reported_as_a_leak(monkeypatch, breakage):
+    breakage(monkeypatch)
+    result = run_probes(100, seed=2)
+    assert result["leaks_found"] > 0
+    assert any(leak["endpoint"] == ENDPOINTS[0] for leak in result["leaks"])
