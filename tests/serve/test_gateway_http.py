@@ -67,7 +67,8 @@ def search(client: httpx.Client, **body) -> httpx.Response:
 def test_readyz_reports_every_component(client: httpx.Client):
     r = client.get("/readyz")
     assert r.status_code == 200
-    assert set(r.json()["components"]) == {"embedder", "milvus", "neo4j"}
+    assert set(r.json()["components"]) == {"embedder", "milvus", "neo4j", "audit"}
+    assert r.json()["components"]["audit"]["ready"] is True
     assert client.get("/healthz").json() == {"status": "ok"}
 
 
