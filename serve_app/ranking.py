@@ -94,18 +94,29 @@ def shingles(text: str, size: int = 4) -> set[tuple[str, ...]]:
 
 
 def drop_near_duplicates(
-    hits: list[SearchHit], text_of: Callable[[SearchHit], str], threshold: float = 0.8
+    hits: list[SearchHit],
+    text_of: Callable[[SearchHit], str],
+    threshold: float = 0.8,
+    limit: int | None = None,
 ) -> list[SearchHit]:
     """Keep the best-ranked of any group of passages whose word-4-gram shingle sets have a
-    Jaccard similarity ≥ ``threshold`` (re-posted messages, copied sections, overlaps)."""
+    Jaccard similarity ≥ ``threshold`` (re-posted messages, copied sections, overlaps).
+
+    ``limit`` stops once that many passages are kept: the caller keeps only the first
+    ``top_k`` anyway, and shingling every candidate was the costliest step of a search."""
     kept: list[SearchHit] = []
     kept_shingles: list[set[tuple[str, ...]]] = []
     for hit in hits:
+        if limit is not None and len(kept) >= limit:
+            break
         current = shingles(text_of(hit))
-        duplicate = any(
-            current and other and len(current & other) / len(current | other) >= threshold
-            for other in kept_shingles
-        )
+        duplicate = False
+        for other in kept_shingles:
+            if current and other:
+                common = len(current & other)
+                if common / (len(current) + len(other) - common) >= threshold:
+                    duplicate = True
+                    break
         if not duplicate:
             kept.append(hit)
             kept_shingles.append(current)

@@ -152,11 +152,12 @@ class GatewayService:
             except BackendUnavailable as exc:
                 degraded.append(f"reranker unavailable, fused order kept: {exc.message}")
 
-        hits = drop_near_duplicates(hits, _body, cfg.near_duplicate_threshold)
+        # The score threshold first (it is per passage, and duplicates score lower than the
+        # copy they repeat), then near-duplicates only until top_k passages are kept.
         min_score = req.min_score if req.min_score is not None else cfg.min_score
         if min_score is not None:
             hits = [h for h in hits if h.score >= min_score]
-        hits = hits[:top_k]
+        hits = drop_near_duplicates(hits, _body, cfg.near_duplicate_threshold, limit=top_k)
         budget = req.max_context_tokens or cfg.max_context_tokens
         if budget is not None:
             hits = within_budget(hits, _body, self.count_tokens, budget)

@@ -101,3 +101,15 @@ def test_budget_stops_at_first_passage_that_does_not_fit():
     count = lambda text: len(text.split())  # noqa: E731
     assert ids(within_budget(hits, lambda h: h.chunk.text, count, 12)) == ["a"]
     assert ids(within_budget(hits, lambda h: h.chunk.text, count, 17)) == ["a", "b", "c"]
+
+
+def test_near_duplicate_removal_stops_at_the_limit_and_still_skips_copies():
+    base = "the solar farm in district four feeds the community microgrid every afternoon"
+    hits = [hit("a", 4, base), hit("b", 3, base), hit("c", 2, "another note entirely here")]
+    hits.append(hit("d", 1, "a fourth unrelated passage about rivers"))
+    assert ids(drop_near_duplicates(hits, lambda h: h.chunk.text, 0.8, limit=2)) == ["a", "c"]
+    assert ids(drop_near_duplicates(hits, lambda h: h.chunk.text, 0.8, limit=None)) == [
+        "a",
+        "c",
+        "d",
+    ]
