@@ -124,23 +124,43 @@ class GatewayService:
         mode = req.search_mode or cfg.mode
         degraded: list[str] = []
 
-        vector = None
-        if mode in ("hybrid", "dense"):
-            try:
-                vector = (await self.embedder.embed([req.query], "query"))[0]
-            except BackendUnavailable as exc:
-                # Keyword search still answers; say so at the top of the response.
-                degraded.append(f"embedder unavailable, fell back to BM25 only: {exc.message}")
-                mode = "bm25"
-
         use_rerank = self.reranker is not None and (req.rerank is not False)
         if req.rerank and self.reranker is None:
             degraded.append("rerank requested but no reranker is configured")
         fetch = top_k * cfg.candidate_multiplier
         if use_rerank:
             fetch = max(fetch, self.settings.reranker.candidates)
-        methods = ("dense", "bm25") if mode == "hybrid" else (mode,)
-        lists = await self.store.candidates(req.query, _as_list(vector), flt, fetch, methods)
+        # BM25 needs no vector: its search runs while the query is embedded.
+        bm25_task = (
+            asyncio.create_task(self.store.candidates(req.query, None, flt, fetch, ("bm25",)))
+            if mode in ("hybrid", "bm25")
+            else None
+        )
+        try:
+            lists: dict[str, list[SearchHit]] = {}
+            if mode in ("hybrid", "dense"):
+                try:
+                    vector = (await self.embedder.embed([req.query], "query"))[0]
+                except BackendUnavailable as exc:
+                    # Keyword search still answers; say so at the top of the response.
+                    degraded.append(f"embedder unavailable, fell back to BM25 only: {exc.message}")
+                    mode = "bm25"
+                    if bm25_task is None:
+                        bm25_task = asyncio.create_task(
+                            self.store.candidates(req.query, None, flt, fetch, ("bm25",))
+                        )
+                else:
+                    lists |= await self.store.candidates(
+                        req.query, _as_list(vector), flt, fetch, ("dense",)
+                    )
+            if bm25_task is not None:
+                lists |= await bm25_task
+        finally:
+            if bm25_task is not None:
+                if not bm25_task.done():
+                    bm25_task.cancel()
+                elif not bm25_task.cancelled():
+                    bm25_task.exception()  # retrieved: an error here surfaced another way
         # The store filtered by team, visibility and doc type already; this drops chunks of
         # projects and skills whose policy denies the caller, and anything a store bug let by.
         lists = {m: [h for h in found if ctx.may_see(h.chunk)] for m, found in lists.items()}
