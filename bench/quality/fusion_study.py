@@ -120,15 +120,13 @@ def _hits(pairs: list[list[Any]]) -> list[SearchHit]:
     ]
 
 
-def fused_runs(lists: dict[str, Any], qids: list[str], fuse) -> dict[str, list[str]]:
+def fused_runs(lists: dict[str, Any], qids: list[str], fuse, depth: int) -> dict[str, list[str]]:
+    """Top 10 doc ids per query after fusing the first ``depth`` candidates of each method."""
     runs = {}
     for qid in qids:
-        per = {m: _hits(lists[qid][m][:args_depth]) for m in ("dense", "bm25")}
+        per = {m: _hits(lists[qid][m][:depth]) for m in ("dense", "bm25")}
         runs[qid] = [h.chunk.doc_id for h in fuse(per)][:10]
     return runs
-
-
-args_depth = 20  # candidates per method (top_k 10 × the default candidate multiplier would be 40)
 
 
 def variants() -> list[tuple[str, Any]]:
@@ -151,15 +149,13 @@ def variants() -> list[tuple[str, Any]]:
 
 
 def compare(args: argparse.Namespace) -> int:
-    global args_depth
-    args_depth = args.depth
     data = json.loads(Path(args.lists).read_text())
     for name, s in data["sets"].items():
         rows = []
         for label, fuse in variants():
-            dev = evaluate(fused_runs(s["lists"], s["dev"], fuse), s["qrels"])["ndcg@10"]
-            test = evaluate(fused_runs(s["lists"], s["test"], fuse), s["qrels"])["ndcg@10"]
-            rows.append([label, f"{dev:.4f}", f"{test:.4f}"])
+            dev = evaluate(fused_runs(s["lists"], s["dev"], fuse, args.depth), s["qrels"])
+            test = evaluate(fused_runs(s["lists"], s["test"], fuse, args.depth), s["qrels"])
+            rows.append([label, f"{dev['ndcg@10']:.4f}", f"{test['ndcg@10']:.4f}"])
         print(f"\n{name} ({s['documents']} documents, depth {args.depth})\n")
         print(markdown_table(["fusion", "dev nDCG@10", "test nDCG@10"], rows))
     return 0
@@ -180,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--port", type=int, default=8300)
     k = sub.add_parser("compare")
     k.add_argument("lists")
-    k.add_argument("--depth", type=int, default=20)
+    # Candidates per method: top_k 10 × the default candidate multiplier 4 = 40.
+    k.add_argument("--depth", type=int, default=40)
     args = parser.parse_args(argv)
     setup_logging()
     return collect(args) if args.cmd == "collect" else compare(args)
