@@ -209,7 +209,7 @@ class ServeHarness:
             except Exception as exc:
                 # On 2 busy cores the node sometimes misses Ray's startup deadline, mostly
                 # right after another cluster stopped; a retry a little later succeeds.
-                if attempt == 3 or "timed out during startup" not in str(exc):
+                if attempt == 3 or "timed out" not in str(exc).lower():
                     raise
                 logger.warning("Ray node start timed out (attempt %d); retrying", attempt)
                 ray.shutdown()
