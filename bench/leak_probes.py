@@ -185,7 +185,8 @@ class Prober:
     def credential(self, kind: str, identity: dict[str, Any]) -> tuple[dict[str, str], Any]:
         """``(headers, identity the gateway should see)``; the identity is None for a
         credential that must be refused, and ``"dev"`` for development body trust."""
-        from tests.auth_support import claims, hmac_token, mint, unsigned_token
+        from tests.auth_support import claims, hmac_token
+        from tests.unit.test_tenancy_properties import token_for
 
         if kind == "dev_body_trust":
             return {}, "dev"
@@ -200,34 +201,15 @@ class Prober:
             return {"authorization": f"Bearer {key}"}, ident
         if kind == "api_key_unknown":
             return {"x-api-key": "rgk_" + "".join(self.rng.choices("abcdef0123", k=40))}, None
-        now = int(time.time())
-        payload = claims(
-            sub=identity["sub"],
-            teams=identity["teams"],
-            groups=sorted(identity["groups"]),
-            permissions=sorted(identity["permissions"]),
-            agent_id=identity["agent_id"] or None,
-        )
-        if kind == "jwt_expired":
-            payload["exp"] = now - 3600
-        elif kind == "jwt_not_yet":
-            payload["nbf"] = now + 3600
-        elif kind == "jwt_wrong_aud":
-            payload["aud"] = "another-service"
-        elif kind == "jwt_wrong_iss":
-            payload["iss"] = "https://evil.example/"
-        if kind == "jwt_forged":
-            token = mint(payload, key="an-attacker-secret-that-is-long-enough-0")
-        elif kind == "jwt_alg_none":
-            token = unsigned_token(payload, {"alg": "none", "typ": "JWT"})
-        elif kind == "jwt_hs256_over_nothing":
+        if kind == "jwt_hs256_over_nothing":
+            payload = claims(sub=identity["sub"], teams=identity["teams"])
             token = hmac_token(payload, b"", {"alg": "HS256", "typ": "JWT"})
         elif kind == "jwt_garbage":
             token = self.rng.choice(["not.a.token", "a.b.c", "....", str(self.adv())[:100]])
         else:
-            token = mint(payload)
-            if kind == "jwt_cut":
-                token = token[: len(token) // 2]
+            # valid, expired, not_yet, wrong_aud, wrong_iss, forged, alg_none, cut: the same
+            # token recipes as the property tests.
+            token = token_for(identity, kind.removeprefix("jwt_"))
         if not token or any(c in token for c in "\r\n\x00") or not token.isascii():
             token = "not.a.token"
         ok = kind == "jwt_valid"
