@@ -72,6 +72,8 @@ class SourceDocument(BaseModel):
     project_id: OptionalId = ""
     channel_id: OptionalId = ""
     agent_id: OptionalId = ""
+    # The user who wrote it; only the graph stores it ((:User)-[:AUTHORED]->(:Doc)).
+    author_id: OptionalId = ""
     visibility: Literal["public", "confidential"] = Field(
         "public", validation_alias=AliasChoices("visibility", "mode")
     )
@@ -107,8 +109,9 @@ class SourceDocument(BaseModel):
         return list(dict.fromkeys(value))
 
     def metadata_fingerprint(self) -> str:
-        """Hash of everything stored beside the text, so a metadata change re-writes chunks."""
-        meta = self.model_dump(exclude={"text"})
+        """Hash of everything stored beside the text, so a metadata change re-writes chunks.
+        ``author_id`` lives only in the graph (merged on every send), so it is left out."""
+        meta = self.model_dump(exclude={"text", "author_id"})
         return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
 
 

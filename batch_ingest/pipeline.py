@@ -14,6 +14,7 @@ from typing import Literal
 
 from batch_ingest.chunking import Chunker
 from batch_ingest.documents import SourceDocument, content_hash, make_chunk_id
+from batch_ingest.wikilinks import extract_links
 from deployments.errors import BackendUnavailable, GatewayError
 from deployments.protocols import ChunkRecord, Embedder, GraphDocument, GraphStore, VectorStore
 
@@ -221,4 +222,6 @@ def _graph_doc(doc: SourceDocument) -> GraphDocument:
         agent_id=doc.agent_id,
         tags=tuple(doc.tags),
         created_at=doc.created_at,
+        author_id=doc.author_id,
+        links=extract_links(doc.text),
     )

@@ -114,6 +114,13 @@ class Neo4jSettings(BaseModel):
     password: str = "rag-gateway-dev"
     database: str = "neo4j"
     timeout_s: float = Field(10.0, gt=0)
+    # Graph queries (intents, caller Cypher, explain_path): transaction timeout and the most
+    # rows one answer may carry; a caller's Cypher over either gets 422.
+    query_timeout_s: float = Field(5.0, gt=0, le=300)
+    max_rows: int = Field(1000, ge=1, le=100_000)
+    # explain_path bounds.
+    max_path_hops: int = Field(6, ge=1, le=10)
+    max_paths: int = Field(10, ge=1, le=100)
 
 
 class SearchSettings(BaseModel):
@@ -161,6 +168,41 @@ class IngestSettings(BaseModel):
 
     max_documents: int = Field(256, ge=1)
     max_document_chars: int = Field(2_000_000, ge=1)
+
+
+class EnrichSettings(BaseModel):
+    """Bounds and support thresholds of rag.enrich_answer (serve_app/enrich.py).
+
+    A claim (one sentence of the draft) is supported by a passage when
+    ``support = dense_weight * max(cosine, 0) + (1 - dense_weight) * coverage`` reaches
+    ``min_support`` and ``coverage`` reaches ``min_term_coverage``. ``cosine`` is the dense
+    score of the claim against the passage (COSINE/IP metric; 0 when dense search did not
+    return the passage), ``coverage`` the share of the claim's content words (cut to
+    ``stem_chars`` characters, so inflected Ukrainian and English forms match) found in the
+    passage. Both are absolute, unlike the fused score, which is normalised per query. Without
+    the embedder (or with the L2 metric) support is the coverage alone.
+    """
+
+    # Longest draft accepted (422 beyond), claims checked (later ones are left unmarked and
+    # counted in skipped_claims), and the shortest sentence that counts as a claim.
+    max_draft_chars: int = Field(8000, ge=1)
+    max_claims: int = Field(20, ge=1, le=200)
+    min_claim_chars: int = Field(12, ge=1)
+    # Passages retrieved per claim (the search pipeline's top_k), and claims searched at once.
+    candidates_per_claim: int = Field(5, ge=1, le=50)
+    concurrency: int = Field(4, ge=1, le=64)
+    # 0.5 / 0.5 / 0.25 were set on all-MiniLM-L6-v2: paraphrases of a passage score 0.6-0.8
+    # cosine, unrelated English 0.0-0.25, but any two Cyrillic texts 0.7-0.85 (the model does
+    # not know Ukrainian), hence the coverage floor. With e5 or bge-m3, whose unrelated pairs
+    # already score 0.7+, raise min_support to about 0.65.
+    min_support: float = Field(0.5, ge=0.0, le=1.0)
+    dense_weight: float = Field(0.5, ge=0.0, le=1.0)
+    min_term_coverage: float = Field(0.25, ge=0.0, le=1.0)
+    stem_chars: int = Field(5, ge=3, le=32)
+    # Citation markers after one claim, at most.
+    max_markers_per_claim: int = Field(2, ge=1, le=20)
+    # Rerank each claim's candidates (when a reranker is configured): one rerank call per claim.
+    rerank: bool = False
 
 
 class ClaimNames(BaseModel):
@@ -291,6 +333,7 @@ class GatewaySettings(BaseSettings):
     search: SearchSettings = SearchSettings()
     chunking: ChunkingSettings = ChunkingSettings()
     ingest: IngestSettings = IngestSettings()
+    enrich: EnrichSettings = EnrichSettings()
     auth: AuthSettings = AuthSettings()
     audit: AuditSettings = AuditSettings()
 

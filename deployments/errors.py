@@ -83,3 +83,29 @@ class BackendUnavailable(GatewayError):
     def __init__(self, backend: str, message: str, *, hint: str | None = None) -> None:
         super().__init__(f"{backend}: {message}", hint=hint)
         self.backend = backend
+
+
+class InvalidQuery(GatewayError):
+    """A graph query Neo4j cannot compile (syntax, unknown function, bad parameter type).
+    The message keeps Neo4j's own."""
+
+    status_code = 400
+    code = "invalid_query"
+
+
+class QueryLimitExceeded(GatewayError):
+    """A graph query ran past its transaction timeout or returned more rows than allowed."""
+
+    status_code = 422
+    code = "query_limit_exceeded"
+
+    def __init__(self, message: str, *, reason: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.reason = reason
+
+
+class NotFound(GatewayError):
+    """A named thing (an entity of explain_path, an intent) does not exist in the scope."""
+
+    status_code = 404
+    code = "not_found"

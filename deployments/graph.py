@@ -13,9 +13,18 @@ import logging
 import time
 from typing import Any
 
+from batch_ingest.wikilinks import document_keys
 from deployments.config import Neo4jSettings
-from deployments.errors import BackendUnavailable
-from deployments.protocols import GraphDocument
+from deployments.cypher_guard import CypherRejected, check_plan, check_query_type
+from deployments.errors import (
+    BackendUnavailable,
+    Forbidden,
+    InvalidQuery,
+    NotFound,
+    QueryLimitExceeded,
+)
+from deployments.graph_intents import INTENTS
+from deployments.protocols import GraphDocument, GraphScope
 
 logger = logging.getLogger(__name__)
 
@@ -65,17 +74,28 @@ def schema_statements() -> list[str]:
     return statements
 
 
-# One statement for a batch of documents. An entity node (project, channel, agent, topic) is
-# public as soon as one public document names it; a confidential-only entity stays
-# confidential. MERGE on (team_id, id) makes re-ingestion a no-op.
+# One statement for a batch of documents. An entity node (project, channel, agent, user,
+# topic) is public as soon as one public document names it; a confidential-only entity stays
+# confidential. MERGE on (team_id, id) makes re-ingestion a no-op; a re-sent document first
+# loses the edges it wrote before, so removed tags, links or a changed project leave no trace.
+# Every relationship joins two nodes of the same team (cypher_guard relies on it).
 MERGE_DOCUMENTS = """
 UNWIND $docs AS d
 MERGE (dao:MicroDAO {team_id: d.team_id, id: d.team_id})
   ON CREATE SET dao.name = d.team_id, dao.visibility = 'public'
 MERGE (doc:Doc {team_id: d.team_id, id: d.doc_id})
 SET doc.title = d.title, doc.visibility = d.visibility, doc.doc_type = d.doc_type,
-    doc.url = d.url, doc.created_at = d.created_at, doc.tags = d.tags
+    doc.url = d.url, doc.created_at = d.created_at, doc.tags = d.tags,
+    doc.project_id = d.project_id, doc.wiki_keys = d.wiki_keys, doc.stub = false
 WITH d, doc
+CALL (doc) {
+  OPTIONAL MATCH (doc)-[old:PART_OF|POSTED_IN|MENTIONS|LINKS_TO]->()
+  DELETE old
+}
+CALL (doc) {
+  OPTIONAL MATCH ()-[old:AUTHORED]->(doc)
+  DELETE old
+}
 CALL (d, doc) {
   WITH d, doc WHERE d.project_id <> ''
   MERGE (p:Project {team_id: d.team_id, id: d.project_id})
@@ -101,6 +121,14 @@ CALL (d, doc) {
   SET r.team_id = d.team_id, r.visibility = d.visibility
 }
 CALL (d, doc) {
+  WITH d, doc WHERE d.author_id <> ''
+  MERGE (u:User {team_id: d.team_id, id: d.author_id})
+    ON CREATE SET u.name = d.author_id, u.visibility = d.visibility
+  SET u.visibility = CASE WHEN d.visibility = 'public' THEN 'public' ELSE u.visibility END
+  MERGE (u)-[r:AUTHORED]->(doc)
+  SET r.team_id = d.team_id, r.visibility = d.visibility
+}
+CALL (d, doc) {
   UNWIND d.tags AS tag
   MERGE (t:Topic {team_id: d.team_id, id: tag})
     ON CREATE SET t.name = tag, t.visibility = d.visibility
@@ -108,15 +136,175 @@ CALL (d, doc) {
   MERGE (doc)-[r:MENTIONS]->(t)
   SET r.team_id = d.team_id, r.visibility = d.visibility
 }
+CALL (d, doc) {
+  // A placeholder that waited for this document (an earlier [[link]] to it) hands over
+  // its incoming links and goes.
+  MATCH (stub:Doc {team_id: d.team_id, stub: true})
+  WHERE stub <> doc AND any(k IN stub.wiki_keys WHERE k IN d.wiki_keys)
+  CALL (stub, doc) {
+    MATCH (src:Doc)-[old:LINKS_TO]->(stub)
+    MERGE (src)-[r:LINKS_TO]->(doc)
+    SET r.team_id = old.team_id, r.visibility = old.visibility
+  }
+  DETACH DELETE stub
+}
+CALL (d, doc) {
+  UNWIND d.links AS key
+  CALL (d, doc, key) {
+    OPTIONAL MATCH (t:Doc {team_id: d.team_id})
+    WHERE t <> doc AND key IN t.wiki_keys AND NOT coalesce(t.stub, false)
+    WITH t ORDER BY t.id LIMIT 1
+    RETURN t AS target
+  }
+  // A link to a note not ingested yet points at a placeholder until it arrives.
+  CALL (d, key, target) {
+    WITH d, key, target WHERE target IS NULL
+    MERGE (s:Doc {team_id: d.team_id, id: 'wiki:' + key})
+      ON CREATE SET s.stub = true, s.title = key, s.wiki_keys = [key],
+                    s.visibility = d.visibility, s.doc_type = 'wiki'
+    SET s.visibility = CASE WHEN d.visibility = 'public' THEN 'public' ELSE s.visibility END
+    RETURN s AS placeholder
+    UNION
+    WITH target WHERE target IS NOT NULL
+    RETURN target AS placeholder
+  }
+  WITH doc, placeholder WHERE placeholder <> doc
+  MERGE (doc)-[r:LINKS_TO]->(placeholder)
+  SET r.team_id = d.team_id, r.visibility = d.visibility
+}
 RETURN count(doc) AS merged
 """
+
+# Readable phrases of the relationship types, for explain_path.
+PHRASES = {
+    "MEMBER_OF": "is a member of",
+    "SERVES": "serves",
+    "MENTIONS": "mentions",
+    "USES": "uses",
+    "LINKS_TO": "links to",
+    "PART_OF": "is part of",
+    "POSTED_IN": "was posted in",
+    "AUTHORED": "authored",
+}
+
+# Entities named in a query (full-text index over names and titles) and the documents one
+# relationship away from them, or the documents themselves when a title matched.
+RELATED_DOCS = """
+CALL db.index.fulltext.queryNodes('entity_names', $lucene) YIELD node, score
+WHERE node.team_id = $team_id AND node.visibility IN $visibilities
+  AND NOT coalesce(node.stub, false)
+WITH node, score ORDER BY score DESC LIMIT $max_entities
+CALL (node) {
+  MATCH (node)-[r]-(d:Doc)
+  WHERE d.team_id = $team_id AND d.visibility IN $visibilities AND r.visibility IN $visibilities
+    AND NOT coalesce(d.stub, false)
+  RETURN d.id AS doc_id
+  UNION
+  WITH node WHERE node:Doc
+  RETURN node.id AS doc_id
+}
+WITH doc_id, max(score) AS score, collect(DISTINCT coalesce(node.name, node.title))[..3] AS via
+RETURN doc_id, score, via ORDER BY score DESC LIMIT $max_docs
+"""
+
+ENTITIES = """
+CALL db.index.fulltext.queryNodes('entity_names', $lucene) YIELD node, score
+WHERE node.team_id = $team_id AND node.visibility IN $visibilities
+  AND NOT coalesce(node.stub, false)
+RETURN node, score ORDER BY score DESC LIMIT $max_entities
+"""
+
+# Lucene's query syntax characters; each is escaped with a backslash.
+_LUCENE_SPECIAL = set('+-&|!(){}[]^"~*?:\\/')
+
+
+def lucene_terms(text: str, max_terms: int = 32) -> str:
+    """An OR query of the words of ``text`` for the full-text index, every syntax character
+    escaped (no caller text can become a Lucene operator)."""
+    words = []
+    for raw in text.split():
+        word = "".join("\\" + ch if ch in _LUCENE_SPECIAL else ch for ch in raw)
+        if word.upper() in ("AND", "OR", "NOT", "TO"):
+            word = word.lower()
+        if word and word not in words:
+            words.append(word)
+        if len(words) >= max_terms:
+            break
+    return " OR ".join(words)
+
+
+def _to_plain(value: Any) -> Any:
+    """Neo4j values as JSON: nodes, relationships and paths become dicts with ``_type``."""
+    from neo4j.graph import Node, Path, Relationship
+
+    if isinstance(value, Node):
+        return _node(value)
+    if isinstance(value, Relationship):
+        return _relationship(value)
+    if isinstance(value, Path):
+        return {
+            "_type": "path",
+            "nodes": [_node(n) for n in value.nodes],
+            "relationships": [_relationship(r) for r in value.relationships],
+        }
+    if isinstance(value, list | tuple):
+        return [_to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_plain(v) for k, v in value.items()}
+    if hasattr(value, "iso_format"):  # neo4j temporal types
+        return value.iso_format()
+    return value
+
+
+def _node(node: Any) -> dict[str, Any]:
+    props = {k: _to_plain(v) for k, v in dict(node).items() if k not in ("wiki_keys",)}
+    return {"_type": "node", "labels": sorted(node.labels), **props}
+
+
+def _relationship(rel: Any) -> dict[str, Any]:
+    def ref(n: Any) -> dict[str, Any]:
+        return {"label": min(n.labels) if n.labels else "", "id": n.get("id")}
+
+    props = {k: _to_plain(v) for k, v in dict(rel).items()}
+    return {
+        "_type": "relationship",
+        "type": rel.type,
+        "start": ref(rel.start_node),
+        "end": ref(rel.end_node),
+        **props,
+    }
+
+
+def _label(node: dict[str, Any]) -> str:
+    labels = node.get("labels") or []
+    return labels[0] if labels else "Node"
+
+
+def _display(node: dict[str, Any]) -> str:
+    name = node.get("name") or node.get("title") or node.get("id") or "?"
+    return f"{_label(node)} '{name}'"
+
+
+def path_sentence(path: dict[str, Any]) -> str:
+    """One readable sentence for a serialised path: each hop in its stored direction."""
+    nodes = path["nodes"]
+    clauses = []
+    for i, rel in enumerate(path["relationships"]):
+        a, b = nodes[i], nodes[i + 1]
+        forward = rel["start"]["id"] == a.get("id") and rel["start"]["label"] in a["labels"]
+        src, dst = (a, b) if forward else (b, a)
+        phrase = PHRASES.get(rel["type"], rel["type"].lower().replace("_", " "))
+        clauses.append(f"{_display(src)} {phrase} {_display(dst)}")
+    if not clauses:
+        return f"{_display(nodes[0])} is the entity itself."
+    return "; ".join(clauses) + "."
 
 
 class Neo4jGraph:
     """Async access to the Neo4j server.
 
     Args:
-        settings: Bolt URI, credentials, database and timeout.
+        settings: Bolt URI, credentials, database, timeouts and query bounds.
     """
 
     def __init__(self, settings: Neo4jSettings) -> None:
@@ -138,6 +326,7 @@ class Neo4jGraph:
                         self.settings.uri,
                         auth=(self.settings.user, self.settings.password),
                         connection_timeout=self.settings.timeout_s,
+                        notifications_min_severity="OFF",
                     )
                 await self._driver.verify_connectivity()
                 for statement in schema_statements():
@@ -159,10 +348,42 @@ class Neo4jGraph:
                 self._driver = None
         self._schema_ready = False
 
+    async def _unavailable(self, exc: Exception) -> None:
+        """Re-raise connection failures as ``BackendUnavailable`` (and reconnect next time);
+        Neo4j's client errors as the gateway's 4xx errors."""
+        from neo4j.exceptions import (
+            ClientError,
+            ServiceUnavailable,
+            SessionExpired,
+            TransientError,
+        )
+
+        if isinstance(exc, ServiceUnavailable | SessionExpired | OSError):
+            await self._reset()
+            raise BackendUnavailable("neo4j", f"query failed: {exc}") from exc
+        code = getattr(exc, "code", "") or ""
+        message = getattr(exc, "message", None) or str(exc)
+        if "TransactionTimedOut" in code or "Transaction.TransactionTimedOut" in code:
+            raise QueryLimitExceeded(
+                f"the query ran past the {self.settings.query_timeout_s:g} s timeout",
+                reason="timeout",
+                hint="narrow the query (labels, LIMIT) or use a named intent",
+            ) from exc
+        if "MemoryPoolOutOfMemory" in code or "MemoryLimit" in code:
+            raise QueryLimitExceeded(
+                f"the query needs more memory than a transaction may use: {message}",
+                reason="memory",
+            ) from exc
+        if isinstance(exc, ClientError) and code.startswith("Neo.ClientError.Statement."):
+            raise InvalidQuery(f"Neo4j rejected the query: {message}") from exc
+        if isinstance(exc, TransientError):
+            raise BackendUnavailable("neo4j", f"transient failure: {message}") from exc
+        raise exc
+
     async def run(
         self, query: str, params: dict[str, Any] | None = None, *, write: bool = False
     ) -> list[dict[str, Any]]:
-        """Run one parameterised statement and return its records as dicts."""
+        """Run one trusted parameterised statement and return its records as dicts."""
         await self.start()
         try:
             records, _, _ = await self._driver.execute_query(
@@ -172,13 +393,45 @@ class Neo4jGraph:
                 routing_="w" if write else "r",
             )
         except Exception as exc:
-            from neo4j.exceptions import ServiceUnavailable, SessionExpired
-
-            if isinstance(exc, ServiceUnavailable | SessionExpired | OSError):
-                await self._reset()
-                raise BackendUnavailable("neo4j", f"query failed: {exc}") from exc
+            await self._unavailable(exc)
             raise
         return [r.data() for r in records]
+
+    async def _read(
+        self, query: str, params: dict[str, Any], *, max_rows: int
+    ) -> tuple[list[str], list[list[Any]]]:
+        """A READ-mode transaction with the query timeout; more than ``max_rows`` records is
+        ``QueryLimitExceeded`` (fetching stops there)."""
+        from neo4j import READ_ACCESS, unit_of_work
+
+        timeout = self.settings.query_timeout_s
+
+        @unit_of_work(timeout=timeout)
+        async def work(tx: Any) -> tuple[list[str], list[list[Any]]]:
+            result = await tx.run(query, params)
+            keys = list(result.keys())
+            rows: list[list[Any]] = []
+            async for record in result:
+                if len(rows) >= max_rows:
+                    raise QueryLimitExceeded(
+                        f"the query returns more than {max_rows} rows",
+                        reason="row_limit",
+                        hint=f"add LIMIT {max_rows} or narrow the query",
+                    )
+                rows.append([_to_plain(v) for v in record.values()])
+            return keys, rows
+
+        await self.start()
+        try:
+            async with self._driver.session(
+                database=self.settings.database, default_access_mode=READ_ACCESS
+            ) as session:
+                return await session.execute_read(work)
+        except QueryLimitExceeded:
+            raise
+        except Exception as exc:
+            await self._unavailable(exc)
+            raise
 
     async def merge_documents(self, docs: list[GraphDocument]) -> int:
         if not docs:
@@ -194,13 +447,208 @@ class Neo4jGraph:
                 "project_id": d.project_id,
                 "channel_id": d.channel_id,
                 "agent_id": d.agent_id,
+                "author_id": d.author_id,
                 "tags": list(d.tags),
+                "links": list(d.links),
+                "wiki_keys": list(document_keys(d.doc_id, d.title)),
                 "created_at": d.created_at,
             }
             for d in docs
         ]
         rows = await self.run(MERGE_DOCUMENTS, {"docs": payload}, write=True)
         return int(rows[0]["merged"]) if rows else 0
+
+    async def upsert_entities(
+        self, team_id: str, nodes: list[dict[str, Any]], relationships: list[dict[str, Any]]
+    ) -> dict[str, int]:
+        """MERGE entities and relationships of one team (validated by the caller: labels and
+        types from the vocabulary, no reserved property names). Relationship ends that do
+        not exist yet are created with the relationship's visibility."""
+        merged = {"nodes": 0, "relationships": 0}
+        by_label: dict[str, list[dict[str, Any]]] = {}
+        for node in nodes:
+            by_label.setdefault(node["label"], []).append(node)
+        for label, group in by_label.items():
+            if label not in NODE_LABELS:
+                raise ValueError(f"unknown label {label!r}")
+            rows = await self.run(
+                f"""
+UNWIND $nodes AS n
+MERGE (x:{label} {{team_id: $team_id, id: n.id}})
+SET x += n.properties, x.name = coalesce(n.name, x.name, n.id), x.visibility = n.visibility
+RETURN count(x) AS c
+""",
+                {"team_id": team_id, "nodes": group},
+                write=True,
+            )
+            merged["nodes"] += int(rows[0]["c"]) if rows else 0
+        by_type: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+        for rel in relationships:
+            key = (rel["type"], rel["from_label"], rel["to_label"])
+            by_type.setdefault(key, []).append(rel)
+        for (rtype, from_label, to_label), group in by_type.items():
+            if rtype not in RELATIONSHIPS or {from_label, to_label} - set(NODE_LABELS):
+                raise ValueError(f"unknown relationship {rtype} {from_label}->{to_label}")
+            rows = await self.run(
+                f"""
+UNWIND $rels AS r
+MERGE (a:{from_label} {{team_id: $team_id, id: r.from_id}})
+  ON CREATE SET a.name = r.from_id, a.visibility = r.visibility
+SET a.visibility = CASE WHEN r.visibility = 'public' THEN 'public' ELSE a.visibility END
+MERGE (b:{to_label} {{team_id: $team_id, id: r.to_id}})
+  ON CREATE SET b.name = r.to_id, b.visibility = r.visibility
+SET b.visibility = CASE WHEN r.visibility = 'public' THEN 'public' ELSE b.visibility END
+MERGE (a)-[x:{rtype}]->(b)
+SET x += r.properties, x.team_id = $team_id, x.visibility = r.visibility
+RETURN count(x) AS c
+""",
+                {"team_id": team_id, "rels": group},
+                write=True,
+            )
+            merged["relationships"] += int(rows[0]["c"]) if rows else 0
+        return merged
+
+    async def run_intent(
+        self, name: str, args: dict[str, Any], scope: GraphScope
+    ) -> dict[str, Any]:
+        intent = INTENTS[name]
+        columns, rows = await self._read(
+            intent.cypher, {**args, **scope.params}, max_rows=self.settings.max_rows
+        )
+        return {"columns": columns, "rows": rows}
+
+    async def check_cypher(
+        self, query: str, params: dict[str, Any], scope: GraphScope
+    ) -> dict[str, Any]:
+        """EXPLAIN the query in a READ session and prove it read-only and scoped.
+
+        Raises:
+            Forbidden: writes, admin commands, disallowed procedures or an unscoped variable
+                (``reason`` says which).
+            InvalidQuery: Neo4j cannot compile it (its message kept).
+        """
+        from neo4j import READ_ACCESS
+
+        await self.start()
+        try:
+            async with self._driver.session(
+                database=self.settings.database, default_access_mode=READ_ACCESS
+            ) as session:
+                result = await session.run("EXPLAIN " + query, {**params, **scope.params})
+                summary = await result.consume()
+        except Exception as exc:
+            await self._unavailable(exc)
+            raise
+        try:
+            check_query_type(summary.query_type)
+            check_plan(
+                summary.plan or {}, restrict_visibility="confidential" not in scope.visibilities
+            )
+        except CypherRejected as exc:
+            raise Forbidden(
+                f"query refused: {exc.message}",
+                reason=exc.reason,
+                field="cypher",
+                hint="see docs/graph_schema.md, 'Caller Cypher', or GET /graph/intents",
+            ) from exc
+        return {"query_type": summary.query_type}
+
+    async def run_cypher(
+        self, query: str, params: dict[str, Any], scope: GraphScope
+    ) -> dict[str, Any]:
+        await self.check_cypher(query, params, scope)
+        columns, rows = await self._read(
+            query, {**params, **scope.params}, max_rows=self.settings.max_rows
+        )
+        return {"columns": columns, "rows": rows}
+
+    async def _resolve(
+        self, ref: dict[str, Any], scope: GraphScope, limit: int = 5
+    ) -> list[dict[str, Any]]:
+        _, rows = await self._read(
+            """
+MATCH (a)
+WHERE a.team_id = $team_id AND a.visibility IN $visibilities AND NOT coalesce(a.stub, false)
+  AND ($label IS NULL OR $label IN labels(a))
+  AND (a.id = $ref OR toLower(coalesce(a.name, a.title, '')) = toLower($ref))
+RETURN a ORDER BY a.id = $ref DESC, a.id LIMIT $limit
+""",
+            {"ref": ref["ref"], "label": ref.get("label"), "limit": limit, **scope.params},
+            max_rows=limit,
+        )
+        return [row[0] for row in rows]
+
+    async def explain_path(
+        self,
+        source: dict[str, Any],
+        target: dict[str, Any],
+        scope: GraphScope,
+        max_hops: int,
+        max_paths: int,
+    ) -> dict[str, Any]:
+        """Shortest paths (every node and relationship inside ``scope``) between the
+        entities ``source`` and ``target`` name (``{"ref": id or name, "label": ...}``).
+
+        Raises:
+            NotFound: an end names nothing in the scope.
+        """
+        ends = []
+        for side, ref in (("from", source), ("to", target)):
+            found = await self._resolve(ref, scope)
+            if not found:
+                label = f" with label {ref['label']}" if ref.get("label") else ""
+                raise NotFound(
+                    f"no entity {ref['ref']!r}{label} in team {scope.team_id!r} within your "
+                    "visibility",
+                    field=side,
+                    hint="name an entity by its id, name or title (GET /graph/intents: "
+                    "ENTITY_NEIGHBOURS helps to explore)",
+                )
+            ends.append(found)
+        hops = max(1, min(int(max_hops), self.settings.max_path_hops))
+        _, rows = await self._read(
+            f"""
+MATCH (a) WHERE a.team_id = $team_id AND any(k IN $sources WHERE a.id = k[1] AND k[0] IN labels(a))
+MATCH (b) WHERE b.team_id = $team_id AND any(k IN $targets WHERE b.id = k[1] AND k[0] IN labels(b))
+WITH a, b WHERE a <> b
+MATCH p = allShortestPaths((a)-[*..{hops}]-(b))
+WHERE all(n IN nodes(p) WHERE n.team_id = $team_id AND n.visibility IN $visibilities
+                              AND NOT coalesce(n.stub, false))
+  AND all(r IN relationships(p) WHERE r.visibility IN $visibilities)
+RETURN p ORDER BY length(p) LIMIT $max_paths
+""",
+            {
+                "sources": [[_label(n), n["id"]] for n in ends[0]],
+                "targets": [[_label(n), n["id"]] for n in ends[1]],
+                "max_paths": max_paths,
+                **scope.params,
+            },
+            max_rows=max_paths,
+        )
+        return {"source": ends[0], "target": ends[1], "paths": [row[0] for row in rows]}
+
+    async def related_docs(
+        self, text: str, scope: GraphScope, max_entities: int, max_docs: int
+    ) -> dict[str, Any]:
+        lucene = lucene_terms(text)
+        if not lucene:
+            return {"entities": [], "docs": {}}
+        params = {
+            "lucene": lucene,
+            "max_entities": max_entities,
+            "max_docs": max_docs,
+            **scope.params,
+        }
+        _, entity_rows = await self._read(ENTITIES, params, max_rows=max_entities)
+        if not entity_rows:
+            return {"entities": [], "docs": {}}
+        _, rows = await self._read(RELATED_DOCS, params, max_rows=max_docs)
+        return {
+            "entities": [
+                {"node": node, "score": round(float(score), 4)} for node, score in entity_rows
+            ],
+            "docs": {doc_id: float(score) for doc_id, score, _ in rows},
+        }
 
     async def status(self) -> dict[str, Any]:
         started = time.perf_counter()
@@ -228,6 +676,23 @@ class GraphDeployment:
 
     async def merge_documents(self, docs: list[GraphDocument]) -> int:
         return await self.graph.merge_documents(docs)
+
+    async def upsert_entities(
+        self, team_id: str, nodes: list[dict[str, Any]], relationships: list[dict[str, Any]]
+    ) -> dict[str, int]:
+        return await self.graph.upsert_entities(team_id, nodes, relationships)
+
+    async def run_intent(self, name: str, args: dict[str, Any], scope: GraphScope):
+        return await self.graph.run_intent(name, args, scope)
+
+    async def run_cypher(self, query: str, params: dict[str, Any], scope: GraphScope):
+        return await self.graph.run_cypher(query, params, scope)
+
+    async def explain_path(self, source, target, scope: GraphScope, max_hops, max_paths):
+        return await self.graph.explain_path(source, target, scope, max_hops, max_paths)
+
+    async def related_docs(self, text: str, scope: GraphScope, max_entities, max_docs):
+        return await self.graph.related_docs(text, scope, max_entities, max_docs)
 
     async def status(self) -> dict[str, Any]:
         return await self.graph.status()

@@ -55,6 +55,8 @@ class SearchFilter:
     tags_all: tuple[str, ...] = ()
     created_from: int | None = None
     created_to: int | None = None
+    # Only these documents (graph-scoped retrieval); empty = no restriction.
+    doc_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,24 @@ class GraphDocument:
     agent_id: str = ""
     tags: tuple[str, ...] = ()
     created_at: int = 0
+    # The user who wrote it: (:User)-[:AUTHORED]->(:Doc).
+    author_id: str = ""
+    # Normalised [[wiki-link]] targets of the text (batch_ingest.wikilinks).
+    links: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GraphScope:
+    """What a graph query may touch: one team and the visibilities its caller sees. Built
+    only by ``AccessContext.graph_scope``; the graph store binds both as ``$team_id`` and
+    ``$visibilities`` in every statement."""
+
+    team_id: str
+    visibilities: tuple[str, ...] = ("public",)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"team_id": self.team_id, "visibilities": list(self.visibilities)}
 
 
 @runtime_checkable
@@ -160,5 +180,40 @@ class VectorStore(Protocol):
 @runtime_checkable
 class GraphStore(Protocol):
     async def merge_documents(self, docs: list[GraphDocument]) -> int: ...
+
+    async def upsert_entities(
+        self, team_id: str, nodes: list[dict[str, Any]], relationships: list[dict[str, Any]]
+    ) -> dict[str, int]:
+        """MERGE validated entities and relationships (see serve_app.graph_contracts)."""
+        ...
+
+    async def run_intent(
+        self, name: str, args: dict[str, Any], scope: GraphScope
+    ) -> dict[str, Any]:
+        """``{"columns": [...], "rows": [...]}`` of a catalogue intent; values serialised
+        (nodes, relationships and paths as dicts with ``_type``)."""
+        ...
+
+    async def run_cypher(
+        self, query: str, params: dict[str, Any], scope: GraphScope
+    ) -> dict[str, Any]:
+        """A caller's query, after proving it read-only and scoped (deployments.cypher_guard)."""
+        ...
+
+    async def explain_path(
+        self,
+        source: dict[str, str],
+        target: dict[str, str],
+        scope: GraphScope,
+        max_hops: int,
+        max_paths: int,
+    ) -> dict[str, Any]: ...
+
+    async def related_docs(
+        self, text: str, scope: GraphScope, max_entities: int, max_docs: int
+    ) -> dict[str, Any]:
+        """Entities named in ``text`` (full-text index) and the documents linked to them:
+        ``{"entities": [...], "docs": {doc_id: weight}}``."""
+        ...
 
     async def status(self) -> dict[str, Any]: ...

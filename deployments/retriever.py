@@ -99,6 +99,8 @@ def build_filter_expr(flt: SearchFilter) -> str:
         terms.append(f"created_at >= {int(flt.created_from)}")
     if flt.created_to is not None:
         terms.append(f"created_at <= {int(flt.created_to)}")
+    if flt.doc_ids:
+        terms.append(f"doc_id in {milvus_list(flt.doc_ids)}")
     return " and ".join(terms)
 
 

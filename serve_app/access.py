@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from batch_ingest.documents import SourceDocument
 from deployments.errors import Forbidden
-from deployments.protocols import ChunkRecord, SearchFilter
+from deployments.protocols import ChunkRecord, GraphScope, SearchFilter
 from serve_app.auth.principal import Principal
 from serve_app.contracts import SearchDocsRequest, SearchFilters
 from serve_app.policy import Policy
@@ -229,6 +229,78 @@ class AccessContext:
             self.groups,
             self.permissions,
         ).allowed
+
+    # --- graph -----------------------------------------------------------------------------
+    def graph_scope(self) -> GraphScope:
+        """``$team_id`` and ``$visibilities`` of every graph statement this caller runs."""
+        return GraphScope(team_id=self.team_id, visibilities=self.allowed_visibilities)
+
+    def check_cypher(self) -> None:
+        """Raises Forbidden unless the roles may send their own Cypher."""
+        if not self.policy.may_send_cypher(self.roles):
+            raise _forbidden(
+                f"roles {list(self.roles)} may not send Cypher in team {self.team_id!r}",
+                "cypher_not_granted",
+                field="cypher",
+                hint="use a named intent (GET /graph/intents), or a credential with one of "
+                f"{', '.join(self.policy.cypher_roles) or 'no role'}",
+            )
+
+    def check_graph_write(self, visibilities: list[str]) -> None:
+        """Raises Forbidden unless the roles may write, and may write confidential entities
+        when any is confidential (the request's mode must be confidential too)."""
+        if not self.policy.may_write(self.roles):
+            raise _forbidden(
+                f"roles {list(self.roles)} may not write to team {self.team_id!r}",
+                "write_not_granted",
+                field="team_id",
+                hint=f"use a credential with one of {', '.join(self.policy.write_roles)}",
+            )
+        if any(v not in self.allowed_visibilities for v in visibilities):
+            raise _forbidden(
+                "confidential entities need mode 'confidential' and a role that grants it",
+                "confidential_not_granted",
+                field="visibility",
+            )
+
+    def may_see_entity(self, entity: dict) -> bool:
+        """Whether a graph node or relationship (as the graph store serialises them) is
+        inside this scope: team and visibility; for documents also doc type, project and
+        skill policies; for projects the project policy."""
+        if entity.get("team_id") != self.team_id:
+            return False
+        if entity.get("visibility") not in self.allowed_visibilities:
+            return False
+        labels = entity.get("labels") or ()
+        if "Doc" in labels:
+            doc_type = entity.get("doc_type") or ""
+            if self.allowed_doc_types is not None and doc_type not in self.allowed_doc_types:
+                return False
+            return self.policy.resource_decision(
+                self.team_id,
+                entity.get("project_id") or "",
+                entity.get("id") or "",
+                tuple(entity.get("tags") or ()),
+                self.roles,
+                self.groups,
+                self.permissions,
+            ).allowed
+        if "Project" in labels:
+            return self.policy.project_decision(
+                self.team_id, entity.get("id") or "", self.roles, self.groups, self.permissions
+            ).allowed
+        return True
+
+    def may_see_value(self, value: object) -> bool:
+        """Every node, relationship and path inside a returned value is visible."""
+        if isinstance(value, dict):
+            kind = value.get("_type")
+            if kind in ("node", "relationship") and not self.may_see_entity(value):
+                return False
+            return all(self.may_see_value(v) for v in value.values())
+        if isinstance(value, list):
+            return all(self.may_see_value(v) for v in value)
+        return True
 
     # --- writing ---------------------------------------------------------------------------
     def check_write(self, doc: SourceDocument, where: str) -> None:

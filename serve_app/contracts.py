@@ -77,6 +77,28 @@ class FusionWeights(BaseModel):
     bm25: float = Field(0.5, ge=0.0)
 
 
+class GraphOption(BaseModel):
+    """Graph-scoped retrieval (docs/graph_schema.md): entities the query names expand to the
+    documents linked to them, which are boosted (``boost``) or become the whole search scope
+    (``scope``; when the query names no entity in scope the search is not narrowed)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["boost", "scope"] = "boost"
+    # Weight of the graph signal beside dense and BM25 (fusion weights are 0.3 / 0.7).
+    weight: float = Field(0.3, ge=0.0, le=10.0)
+    max_entities: int = Field(5, ge=1, le=50)
+    max_docs: int = Field(200, ge=1, le=1000)
+
+
+class GraphInfo(BaseModel):
+    mode: str
+    entities: list[dict[str, Any]]
+    linked_docs: int
+    applied: bool
+    note: str | None = None
+
+
 class SearchDocsRequest(BaseModel):
     """rag.search_docs."""
 
@@ -104,8 +126,19 @@ class SearchDocsRequest(BaseModel):
     max_context_tokens: int | None = Field(None, ge=1, le=1_000_000)
     rerank: bool | None = None
     explain: bool = False
+    # Graph-scoped retrieval: {"mode": "boost"|"scope", ...} or just "boost" / "scope".
+    graph: GraphOption | None = None
 
     _tenant = model_validator(mode="before")(_one_tenant_key)
+
+    @field_validator("graph", mode="before")
+    @classmethod
+    def _graph_shorthand(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"mode": value}
+        if value is True:
+            return {}
+        return None if value is False else value
 
 
 class SourceRef(BaseModel):
@@ -132,6 +165,8 @@ class SearchDocsResponse(BaseModel):
     degraded_reasons: list[str] = Field(default_factory=list)
     matches: list[Match]
     mode: str
+    # What graph-scoped retrieval found and did (only when the request asked for it).
+    graph: GraphInfo | None = None
     took_ms: float
     trace_id: str
 
@@ -173,3 +208,86 @@ class ErrorBody(BaseModel):
     reason: str | None = None
     fields: list[dict[str, Any]] | None = None
     trace_id: str | None = None
+
+
+# --- rag.enrich_answer ---------------------------------------------------------------------
+MAX_ENRICH_DOCS = 20
+# The hard ceiling of the schema; the configured enrich.max_draft_chars is checked after it.
+MAX_DRAFT_CHARS = 100_000
+
+
+class EnrichAnswerRequest(BaseModel):
+    """rag.enrich_answer: find support for each claim of ``draft_answer`` in the caller's
+    tenant. Scope fields (team, user, agent, mode, filters) work as in rag.search_docs."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    team_id: Identifier = Field(validation_alias=TEAM_ALIASES)
+    dao_id: str | None = Field(None, exclude=True)
+    microdao_id: str | None = Field(None, exclude=True)
+    # The question the draft answers; recorded (hashed) in the audit log, not searched.
+    question: Annotated[str, StringConstraints(strip_whitespace=True, max_length=8000)] = ""
+    # Kept verbatim (no stripping): citation markers are inserted at offsets of this text.
+    draft_answer: Annotated[str, StringConstraints(min_length=1, max_length=MAX_DRAFT_CHARS)]
+    # Distinct source documents cited at most.
+    max_docs: int = Field(3, ge=1, le=MAX_ENRICH_DOCS)
+    agent_id: OptionalId = ""
+    user_id: OptionalId = ""
+    filters: SearchFilters = Field(default_factory=SearchFilters)
+    visibility: Literal["public", "confidential"] = Field(
+        "public", validation_alias=AliasChoices("visibility", "mode")
+    )
+
+    _tenant = model_validator(mode="before")(_one_tenant_key)
+
+    @field_validator("draft_answer")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("draft_answer must contain text")
+        return value
+
+
+class EnrichSource(BaseModel):
+    """One cited document; ``marker`` is its number in the ``[n]`` markers."""
+
+    id: str
+    title: str
+    url: str
+    marker: int
+    team_id: str
+    doc_type: str
+    chunk_index: int
+    chunk_id: str
+    score: float
+    snippet: str
+
+
+class EnrichClaim(BaseModel):
+    text: str
+    supported: bool
+    # Cited documents (ids of ``sources``) and their marker numbers.
+    source_ids: list[str]
+    markers: list[int]
+    # The best support score found for the claim, cited or not (0..1).
+    score: float
+    # Character offsets of the claim in draft_answer.
+    start: int
+    end: int
+    # Unsupported claims only: "no_support" or "over_max_docs" (support exists, but only in
+    # documents beyond max_docs).
+    reason: str | None = None
+
+
+class EnrichAnswerResponse(BaseModel):
+    degraded: bool = False
+    degraded_reasons: list[str] = Field(default_factory=list)
+    enriched_answer: str
+    sources: list[EnrichSource]
+    claims: list[EnrichClaim]
+    unsupported_claims: list[str]
+    # Claims beyond enrich.max_claims: neither checked nor marked.
+    skipped_claims: int = 0
+    mode: str
+    took_ms: float
+    trace_id: str

@@ -94,6 +94,9 @@ class Policy(BaseModel):
     confidential_roles: list[str] = Field(default_factory=lambda: ["owner", "guardian"])
     # Roles that may ingest documents into their team.
     write_roles: list[str] = Field(default_factory=lambda: ["owner", "guardian", "service"])
+    # Roles that may send their own read-only Cypher to graph.query_context (named intents
+    # are open to every member of the team).
+    cypher_roles: list[str] = Field(default_factory=lambda: ["owner", "guardian"])
     # role -> doc types it may read and write; "*" = all. A role not listed grants none.
     doc_types: dict[str, list[str]] = Field(
         default_factory=lambda: {
@@ -124,6 +127,9 @@ class Policy(BaseModel):
 
     def may_write(self, roles: Iterable[str]) -> bool:
         return any(r in self.write_roles for r in roles)
+
+    def may_send_cypher(self, roles: Iterable[str]) -> bool:
+        return any(r in self.cypher_roles for r in roles)
 
     def doc_types_for(self, roles: Iterable[str]) -> frozenset[str] | None:
         """The doc types the roles together may read; ``None`` means every doc type."""

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from batch_ingest.chunking import whitespace_tokens
@@ -17,11 +18,21 @@ from batch_ingest.documents import SourceDocument
 from batch_ingest.pipeline import IngestPipeline, strip_header
 from deployments.config import GatewaySettings
 from deployments.errors import BackendUnavailable, Forbidden, GatewayError, InvalidInput
-from deployments.protocols import Embedder, GraphStore, Reranker, SearchHit, VectorStore
+from deployments.protocols import (
+    Embedder,
+    GraphStore,
+    Reranker,
+    SearchFilter,
+    SearchHit,
+    VectorStore,
+)
 from serve_app.access import DEV_SUBJECT, AccessContext, check_ingest
 from serve_app.audit import AuditLog, AuditRecord, sha256_text
 from serve_app.auth.principal import Principal
 from serve_app.contracts import (
+    EnrichAnswerRequest,
+    EnrichAnswerResponse,
+    GraphInfo,
     IngestDocumentsResponse,
     IngestedDocument,
     Match,
@@ -29,6 +40,8 @@ from serve_app.contracts import (
     SearchDocsResponse,
     SourceRef,
 )
+from serve_app.enrich import enrich_answer as run_enrich
+from serve_app.graph_tools import GraphTools
 from serve_app.policy import Policy
 from serve_app.ranking import drop_near_duplicates, fuse_rrf, fuse_weighted, within_budget
 from serve_app.snippets import best_snippet
@@ -36,7 +49,7 @@ from serve_app.snippets import best_snippet
 logger = logging.getLogger(__name__)
 
 
-class GatewayService:
+class GatewayService(GraphTools):
     def __init__(
         self,
         *,
@@ -121,8 +134,46 @@ class GatewayService:
                 f"query is {len(req.query)} characters; the limit is {cfg.max_query_chars}",
                 field="query",
             )
-        mode = req.search_mode or cfg.mode
+        graph_info: dict[str, Any] = {}
+        hits, mode, degraded = await self._retrieve(
+            req, ctx, flt, top_k, req.search_mode or cfg.mode, graph_info=graph_info
+        )
+        matches = self._to_matches(hits, req)
+        return SearchDocsResponse(
+            degraded=bool(degraded),
+            degraded_reasons=degraded,
+            matches=matches,
+            mode=mode,
+            graph=GraphInfo(**graph_info) if graph_info else None,
+            took_ms=round((time.perf_counter() - started) * 1000, 1),
+            trace_id=trace_id,
+        )
+
+    async def _retrieve(
+        self,
+        req: SearchDocsRequest,
+        ctx: AccessContext,
+        flt: SearchFilter,
+        top_k: int,
+        mode: str,
+        vector: list[float] | BackendUnavailable | None = None,
+        graph_info: dict[str, Any] | None = None,
+    ) -> tuple[list[SearchHit], str, list[str]]:
+        """The hits of ``req.query`` inside ``ctx``/``flt``: candidates, the result filter,
+        fusion, rerank, score threshold, near-duplicates and token budget, in search order.
+        Returns ``(hits, mode actually used, degraded reasons)``.
+
+        ``vector`` is the query's embedding when the caller embedded it already (one batch
+        for many queries), or the ``BackendUnavailable`` that embedding raised; ``None``
+        embeds ``req.query`` here. ``graph_info`` (a dict) receives what graph-scoped
+        retrieval found when ``req.graph`` asks for it."""
+        cfg = self.settings.search
         degraded: list[str] = []
+        linked: dict[str, float] = {}
+        if req.graph is not None:
+            linked = await self._graph_linked_docs(req, ctx, degraded, graph_info)
+            if req.graph.mode == "scope" and linked:
+                flt = replace(flt, doc_ids=tuple(linked))
 
         use_rerank = self.reranker is not None and (req.rerank is not False)
         if req.rerank and self.reranker is None:
@@ -140,7 +191,7 @@ class GatewayService:
             lists: dict[str, list[SearchHit]] = {}
             if mode in ("hybrid", "dense"):
                 try:
-                    vector = (await self.embedder.embed([req.query], "query"))[0]
+                    vector = await self._query_vector(req.query, vector)
                 except BackendUnavailable as exc:
                     # Keyword search still answers; say so at the top of the response.
                     degraded.append(f"embedder unavailable, fell back to BM25 only: {exc.message}")
@@ -150,9 +201,7 @@ class GatewayService:
                             self.store.candidates(req.query, None, flt, fetch, ("bm25",))
                         )
                 else:
-                    lists |= await self.store.candidates(
-                        req.query, _as_list(vector), flt, fetch, ("dense",)
-                    )
+                    lists |= await self.store.candidates(req.query, vector, flt, fetch, ("dense",))
             if bm25_task is not None:
                 lists |= await bm25_task
         finally:
@@ -164,7 +213,10 @@ class GatewayService:
         # The store filtered by team, visibility and doc type already; this drops chunks of
         # projects and skills whose policy denies the caller, and anything a store bug let by.
         lists = {m: [h for h in found if ctx.may_see(h.chunk)] for m, found in lists.items()}
-        hits = self._fuse(lists, req) if mode == "hybrid" else lists[mode]
+        if linked and req.graph is not None and req.graph.mode == "boost":
+            hits = await self._graph_boost(req, ctx, flt, lists, linked, mode, vector, fetch)
+        else:
+            hits = self._fuse(lists, req) if mode == "hybrid" else lists[mode]
 
         if use_rerank and hits:
             try:
@@ -181,15 +233,148 @@ class GatewayService:
         budget = req.max_context_tokens or cfg.max_context_tokens
         if budget is not None:
             hits = within_budget(hits, _body, self.count_tokens, budget)
-        matches = self._to_matches(hits, req)
-        return SearchDocsResponse(
-            degraded=bool(degraded),
-            degraded_reasons=degraded,
-            matches=matches,
-            mode=mode,
-            took_ms=round((time.perf_counter() - started) * 1000, 1),
-            trace_id=trace_id,
+        return hits, mode, degraded
+
+    async def _graph_linked_docs(
+        self,
+        req: SearchDocsRequest,
+        ctx: AccessContext,
+        degraded: list[str],
+        info: dict[str, Any] | None,
+    ) -> dict[str, float]:
+        """``doc_id → graph score`` of the documents linked to the entities the query names
+        (empty when the graph is down: the search goes on and says so)."""
+        opt = req.graph
+        assert opt is not None
+        note = None
+        try:
+            found = await self._graph_store().related_docs(
+                req.query, ctx.graph_scope(), opt.max_entities, opt.max_docs
+            )
+        except BackendUnavailable as exc:
+            degraded.append(f"graph unavailable, searched without it: {exc.message}")
+            found, note = {"entities": [], "docs": {}}, "graph unavailable"
+        entities = [e for e in found["entities"] if ctx.may_see_entity(e["node"])]
+        docs = dict(found["docs"])
+        if not entities:
+            docs = {}
+            note = note or "the query names no entity of the graph in your scope"
+        elif not docs:
+            note = "no documents are linked to the entities the query names"
+        if info is not None:
+            info.update(
+                mode=opt.mode,
+                entities=[
+                    {
+                        "label": (e["node"].get("labels") or [""])[0],
+                        "id": e["node"].get("id"),
+                        "name": e["node"].get("name") or e["node"].get("title"),
+                        "score": e["score"],
+                    }
+                    for e in entities
+                ],
+                linked_docs=len(docs),
+                applied=bool(docs),
+                note=note,
+            )
+        return docs
+
+    async def _graph_boost(
+        self,
+        req: SearchDocsRequest,
+        ctx: AccessContext,
+        flt: SearchFilter,
+        lists: dict[str, list[SearchHit]],
+        linked: dict[str, float],
+        mode: str,
+        vector: Any,
+        fetch: int,
+    ) -> list[SearchHit]:
+        """Fuse the methods' lists with a third, ``graph``: the candidates of the linked
+        documents ranked by their graph score. The linked documents' own best chunks are
+        fetched too, so one outside the top ``fetch`` of every method can still surface."""
+        assert req.graph is not None
+        methods = tuple(m for m in ("dense", "bm25") if m in lists)
+        use_vector = vector if isinstance(vector, list) else None
+        extra = await self.store.candidates(
+            req.query,
+            use_vector if "dense" in methods else None,
+            replace(flt, doc_ids=tuple(linked)),
+            fetch,
+            methods,
         )
+        for method, found in extra.items():
+            have = {h.chunk.chunk_id for h in lists.get(method, [])}
+            more = [h for h in found if h.chunk.chunk_id not in have and ctx.may_see(h.chunk)]
+            lists[method] = sorted([*lists.get(method, []), *more], key=lambda h: -h.score)
+        pool: dict[str, SearchHit] = {}
+        for found in lists.values():
+            for hit in found:
+                if hit.chunk.doc_id in linked:
+                    pool.setdefault(hit.chunk.chunk_id, hit)
+        graph_list = sorted(
+            (SearchHit(chunk=h.chunk, score=linked[h.chunk.doc_id]) for h in pool.values()),
+            key=lambda h: (-h.score, h.chunk.chunk_id),
+        )
+        weight = req.graph.weight
+        if mode != "hybrid":
+            return fuse_weighted(
+                {mode: lists[mode], "graph": graph_list},
+                {mode: 1.0, "graph": weight},
+                self.settings.search.fusion_normalisation,
+            )
+        return self._fuse({**lists, "graph": graph_list}, req, extra={"graph": weight})
+
+    async def _query_vector(
+        self, query: str, given: list[float] | BackendUnavailable | None
+    ) -> list[float] | None:
+        if isinstance(given, BackendUnavailable):
+            raise given
+        if given is not None:
+            return given
+        return _as_list((await self.embedder.embed([query], "query"))[0])
+
+    # --- rag.enrich_answer --------------------------------------------------------------
+    async def enrich_answer(
+        self, req: EnrichAnswerRequest, trace_id: str, principal: Principal
+    ) -> EnrichAnswerResponse:
+        """Cite the caller's documents after the claims of ``req.draft_answer`` (search
+        pipeline and scope of ``search_docs``; see serve_app/enrich.py); audited like it.
+
+        Raises:
+            Forbidden: the team, mode, doc types or project are not granted (before searching).
+            InvalidInput: the draft exceeds ``enrich.max_draft_chars``.
+        """
+        started = time.perf_counter()
+        resource = f"team:{req.team_id}"
+        if req.filters.project_id:
+            resource += f"/project:{req.filters.project_id}"
+        audit = {
+            "action": "enrich",
+            "team_id": req.team_id,
+            "resource": resource,
+            "query_sha256": sha256_text(req.draft_answer),
+            "query_text": req.draft_answer,
+            "declared_agent_id": req.agent_id if not principal.agent_id else "",
+            "subject": (req.user_id or DEV_SUBJECT) if principal.trusts_body else principal.sub,
+        }
+        try:
+            response = await run_enrich(self, req, trace_id, principal, started)
+        except GatewayError as exc:
+            self.audit_error(exc, trace_id, principal, started, **audit)
+            raise
+        self.audit_decision(
+            trace_id,
+            principal,
+            started,
+            decision="allow",
+            reason="granted",
+            http_status=200,
+            chunk_ids=[s.chunk_id for s in response.sources],
+            doc_ids=[s.id for s in response.sources],
+            **audit,
+        )
+        return response
 
     # --- audit --------------------------------------------------------------------------
     def audit_decision(
@@ -239,7 +424,13 @@ class GatewayService:
             **fields,
         )
 
-    def _fuse(self, lists: dict[str, list[SearchHit]], req: SearchDocsRequest) -> list[SearchHit]:
+    def _fuse(
+        self,
+        lists: dict[str, list[SearchHit]],
+        req: SearchDocsRequest,
+        extra: dict[str, float] | None = None,
+    ) -> list[SearchHit]:
+        """Hybrid fusion of ``lists`` (dense, BM25 and any ``extra`` weighted list)."""
         cfg = self.settings.search
         weights = (
             req.weights.model_dump()
@@ -247,9 +438,12 @@ class GatewayService:
             else {"dense": cfg.dense_weight, "bm25": cfg.bm25_weight}
         )
         if (req.fusion or cfg.fusion) == "weighted":
-            return fuse_weighted(lists, weights, cfg.fusion_normalisation)
-        # RRF is unweighted unless the caller sends weights.
-        return fuse_rrf(lists, cfg.rrf_k, weights if req.weights is not None else None)
+            return fuse_weighted(lists, {**weights, **(extra or {})}, cfg.fusion_normalisation)
+        # RRF is unweighted unless the caller sends weights (or an extra list comes in).
+        if req.weights is None and not extra:
+            return fuse_rrf(lists, cfg.rrf_k, None)
+        base = weights if req.weights is not None else {"dense": 1.0, "bm25": 1.0}
+        return fuse_rrf(lists, cfg.rrf_k, {**base, **(extra or {})})
 
     async def _rerank(self, query: str, hits: list[SearchHit]) -> list[SearchHit]:
         assert self.reranker is not None

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from deployments.errors import BackendUnavailable, InvalidInput
-from deployments.protocols import ChunkRecord, GraphDocument, SearchFilter, SearchHit
+from deployments.protocols import ChunkRecord, GraphDocument, GraphScope, SearchFilter, SearchHit
 from deployments.retriever import SEARCH_MODES, build_filter_expr
 
 WORD = re.compile(r"\w+", re.UNICODE)
@@ -133,6 +133,8 @@ def matches_filter(chunk: ChunkRecord, flt: SearchFilter) -> bool:
     if flt.tags_all and not set(flt.tags_all) <= set(chunk.tags):
         return False
     if flt.created_from is not None and chunk.created_at < int(flt.created_from):
+        return False
+    if flt.doc_ids and chunk.doc_id not in flt.doc_ids:
         return False
     return not (flt.created_to is not None and chunk.created_at > int(flt.created_to))
 
@@ -292,20 +294,58 @@ class FakeVectorStore:
 
 
 class FakeGraphStore:
-    """Records merged documents by ``(team_id, doc_id)``; ``down = True`` fails like Neo4j."""
+    """Records merged documents by ``(team_id, doc_id)``; ``down = True`` fails like Neo4j.
+
+    Graph queries answer what a test put in ``results`` (keyed by intent name, ``"cypher"``,
+    ``"path"`` or ``"related"``) and record each call with its scope in ``calls``; the real
+    queries run against Neo4j in tests/integration."""
 
     def __init__(self) -> None:
         self.docs: dict[tuple[str, str], GraphDocument] = {}
         self.down = False
         self.merge_calls = 0
+        self.entities: list[tuple[str, list, list]] = []
+        self.results: dict[str, Any] = {}
+        self.calls: list[tuple[str, Any, GraphScope]] = []
 
-    async def merge_documents(self, docs: list[GraphDocument]) -> int:
+    def _check_up(self) -> None:
         if self.down:
             raise BackendUnavailable("neo4j", "query failed: fake graph is down")
+
+    async def merge_documents(self, docs: list[GraphDocument]) -> int:
+        self._check_up()
         self.merge_calls += 1
         for doc in docs:
             self.docs[(doc.team_id, doc.doc_id)] = doc
         return len(docs)
+
+    async def upsert_entities(self, team_id, nodes, relationships) -> dict[str, int]:
+        self._check_up()
+        self.entities.append((team_id, nodes, relationships))
+        return {"nodes": len(nodes), "relationships": len(relationships)}
+
+    async def run_intent(self, name, args, scope: GraphScope) -> dict[str, Any]:
+        self._check_up()
+        self.calls.append((name, args, scope))
+        return self.results.get(name, {"columns": [], "rows": []})
+
+    async def run_cypher(self, query, params, scope: GraphScope) -> dict[str, Any]:
+        self._check_up()
+        self.calls.append(("cypher", (query, params), scope))
+        result = self.results.get("cypher", {"columns": [], "rows": []})
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def explain_path(self, source, target, scope: GraphScope, max_hops, max_paths):
+        self._check_up()
+        self.calls.append(("path", (source, target, max_hops, max_paths), scope))
+        return self.results.get("path", {"source": [], "target": [], "paths": []})
+
+    async def related_docs(self, text, scope: GraphScope, max_entities, max_docs):
+        self._check_up()
+        self.calls.append(("related", text, scope))
+        return self.results.get("related", {"entities": [], "docs": {}})
 
     async def status(self) -> dict[str, Any]:
         if self.down:

@@ -14,6 +14,11 @@ from serve_app.service import GatewayService
 # Route path -> audited action name.
 ACTIONS = {
     "/rag/search_docs": "search",
+    "/rag/enrich_answer": "enrich",
+    "/graph/query": "graph.query",
+    "/graph/intents": "graph.intents",
+    "/graph/explain_path": "graph.explain_path",
+    "/graph/entities": "graph.upsert",
     "/ingest/documents": "ingest",
     "/audit/decisions": "audit.read",
 }

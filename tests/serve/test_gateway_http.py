@@ -205,3 +205,128 @@ def test_reranker_deployment_rescores_candidates(client: httpx.Client, teams):
     # Asking the plain app for a rerank it cannot do is said, not hidden.
     r = search(client, team_id=teams["a"], query="Milvus", rerank=True).json()
     assert r["degraded"] is True and "no reranker" in r["degraded_reasons"][0]
+
+
+def test_enrich_answer_cites_a_supported_claim_and_reports_nonsense(client: httpx.Client):
+    team = f"dao_e_{uuid.uuid4().hex[:6]}"
+    docs = [
+        {
+            "team_id": team,
+            "doc_id": "gateway_spec",
+            "title": "Gateway spec",
+            "url": "https://example.org/gateway",
+            "text": "The gateway stores document chunks in Milvus and keeps entity relations "
+            "in Neo4j.",
+        },
+        {
+            "team_id": team,
+            "doc_id": "energy",
+            "title": "Energy",
+            "text": "Solar panels and batteries power the community microgrid.",
+            "doc_type": "wiki",
+        },
+    ]
+    r = client.post("/ingest/documents", json={"documents": docs})
+    assert r.status_code == 200, r.text
+    nonsense = "Purple elephants dance on quantum keyboards."
+    draft = f"The gateway stores chunks in Milvus. {nonsense}"
+    r = client.post(
+        "/rag/enrich_answer",
+        json={"team_id": team, "question": "How is data stored?", "draft_answer": draft},
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["degraded"] is False
+    assert [s["id"] for s in body["sources"]] == ["gateway_spec"]
+    assert body["sources"][0]["url"] == "https://example.org/gateway"
+    assert body["enriched_answer"] == f"The gateway stores chunks in Milvus.[1] {nonsense}"
+    assert body["unsupported_claims"] == [nonsense]
+
+
+def test_graph_tools_end_to_end(client: httpx.Client, teams):
+    """Ingestion writes the graph (wiki-links, project, tags); entities come through
+    /graph/entities; intents, caller Cypher, explain_path and graph-boosted search answer
+    from the real Neo4j inside the caller's team."""
+    a, b = teams["a"], teams["b"]
+    notes = [
+        {
+            "team_id": a,
+            "doc_id": "wiki/vector-search.md",
+            "title": "Vector search",
+            "text": "# Vector search\n\nHow we run [[Hybrid retrieval]] on Milvus.",
+            "project_id": "prj_x",
+            "doc_type": "wiki",
+            "tags": ["milvus"],
+            "author_id": "olena",
+        },
+        {
+            "team_id": a,
+            "doc_id": "wiki/hybrid-retrieval.md",
+            "title": "Hybrid retrieval",
+            "text": "# Hybrid retrieval\n\nDense and BM25 candidates fused by weights.",
+            "doc_type": "wiki",
+        },
+    ]
+    assert client.post("/ingest/documents", json={"documents": notes}).status_code == 200
+    entities = {
+        "team_id": a,
+        "nodes": [{"label": "Resource", "id": "milvus", "name": "Milvus"}],
+        "relationships": [
+            {
+                "type": "USES",
+                "from": {"label": "Project", "id": "prj_x"},
+                "to": {"label": "Resource", "id": "milvus"},
+            }
+        ],
+    }
+    r = client.post("/graph/entities", json=entities)
+    assert r.status_code == 200, r.text
+
+    intents = client.get("/graph/intents").json()["intents"]
+    assert len(intents) >= 8
+    r = client.post(
+        "/graph/query",
+        json={"team_id": a, "intent": "FIND_PROJECTS_BY_TECH", "args": {"tech": "Milvus"}},
+    )
+    assert r.status_code == 200, r.text
+    assert [row["project"]["id"] for row in r.json()["rows"]] == ["prj_x"]
+    r = client.post(
+        "/graph/query",
+        json={"team_id": a, "intent": "LINKED_DOCS", "args": {"doc": "Vector search"}},
+    )
+    assert [(x["direction"], x["doc"]["id"]) for x in r.json()["rows"]] == [
+        ("links_to", "wiki/hybrid-retrieval.md")
+    ]
+    # The spec's own Cypher example, with the tenant predicate the gateway requires.
+    spec = {
+        "team_id": a,
+        "mode": "confidential",
+        "cypher": "MATCH (p:Project)-[:USES]->(r:Resource {name: $name}) "
+        "WHERE p.team_id = $team_id RETURN p LIMIT 10",
+        "params": {"name": "Milvus"},
+    }
+    r = client.post("/graph/query", json=spec)
+    assert r.status_code == 200, r.text
+    assert [row["p"]["id"] for row in r.json()["rows"]] == ["prj_x"]
+    r = client.post("/graph/query", json={**spec, "cypher": "MATCH (p:Project) RETURN p"})
+    assert r.status_code == 403 and r.json()["reason"] == "unscoped_variable"
+    r = client.post("/graph/query", json={**spec, "cypher": "MATCH (n) DETACH DELETE n"})
+    assert r.status_code == 403 and r.json()["reason"] == "not_read_only"
+    r = client.post("/graph/query", json={**spec, "cypher": "MATCH (p:Project RETURN p"})
+    assert r.status_code == 400 and "Invalid input" in r.json()["message"]
+
+    r = client.post(
+        "/graph/explain_path",
+        json={"team_id": a, "from": "olena", "to": {"name": "Milvus", "label": "Resource"}},
+    )
+    assert r.status_code == 200, r.text
+    assert "User 'olena' authored Doc 'Vector search'" in r.json()["explanation"]
+    r = client.post("/graph/explain_path", json={"team_id": b, "from": "olena", "to": "Milvus"})
+    assert r.status_code == 404
+
+    r = search(client, team_id=a, query="hybrid retrieval with Milvus", graph="boost")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["graph"]["applied"] is True
+    assert {e["id"] for e in body["graph"]["entities"]} & {"milvus", "wiki/hybrid-retrieval.md"}
+    assert all(m["source_ref"]["team_id"] == a for m in body["matches"])

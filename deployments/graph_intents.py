@@ -1,0 +1,248 @@
+"""The catalogue of named graph intents: ``graph.query_context`` with ``intent`` + ``args``.
+
+Each intent is a parameterised Cypher template over the schema of docs/graph_schema.md, with
+its arguments validated by a pydantic model. Every node and relationship variable of every
+template carries the tenant and visibility predicates (``$team_id``, ``$visibilities``), which
+the gateway binds from the caller's AccessContext; the integration tests prove each template
+with the same plan check as caller Cypher (deployments.cypher_guard). Arguments are only ever
+bound as parameters, never formatted into the text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+Limit = Annotated[int, Field(ge=1, le=200, description="most rows returned")]
+
+
+def scoped(nodes: str, rels: str = "") -> str:
+    """``WHERE`` conjuncts putting each node (team and visibility) and each relationship
+    (visibility) inside the caller's scope."""
+    parts = []
+    for v in nodes.split():
+        parts.append(f"{v}.team_id = $team_id AND {v}.visibility IN $visibilities")
+    for r in rels.split():
+        parts.append(f"{r}.visibility IN $visibilities")
+    return " AND ".join(parts)
+
+
+def named(var: str, param: str, *props: str) -> str:
+    """``var`` is the entity ``$param`` names: by id, or case-insensitively by name/title."""
+    alts = [f"{var}.id = ${param}"] + [f"toLower({var}.{p}) = toLower(${param})" for p in props]
+    return "(" + " OR ".join(alts) + ")"
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TechArgs(_Args):
+    tech: Name = Field(description="a technology, resource or topic name, e.g. 'Milvus'")
+    limit: Limit = 20
+
+
+class DaoMembersArgs(_Args):
+    role: Name | None = Field(None, description="only members with this role")
+    limit: Limit = 50
+
+
+class AgentsServingArgs(_Args):
+    target: Name | None = Field(
+        None, description="a project or DAO id/name; all agents serving anything when omitted"
+    )
+    limit: Limit = 50
+
+
+class TopicArgs(_Args):
+    topic: Name
+    limit: Limit = 20
+
+
+class ProjectArgs(_Args):
+    project: Name = Field(description="a project id or name")
+    limit: Limit = 20
+
+
+class ChannelArgs(_Args):
+    channel: Name = Field(description="a channel id or name")
+    limit: Limit = 20
+
+
+class DocArgs(_Args):
+    doc: Name = Field(description="a document id or title")
+    limit: Limit = 50
+
+
+class EntityArgs(_Args):
+    entity: Name = Field(description="any entity's id, name or title")
+    limit: Limit = 50
+
+
+@dataclass(frozen=True)
+class Intent:
+    name: str
+    description: str
+    args: type[_Args]
+    cypher: str
+    example: dict[str, Any]
+
+    def catalogue_entry(self) -> dict[str, Any]:
+        return {
+            "intent": self.name,
+            "description": self.description,
+            "args_schema": self.args.model_json_schema(),
+            "example": {"intent": self.name, "args": self.example},
+        }
+
+
+_INTENTS = [
+    Intent(
+        "FIND_PROJECTS_BY_TECH",
+        "Projects that use a technology (USES a Resource of that name) or whose documents "
+        "mention it as a topic.",
+        TechArgs,
+        f"""
+CALL () {{
+  MATCH (p:Project)-[u:USES]->(r:Resource)
+  WHERE {scoped("p r", "u")} AND {named("r", "tech", "name")}
+  RETURN p AS project, 'uses' AS via, r AS evidence
+  UNION
+  MATCH (p2:Project)<-[po:PART_OF]-(d:Doc)-[m:MENTIONS]->(t:Topic)
+  WHERE {scoped("p2 d t", "po m")} AND {named("t", "tech", "name")}
+  RETURN p2 AS project, 'mentioned_in' AS via, d AS evidence
+}}
+WITH project, collect(via) AS via, collect(evidence)[..5] AS evidence
+RETURN project, via, evidence ORDER BY size(evidence) DESC, project.name LIMIT $limit
+""",
+        {"tech": "Milvus"},
+    ),
+    Intent(
+        "MEMBERS_OF_DAO",
+        "Users who are members of the caller's DAO, optionally with one role.",
+        DaoMembersArgs,
+        f"""
+MATCH (u:User)-[m:MEMBER_OF]->(dao:MicroDAO)
+WHERE {scoped("u dao", "m")} AND dao.id = $team_id AND ($role IS NULL OR m.role = $role)
+RETURN u AS member, m.role AS role ORDER BY u.name LIMIT $limit
+""",
+        {"role": "guardian"},
+    ),
+    Intent(
+        "AGENTS_SERVING",
+        "Agents that serve a project or the DAO (SERVES).",
+        AgentsServingArgs,
+        f"""
+MATCH (a:Agent)-[s:SERVES]->(x)
+WHERE {scoped("a x", "s")} AND ($target IS NULL OR {named("x", "target", "name")})
+RETURN a AS agent, x AS serves ORDER BY a.name LIMIT $limit
+""",
+        {"target": "prj_x"},
+    ),
+    Intent(
+        "DOCS_MENTIONING_TOPIC",
+        "Documents that mention a topic (their tags), newest first.",
+        TopicArgs,
+        f"""
+MATCH (d:Doc)-[m:MENTIONS]->(t:Topic)
+WHERE {scoped("d t", "m")} AND {named("t", "topic", "name")}
+RETURN d AS doc, t AS topic ORDER BY d.created_at DESC, d.id LIMIT $limit
+""",
+        {"topic": "milvus"},
+    ),
+    Intent(
+        "RESOURCES_USED_BY_PROJECT",
+        "Resources (technologies, datasets, services) a project uses.",
+        ProjectArgs,
+        f"""
+MATCH (p:Project)-[u:USES]->(r:Resource)
+WHERE {scoped("p r", "u")} AND {named("p", "project", "name")}
+RETURN r AS resource, p AS project ORDER BY r.name LIMIT $limit
+""",
+        {"project": "prj_x"},
+    ),
+    Intent(
+        "TOPICS_OF_CHANNEL",
+        "Topics discussed in a channel, by how many of its documents mention them.",
+        ChannelArgs,
+        f"""
+MATCH (c:Channel)<-[pi:POSTED_IN]-(d:Doc)-[m:MENTIONS]->(t:Topic)
+WHERE {scoped("c d t", "pi m")} AND {named("c", "channel", "name")}
+RETURN t AS topic, count(DISTINCT d) AS docs ORDER BY docs DESC, t.name LIMIT $limit
+""",
+        {"channel": "ch_general"},
+    ),
+    Intent(
+        "EXPERTS_ON_TOPIC",
+        "Users and agents who authored documents mentioning a topic, by number of documents.",
+        TopicArgs,
+        f"""
+MATCH (x)-[a:AUTHORED]->(d:Doc)-[m:MENTIONS]->(t:Topic)
+WHERE {scoped("x d t", "a m")} AND (x:User OR x:Agent) AND {named("t", "topic", "name")}
+RETURN x AS expert, count(DISTINCT d) AS docs ORDER BY docs DESC, x.name LIMIT $limit
+""",
+        {"topic": "milvus"},
+    ),
+    Intent(
+        "RELATED_PROJECTS",
+        "Projects related to a project by a shared resource or a topic their documents share.",
+        ProjectArgs,
+        f"""
+CALL () {{
+  MATCH (p:Project)-[u1:USES]->(r:Resource)<-[u2:USES]-(q:Project)
+  WHERE {scoped("p r q", "u1 u2")} AND {named("p", "project", "name")} AND q <> p
+  RETURN q AS project, 'shared_resource' AS via, r AS shared
+  UNION
+  MATCH (p2:Project)<-[a1:PART_OF]-(d1:Doc)-[m1:MENTIONS]->(t:Topic)<-[m2:MENTIONS]-(d2:Doc)
+        -[a2:PART_OF]->(q2:Project)
+  WHERE {scoped("p2 d1 t d2 q2", "a1 m1 m2 a2")} AND {named("p2", "project", "name")}
+        AND q2 <> p2
+  RETURN q2 AS project, 'shared_topic' AS via, t AS shared
+}}
+WITH project, collect(DISTINCT via) AS via, collect(DISTINCT shared) AS shared
+RETURN project, via, size(shared) AS strength, shared[..5] AS shared
+ORDER BY strength DESC, project.name LIMIT $limit
+""",
+        {"project": "prj_x"},
+    ),
+    Intent(
+        "LINKED_DOCS",
+        "Documents a document links to with [[wiki-links]], and documents linking to it.",
+        DocArgs,
+        f"""
+CALL () {{
+  MATCH (d:Doc)-[l:LINKS_TO]->(o:Doc)
+  WHERE {scoped("d o", "l")} AND {named("d", "doc", "title")}
+  RETURN 'links_to' AS direction, o AS doc
+  UNION
+  MATCH (d2:Doc)<-[l2:LINKS_TO]-(i:Doc)
+  WHERE {scoped("d2 i", "l2")} AND {named("d2", "doc", "title")}
+  RETURN 'linked_from' AS direction, i AS doc
+}}
+RETURN direction, doc ORDER BY direction DESC, doc.title LIMIT $limit
+""",
+        {"doc": "tools/kubectl.md"},
+    ),
+    Intent(
+        "ENTITY_NEIGHBOURS",
+        "Everything one relationship away from an entity named by id, name or title.",
+        EntityArgs,
+        f"""
+MATCH (e)-[r]-(n)
+WHERE {scoped("e n", "r")} AND {named("e", "entity", "name", "title")}
+RETURN e AS entity, type(r) AS relationship, startNode(r) = e AS outgoing, n AS neighbour
+ORDER BY relationship, neighbour.id LIMIT $limit
+""",
+        {"entity": "Milvus"},
+    ),
+]
+
+INTENTS: dict[str, Intent] = {i.name: i for i in _INTENTS}
+
+
+def catalogue() -> list[dict[str, Any]]:
+    """``GET /graph/intents``: every intent with its argument schema and an example."""
+    return [i.catalogue_entry() for i in _INTENTS]

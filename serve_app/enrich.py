@@ -1,0 +1,445 @@
+"""rag.enrich_answer: cite the caller's own documents after the claims of a draft answer.
+
+The draft is split into claims (its sentences). Each claim is searched with the pipeline of
+rag.search_docs (``GatewayService._retrieve``) inside one ``AccessContext``, all claims embedded
+in one embedder call. Whether a passage supports a claim is decided on an absolute score (the
+fused search score is min-max normalised per query, so it says nothing across queries):
+
+    support = dense_weight * max(cosine, 0) + (1 - dense_weight) * coverage
+
+where ``cosine`` is the dense score of claim and passage and ``coverage`` the share of the
+claim's content words found in the passage; a passage supports the claim when ``support``
+reaches ``enrich.min_support`` and ``coverage`` reaches ``enrich.min_term_coverage``. Without
+the embedder, ``support`` is the coverage alone. This is evidence retrieval, not fact checking:
+no model reads the passage to confirm the claim (no LLM in the hot path).
+
+Cited documents are chosen greedily (the one supporting most uncited claims first) up to
+``max_docs``, numbered in order of first citation, and ``[n]`` markers are inserted after the
+sentences they support; the rest of the draft is returned byte for byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from batch_ingest.pipeline import strip_header
+from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.protocols import ChunkRecord, SearchHit
+from serve_app.access import AccessContext
+from serve_app.contracts import (
+    EnrichAnswerRequest,
+    EnrichAnswerResponse,
+    EnrichClaim,
+    EnrichSource,
+    SearchDocsRequest,
+)
+from serve_app.snippets import best_snippet
+
+if TYPE_CHECKING:
+    from serve_app.auth.principal import Principal
+    from serve_app.service import GatewayService
+
+WORD = re.compile(r"\w+", re.UNICODE)
+# Sentence punctuation (with closing quotes/brackets) followed by whitespace: a possible end.
+BOUNDARY = re.compile(r"([.!?…]+[\"'»”’)\]]*)\s+")
+# List bullets, numbering, block quotes and heading hashes at the start of a line.
+LINE_PREFIX = re.compile(r"\s*(?:(?:[-*+•–—]|\d{1,3}[.)]|>)\s+)*")
+HEADING = re.compile(r"\s*#{1,6}\s")
+OPENERS = "([{\"'«„“‘"
+
+# Abbreviations after which a period does not end a sentence (lower case, no final period).
+# Abbreviations that often end one (etc., т.д., тис., грн.) are not here: after them a capital
+# letter starts a new sentence and a lower-case word continues the same one.
+NO_BREAK_ABBREVIATIONS = frozenset(
+    {
+        # English
+        "e.g",
+        "i.e",
+        "eg",
+        "ie",
+        "cf",
+        "vs",
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "st",
+        "no",
+        "nos",
+        "fig",
+        "figs",
+        "approx",
+        "incl",
+        "esp",
+        "al",
+        "jr",
+        "sr",
+        "vol",
+        "p",
+        "pp",
+        "sec",
+        "ch",
+        "ca",
+        # Ukrainian
+        "напр",
+        "див",
+        "пор",
+        "т.зв",
+        "т.з",
+        "зокр",
+        "ім",
+        "вул",
+        "просп",
+        "м",
+        "обл",
+        "р-н",
+        "с",
+        "смт",
+        "проф",
+        "доц",
+        "акад",
+        "англ",
+        "укр",
+        "ст",
+        "п",
+        "пп",
+        "рис",
+        "табл",
+        "гл",
+    }
+)
+
+# Function words that do not count as content of a claim (English and Ukrainian).
+_STOPWORD_TEXT = """
+    the and for are was were been being has have had does did not but with from this that
+    these those there their them they its our ours your you his her she him who whom which
+    what when where why how all any both each few more most other some such than too very
+    can could should would will shall may might must into onto over under about above below
+    also just only then once here out off own same again further between through during
+    before after while because until upon via per use used uses using
+    та або але щоб що як які який яка яке цей ця це ці той та те ті там тут вже ще теж
+    також для від при про під над між через після перед його її їх їхній наш наша наше наші
+    ваш ваша ваше ваші свій своя своє свої він вона воно вони ми ви бути був була було були
+    є має мають буде будуть може можуть ніж лише тільки дуже так ні не чи де коли чому
+"""
+STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+
+
+def content_terms(text: str, stem_chars: int) -> set[str]:
+    """The words of ``text`` that carry content: lower case, without stop words and words
+    shorter than three letters (numbers are kept), each cut to ``stem_chars`` characters, a
+    crude stemmer that lets inflected forms match (архітектура / архітектури, chunk / chunks)."""
+    out = set()
+    for word in WORD.findall(text.lower()):
+        if word.isdigit():
+            out.add(word)
+        elif len(word) >= 3 and word not in STOPWORDS:
+            out.add(word[:stem_chars])
+    return out
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """A sentence of the draft: ``text`` is ``draft[start:end]`` without its list marker."""
+
+    text: str
+    start: int
+    end: int
+
+
+def _ends_sentence(line: str, match: re.Match[str]) -> bool:
+    punct = match.group(1)
+    if "!" in punct or "?" in punct:
+        return True
+    following = line[match.end() : match.end() + 1]
+    if following and following.islower():
+        # "e.g. the", "т.д. та", "3 тис. грн": a lower-case word continues the sentence.
+        return False
+    if punct.startswith("."):
+        before = line[: match.start()].split()
+        token = before[-1].lstrip(OPENERS) if before else ""
+        if token.lower() in NO_BREAK_ABBREVIATIONS:
+            return False
+        # An initial: "J. Smith", "Т. Шевченко".
+        if len(token) == 1 and token.isupper():
+            return False
+    return True
+
+
+def split_sentences(text: str) -> list[Sentence]:
+    """Sentences of ``text`` with their offsets. A line break always ends a sentence (list
+    items, paragraphs); inside a line a sentence ends at ``.``, ``!``, ``?`` or ``…`` followed
+    by a space, except after a known abbreviation, an initial, or before a lower-case word.
+    Decimals (``3.5``) never split: no space follows their point. Markdown headings are not
+    sentences."""
+    sentences: list[Sentence] = []
+    for line_match in re.finditer(r"[^\n]+", text):
+        line, base = line_match.group(), line_match.start()
+        if HEADING.match(line):
+            continue
+        start = LINE_PREFIX.match(line).end()  # type: ignore[union-attr]  # always matches
+        for match in BOUNDARY.finditer(line, start):
+            if _ends_sentence(line, match):
+                sentences.append(_sentence(text, base + start, base + match.end(1)))
+                start = match.end()
+        sentences.append(_sentence(text, base + start, base + len(line)))
+    return [s for s in sentences if s.text]
+
+
+def _sentence(text: str, start: int, end: int) -> Sentence:
+    piece = text[start:end]
+    stripped = piece.strip()
+    if not stripped:
+        return Sentence("", start, start)
+    start += len(piece) - len(piece.lstrip())
+    return Sentence(stripped, start, start + len(stripped))
+
+
+def extract_claims(text: str, min_chars: int, stem_chars: int) -> list[Sentence]:
+    """The sentences that are claims: at least ``min_chars`` long with a content word."""
+    return [
+        s
+        for s in split_sentences(text)
+        if len(s.text) >= min_chars and content_terms(s.text, stem_chars)
+    ]
+
+
+def insert_markers(text: str, markers: dict[int, list[int]]) -> str:
+    """``text`` with ``[n]`` markers inserted at the offsets given (``offset → [n, ...]``):
+    right after closing punctuation, else after one space. Nothing else changes."""
+    out, last = [], 0
+    for offset in sorted(markers):
+        numbers = markers[offset]
+        if not numbers:
+            continue
+        out.append(text[last:offset])
+        tail = text[offset - 1] if offset > 0 else ""
+        sep = "" if tail and not tail.isalnum() and tail not in "_%" else " "
+        out.append(sep + "".join(f"[{n}]" for n in numbers))
+        last = offset
+    out.append(text[last:])
+    return "".join(out)
+
+
+@dataclass
+class _Support:
+    """The best passage of one document for one claim."""
+
+    score: float
+    coverage: float
+    cosine: float | None
+    hit: SearchHit
+
+
+@dataclass
+class _ClaimResult:
+    sentence: Sentence
+    best: float = 0.0
+    # (doc_type, doc_id) → the document's best supporting passage.
+    supports: dict[tuple[str, str], _Support] = field(default_factory=dict)
+
+
+def _doc_key(chunk: ChunkRecord) -> tuple[str, str]:
+    return (chunk.doc_type, chunk.doc_id)
+
+
+async def enrich_answer(
+    service: GatewayService,
+    req: EnrichAnswerRequest,
+    trace_id: str,
+    principal: Principal,
+    started: float,
+) -> EnrichAnswerResponse:
+    """The enriched answer of ``req`` for ``principal`` (audit is the caller's job).
+
+    Raises:
+        Forbidden: the team, mode, doc types or project are not granted (before searching).
+        InvalidInput: the draft is longer than ``enrich.max_draft_chars``.
+        BackendUnavailable: the vector store does not answer.
+    """
+    # Access first, exactly as rag.search_docs: the team's rights narrowed to the mode.
+    ctx = AccessContext.for_team(
+        principal, req.team_id, service.policy, user_id=req.user_id, agent_id=req.agent_id
+    ).narrowed_to(req.visibility)
+    flt = ctx.search_filter(req.filters)
+    ecfg, scfg = service.settings.enrich, service.settings.search
+    if len(req.draft_answer) > ecfg.max_draft_chars:
+        raise InvalidInput(
+            f"draft_answer is {len(req.draft_answer)} characters; the limit is "
+            f"{ecfg.max_draft_chars}",
+            hint="send a shorter draft or split it into several requests",
+            field="draft_answer",
+        )
+    found = extract_claims(req.draft_answer, ecfg.min_claim_chars, ecfg.stem_chars)
+    claims, skipped = found[: ecfg.max_claims], max(0, len(found) - ecfg.max_claims)
+    queries = [c.text[: scfg.max_query_chars] for c in claims]
+
+    mode = scfg.mode
+    vectors: list[list[float] | BackendUnavailable | None] = [None] * len(claims)
+    if claims and mode in ("hybrid", "dense"):
+        try:
+            embedded = await service.embedder.embed(queries, "query")
+            vectors = [[float(x) for x in v] for v in embedded]
+        except BackendUnavailable as exc:
+            # Every claim's search falls back to BM25 and says so.
+            vectors = [exc] * len(claims)
+
+    limit = asyncio.Semaphore(ecfg.concurrency)
+
+    async def retrieve(i: int) -> tuple[list[SearchHit], str, list[str]]:
+        search = SearchDocsRequest(
+            team_id=req.team_id,
+            query=queries[i],
+            top_k=ecfg.candidates_per_claim,
+            user_id=req.user_id,
+            agent_id=req.agent_id,
+            filters=req.filters,
+            visibility=req.visibility,
+            rerank=None if ecfg.rerank else False,
+        )
+        async with limit:
+            return await service._retrieve(
+                search, ctx, flt, ecfg.candidates_per_claim, mode, vectors[i]
+            )
+
+    outcomes = await asyncio.gather(
+        *(retrieve(i) for i in range(len(claims))), return_exceptions=True
+    )
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+    degraded: list[str] = []
+    modes: list[str] = []
+    dense_usable = service.settings.milvus.metric_type != "L2"
+    term_cache: dict[str, set[str]] = {}
+    results: list[_ClaimResult] = []
+    for sentence, outcome in zip(claims, outcomes, strict=True):
+        hits, used_mode, reasons = outcome  # type: ignore[misc]
+        modes.append(used_mode)
+        degraded.extend(r for r in reasons if r not in degraded)
+        result = _ClaimResult(sentence)
+        wanted = content_terms(sentence.text, ecfg.stem_chars)
+        for hit in hits:
+            if not ctx.may_see(hit.chunk):  # _retrieve filtered already; never cite past it
+                continue
+            cid = hit.chunk.chunk_id
+            if cid not in term_cache:
+                term_cache[cid] = content_terms(hit.chunk.text, ecfg.stem_chars)
+            coverage = len(wanted & term_cache[cid]) / len(wanted)
+            cosine = hit.scores.get("dense") if dense_usable and used_mode != "bm25" else None
+            if used_mode != "bm25" and dense_usable:
+                dense = min(max(cosine or 0.0, 0.0), 1.0)
+                score = ecfg.dense_weight * dense + (1 - ecfg.dense_weight) * coverage
+            else:
+                score = coverage
+            result.best = max(result.best, score)
+            if score < ecfg.min_support or coverage < ecfg.min_term_coverage:
+                continue
+            key = _doc_key(hit.chunk)
+            current = result.supports.get(key)
+            if current is None or score > current.score:
+                result.supports[key] = _Support(score, coverage, cosine, hit)
+        results.append(result)
+
+    chosen = _choose_documents(results, req.max_docs)
+    numbers: dict[tuple[str, str], int] = {}
+    cited: list[list[tuple[str, str]]] = []
+    for result in results:
+        keys = sorted(
+            (k for k in chosen if k in result.supports),
+            key=lambda k: -result.supports[k].score,
+        )[: ecfg.max_markers_per_claim]
+        for key in keys:
+            numbers.setdefault(key, len(numbers) + 1)
+        cited.append(sorted(keys, key=lambda k: numbers[k]))
+
+    sources = _sources(results, cited, numbers, scfg.snippet_chars)
+    out_claims: list[EnrichClaim] = []
+    markers: dict[int, list[int]] = {}
+    for result, keys in zip(results, cited, strict=True):
+        s = result.sentence
+        if keys:
+            markers[s.end] = [numbers[k] for k in keys]
+        out_claims.append(
+            EnrichClaim(
+                text=s.text,
+                supported=bool(keys),
+                source_ids=[k[1] for k in keys],
+                markers=[numbers[k] for k in keys],
+                score=round(result.best, 4),
+                start=s.start,
+                end=s.end,
+                reason=None if keys else ("over_max_docs" if result.supports else "no_support"),
+            )
+        )
+    used = "bm25" if modes and all(m == "bm25" for m in modes) else mode
+    return EnrichAnswerResponse(
+        degraded=bool(degraded),
+        degraded_reasons=degraded,
+        enriched_answer=insert_markers(req.draft_answer, markers),
+        sources=sources,
+        claims=out_claims,
+        unsupported_claims=[c.text for c in out_claims if not c.supported],
+        skipped_claims=skipped,
+        mode=used,
+        took_ms=round((time.perf_counter() - started) * 1000, 1),
+        trace_id=trace_id,
+    )
+
+
+def _choose_documents(results: list[_ClaimResult], max_docs: int) -> list[tuple[str, str]]:
+    """Greedy cover: the document supporting the most claims not yet cited, then the next,
+    up to ``max_docs``; ties go to the higher summed support, then to the earlier claim."""
+    chosen: list[tuple[str, str]] = []
+    uncovered = [i for i, r in enumerate(results) if r.supports]
+    while uncovered and len(chosen) < max_docs:
+        tally: dict[tuple[str, str], tuple[int, float, int]] = {}
+        for i in uncovered:
+            for key, support in results[i].supports.items():
+                n, total, first = tally.get(key, (0, 0.0, i))
+                tally[key] = (n + 1, total + support.score, min(first, i))
+        if not tally:
+            break
+        best = max(tally, key=lambda k: (tally[k][0], tally[k][1], -tally[k][2]))
+        chosen.append(best)
+        uncovered = [i for i in uncovered if best not in results[i].supports]
+    return chosen
+
+
+def _sources(
+    results: list[_ClaimResult],
+    cited: list[list[tuple[str, str]]],
+    numbers: dict[tuple[str, str], int],
+    snippet_chars: int,
+) -> list[EnrichSource]:
+    best: dict[tuple[str, str], tuple[_Support, str]] = {}
+    for result, keys in zip(results, cited, strict=True):
+        for key in keys:
+            support = result.supports[key]
+            if key not in best or support.score > best[key][0].score:
+                best[key] = (support, result.sentence.text)
+    out = []
+    for key in sorted(numbers, key=numbers.__getitem__):
+        support, claim = best[key]
+        c = support.hit.chunk
+        out.append(
+            EnrichSource(
+                id=c.doc_id,
+                title=c.title or c.heading or c.doc_id,
+                url=c.url,
+                marker=numbers[key],
+                team_id=c.team_id,
+                doc_type=c.doc_type,
+                chunk_index=c.chunk_index,
+                chunk_id=c.chunk_id,
+                score=round(support.score, 4),
+                snippet=best_snippet(strip_header(c), claim, snippet_chars),
+            )
+        )
+    return out

@@ -1,0 +1,217 @@
+"""Request and response models of graph.query_context, graph.explain_path and the graph
+entity upsert. The spec's ``graph.query_context`` examples (``cypher`` + ``params``, or
+``intent`` + ``args``) are the contract."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from batch_ingest.documents import Identifier, OptionalId
+from deployments.cypher_guard import RESERVED_PARAMS
+from deployments.graph import NODE_LABELS, RELATIONSHIPS
+from serve_app.contracts import TEAM_ALIASES, _one_tenant_key
+
+# Labels the upsert may write: documents come only through ingestion.
+UPSERT_LABELS = tuple(label for label in NODE_LABELS if label != "Doc")
+PROPERTY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+RESERVED_PROPERTIES = ("team_id", "id", "visibility", "stub", "wiki_keys")
+MAX_CYPHER_CHARS = 20_000
+Scalar = str | int | float | bool | None
+
+
+class _TenantRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    team_id: Identifier = Field(validation_alias=TEAM_ALIASES)
+    dao_id: str | None = Field(None, exclude=True)
+    microdao_id: str | None = Field(None, exclude=True)
+    user_id: OptionalId = ""
+    agent_id: OptionalId = ""
+    visibility: Literal["public", "confidential"] = Field(
+        "public", validation_alias=AliasChoices("visibility", "mode")
+    )
+
+    _tenant = model_validator(mode="before")(_one_tenant_key)
+
+
+class GraphQueryRequest(_TenantRequest):
+    """graph.query_context: a named ``intent`` with ``args``, or ``cypher`` with ``params``."""
+
+    intent: Annotated[str, StringConstraints(strip_whitespace=True, max_length=64)] | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+    cypher: (
+        Annotated[str, StringConstraints(strip_whitespace=True, max_length=MAX_CYPHER_CHARS)] | None
+    ) = None
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> GraphQueryRequest:
+        if bool(self.intent) == bool(self.cypher):
+            raise ValueError(
+                "send exactly one of `intent` (with `args`) or `cypher` (with `params`)"
+            )
+        if self.intent and self.params:
+            raise ValueError("`params` go with `cypher`; an intent takes `args`")
+        if self.cypher and self.args:
+            raise ValueError("`args` go with `intent`; Cypher takes `params`")
+        return self
+
+    @field_validator("params")
+    @classmethod
+    def _no_reserved(cls, value: dict[str, Any]) -> dict[str, Any]:
+        taken = sorted(set(value) & set(RESERVED_PARAMS))
+        if taken:
+            raise ValueError(
+                f"params {taken} are set by the gateway from your credential; use other names"
+            )
+        return value
+
+
+class GraphQueryResponse(BaseModel):
+    degraded: bool = False
+    degraded_reasons: list[str] = Field(default_factory=list)
+    intent: str | None = None
+    columns: list[str]
+    # One object per row, keyed by column; nodes, relationships and paths are objects with
+    # `_type` (see docs/graph_schema.md, "Results").
+    rows: list[dict[str, Any]]
+    # Rows dropped because they held something outside the caller's scope (second line of
+    # defence behind the query's own predicates).
+    filtered_rows: int = 0
+    took_ms: float
+    trace_id: str
+
+
+class EntityRef(BaseModel):
+    """One end of explain_path: an entity's id, name or title, optionally with its label."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ref: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)] = (
+        Field(validation_alias=AliasChoices("ref", "id", "name", "title"))
+    )
+    label: Literal[NODE_LABELS] | None = None  # type: ignore[valid-type]
+
+
+def _entity_ref(value: Any) -> Any:
+    return {"ref": value} if isinstance(value, str) else value
+
+
+class ExplainPathRequest(_TenantRequest):
+    """graph.explain_path: how two entities are connected inside the caller's scope."""
+
+    source: EntityRef = Field(validation_alias=AliasChoices("from", "source", "from_entity"))
+    target: EntityRef = Field(validation_alias=AliasChoices("to", "target", "to_entity"))
+    max_hops: int = Field(4, ge=1, le=10)
+    max_paths: int = Field(3, ge=1, le=100)
+
+    @field_validator("source", "target", mode="before")
+    @classmethod
+    def _string_or_object(cls, value: Any) -> Any:
+        return _entity_ref(value)
+
+
+class PathOut(BaseModel):
+    length: int
+    sentence: str
+    nodes: list[dict[str, Any]]
+    relationships: list[dict[str, Any]]
+
+
+class ExplainPathResponse(BaseModel):
+    degraded: bool = False
+    degraded_reasons: list[str] = Field(default_factory=list)
+    explanation: str
+    paths: list[PathOut]
+    source: list[dict[str, Any]]
+    target: list[dict[str, Any]]
+    filtered_paths: int = 0
+    took_ms: float
+    trace_id: str
+
+
+PropertyValue = Scalar | list[str | int | float | bool]
+
+
+def _check_properties(value: dict[str, Any]) -> dict[str, Any]:
+    for key in value:
+        if not PROPERTY_NAME.match(key):
+            raise ValueError(f"property name {key!r} must match {PROPERTY_NAME.pattern}")
+        if key in RESERVED_PROPERTIES:
+            raise ValueError(f"property {key!r} is set by the gateway")
+    if len(value) > 50:
+        raise ValueError("at most 50 properties")
+    return value
+
+
+class NodeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    label: Literal[UPSERT_LABELS]  # type: ignore[valid-type]
+    id: Identifier
+    name: Annotated[str, StringConstraints(strip_whitespace=True, max_length=500)] | None = None
+    visibility: Literal["public", "confidential"] = "public"
+    properties: dict[str, PropertyValue] = Field(default_factory=dict)
+
+    _props = field_validator("properties")(_check_properties)
+
+
+class EndRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    label: Literal[UPSERT_LABELS]  # type: ignore[valid-type]
+    id: Identifier
+
+
+class RelationshipIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    type: Literal[RELATIONSHIPS]  # type: ignore[valid-type]
+    source: EndRef = Field(validation_alias=AliasChoices("from", "source"))
+    target: EndRef = Field(validation_alias=AliasChoices("to", "target"))
+    visibility: Literal["public", "confidential"] = "public"
+    properties: dict[str, PropertyValue] = Field(default_factory=dict)
+
+    _props = field_validator("properties")(_check_properties)
+
+
+class GraphUpsertRequest(_TenantRequest):
+    """POST /graph/entities: entities and relationships (users, agents, resources, USES,
+    MEMBER_OF, SERVES, ...) MERGEd into the caller's team."""
+
+    nodes: list[NodeIn] = Field(default_factory=list, max_length=1000)
+    relationships: list[RelationshipIn] = Field(default_factory=list, max_length=1000)
+
+    @model_validator(mode="after")
+    def _something(self) -> GraphUpsertRequest:
+        if not self.nodes and not self.relationships:
+            raise ValueError("send at least one node or relationship")
+        for i, rel in enumerate(self.relationships):
+            for end, ref in (("from", rel.source), ("to", rel.target)):
+                if ref.label == "MicroDAO" and ref.id != self.team_id:
+                    raise ValueError(
+                        f"relationships.{i}.{end}: the MicroDAO of a team is its team_id "
+                        f"({self.team_id!r})"
+                    )
+        for i, node in enumerate(self.nodes):
+            if node.label == "MicroDAO" and node.id != self.team_id:
+                raise ValueError(f"nodes.{i}: the MicroDAO of a team is its team_id")
+        return self
+
+
+class GraphUpsertResponse(BaseModel):
+    nodes: int
+    relationships: int
+    took_ms: float
+    trace_id: str

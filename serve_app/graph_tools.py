@@ -1,0 +1,271 @@
+"""graph.query_context, graph.explain_path and the entity upsert: the graph half of
+``GatewayService`` (a mixin, so the routes call one service object).
+
+Every call builds its AccessContext first (403 before anything runs), passes the graph store
+only ``ctx.graph_scope()`` for the tenant and visibility parameters, filters every returned
+row again with ``ctx.may_see_value`` and audits the decision. Neo4j down answers 503 here
+while document search keeps working.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from deployments.errors import BackendUnavailable, GatewayError, InvalidInput, NotFound
+from deployments.graph import path_sentence
+from deployments.graph_intents import INTENTS, catalogue
+from serve_app.access import DEV_SUBJECT, AccessContext
+from serve_app.audit import sha256_text
+from serve_app.auth.principal import Principal
+from serve_app.graph_contracts import (
+    ExplainPathRequest,
+    ExplainPathResponse,
+    GraphQueryRequest,
+    GraphQueryResponse,
+    GraphUpsertRequest,
+    GraphUpsertResponse,
+    PathOut,
+)
+
+
+class GraphTools:
+    """Mixed into ``GatewayService``; uses its ``graph``, ``policy``, ``settings`` and audit."""
+
+    graph: Any
+    policy: Any
+    settings: Any
+
+    def _graph_store(self) -> Any:
+        if self.graph is None:
+            raise BackendUnavailable(
+                "neo4j",
+                "the graph is disabled in this deployment (graph_enabled: false)",
+                hint="document search still works: POST /rag/search_docs",
+            )
+        return self.graph
+
+    def _graph_audit(self, req: Any, principal: Principal, action: str, resource: str) -> dict:
+        return {
+            "action": action,
+            "team_id": req.team_id,
+            "resource": resource,
+            "declared_agent_id": req.agent_id if not principal.agent_id else "",
+            "subject": (req.user_id or DEV_SUBJECT) if principal.trusts_body else principal.sub,
+        }
+
+    async def _audited(self, audit: dict, trace_id: str, principal: Principal, run) -> Any:
+        started = time.perf_counter()
+        try:
+            response, extra = await run(started)
+        except GatewayError as exc:
+            self.audit_error(exc, trace_id, principal, started, **audit)  # type: ignore[attr-defined]
+            raise
+        self.audit_decision(  # type: ignore[attr-defined]
+            trace_id,
+            principal,
+            started,
+            decision="allow",
+            reason="granted",
+            http_status=200,
+            **audit,
+            **extra,
+        )
+        return response
+
+    def _context(self, principal: Principal, req: Any) -> AccessContext:
+        ctx = AccessContext.for_team(
+            principal, req.team_id, self.policy, user_id=req.user_id, agent_id=req.agent_id
+        )
+        return ctx.narrowed_to(req.visibility)
+
+    # --- graph.query_context ---------------------------------------------------------------
+    def graph_intents(self) -> list[dict[str, Any]]:
+        return catalogue()
+
+    async def graph_query(
+        self, req: GraphQueryRequest, trace_id: str, principal: Principal
+    ) -> GraphQueryResponse:
+        """Run a named intent or a caller's Cypher inside the caller's scope.
+
+        Raises:
+            Forbidden: team/mode not granted, Cypher from a role without ``cypher_roles``, or
+                Cypher that is not provably read-only and scoped.
+            InvalidInput / NotFound: bad intent args / unknown intent (4xx naming them).
+            InvalidQuery, QueryLimitExceeded: Neo4j's compile error; timeout or row limit.
+            BackendUnavailable: Neo4j is down (503).
+        """
+        resource = f"team:{req.team_id}/" + (f"intent:{req.intent}" if req.intent else "cypher")
+        audit = self._graph_audit(req, principal, "graph.query", resource)
+        if req.cypher:
+            audit |= {"query_sha256": sha256_text(req.cypher), "query_text": req.cypher}
+
+        async def run(started: float) -> tuple[GraphQueryResponse, dict]:
+            ctx = self._context(principal, req)
+            if req.intent:
+                intent = INTENTS.get(req.intent.upper())
+                if intent is None:
+                    raise NotFound(
+                        f"unknown intent {req.intent!r}; known: {', '.join(INTENTS)}",
+                        field="intent",
+                        hint="GET /graph/intents lists them with their argument schemas",
+                    )
+                try:
+                    args = intent.args.model_validate(req.args).model_dump()
+                except ValidationError as exc:
+                    problems = "; ".join(
+                        f"args.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
+                    )
+                    raise InvalidInput(
+                        f"bad args for {intent.name}: {problems}",
+                        field="args",
+                        hint=f"schema: {intent.args.model_json_schema().get('properties')}",
+                    ) from None
+                result = await self._graph_store().run_intent(intent.name, args, ctx.graph_scope())
+            else:
+                ctx.check_cypher()
+                result = await self._graph_store().run_cypher(
+                    req.cypher, req.params, ctx.graph_scope()
+                )
+            columns = result["columns"]
+            kept, filtered = [], 0
+            for row in result["rows"]:
+                if ctx.may_see_value(row):
+                    kept.append(dict(zip(columns, row, strict=True)))
+                else:
+                    filtered += 1
+            response = GraphQueryResponse(
+                intent=intent.name if req.intent else None,
+                columns=columns,
+                rows=kept,
+                filtered_rows=filtered,
+                took_ms=round((time.perf_counter() - started) * 1000, 1),
+                trace_id=trace_id,
+            )
+            return response, {"doc_ids": _doc_ids(kept)}
+
+        return await self._audited(audit, trace_id, principal, run)
+
+    # --- graph.explain_path ----------------------------------------------------------------
+    async def explain_path(
+        self, req: ExplainPathRequest, trace_id: str, principal: Principal
+    ) -> ExplainPathResponse:
+        """Shortest paths between two entities, every node and relationship in scope."""
+        cfg = self.settings.neo4j
+        audit = self._graph_audit(req, principal, "graph.explain_path", f"team:{req.team_id}/path")
+        audit["query_text"] = f"{req.source.ref} -> {req.target.ref}"
+
+        async def run(started: float) -> tuple[ExplainPathResponse, dict]:
+            ctx = self._context(principal, req)
+            if req.max_hops > cfg.max_path_hops:
+                raise InvalidInput(
+                    f"max_hops must be at most {cfg.max_path_hops}", field="max_hops"
+                )
+            if req.max_paths > cfg.max_paths:
+                raise InvalidInput(f"max_paths must be at most {cfg.max_paths}", field="max_paths")
+            result = await self._graph_store().explain_path(
+                req.source.model_dump(),
+                req.target.model_dump(),
+                ctx.graph_scope(),
+                req.max_hops,
+                req.max_paths,
+            )
+            sources = [n for n in result["source"] if ctx.may_see_entity(n)]
+            targets = [n for n in result["target"] if ctx.may_see_entity(n)]
+            for side, found, ref in (("from", sources, req.source), ("to", targets, req.target)):
+                if not found:
+                    raise NotFound(
+                        f"no entity {ref.ref!r} in team {req.team_id!r} within your scope",
+                        field=side,
+                    )
+            paths, filtered = [], 0
+            for path in result["paths"]:
+                if not ctx.may_see_value(path):
+                    filtered += 1
+                    continue
+                paths.append(
+                    PathOut(
+                        length=len(path["relationships"]),
+                        sentence=path_sentence(path),
+                        nodes=path["nodes"],
+                        relationships=path["relationships"],
+                    )
+                )
+            if paths:
+                explanation = " ".join(
+                    f"Path {i + 1}: {p.sentence}" if len(paths) > 1 else p.sentence
+                    for i, p in enumerate(paths)
+                )
+            else:
+                explanation = (
+                    f"No connection of at most {req.max_hops} relationships between "
+                    f"{req.source.ref!r} and {req.target.ref!r} within your scope."
+                )
+            response = ExplainPathResponse(
+                explanation=explanation,
+                paths=paths,
+                source=sources,
+                target=targets,
+                filtered_paths=filtered,
+                took_ms=round((time.perf_counter() - started) * 1000, 1),
+                trace_id=trace_id,
+            )
+            return response, {}
+
+        return await self._audited(audit, trace_id, principal, run)
+
+    # --- entity upsert ---------------------------------------------------------------------
+    async def graph_upsert(
+        self, req: GraphUpsertRequest, trace_id: str, principal: Principal
+    ) -> GraphUpsertResponse:
+        """MERGE entities and relationships into the caller's team (write roles only)."""
+        audit = self._graph_audit(req, principal, "graph.upsert", f"team:{req.team_id}/entities")
+
+        async def run(started: float) -> tuple[GraphUpsertResponse, dict]:
+            ctx = self._context(principal, req)
+            ctx.check_graph_write(
+                [n.visibility for n in req.nodes] + [r.visibility for r in req.relationships]
+            )
+            nodes = [n.model_dump() for n in req.nodes]
+            rels = [
+                {
+                    "type": r.type,
+                    "from_label": r.source.label,
+                    "from_id": r.source.id,
+                    "to_label": r.target.label,
+                    "to_id": r.target.id,
+                    "visibility": r.visibility,
+                    "properties": r.properties,
+                }
+                for r in req.relationships
+            ]
+            merged = await self._graph_store().upsert_entities(req.team_id, nodes, rels)
+            response = GraphUpsertResponse(
+                nodes=merged["nodes"],
+                relationships=merged["relationships"],
+                took_ms=round((time.perf_counter() - started) * 1000, 1),
+                trace_id=trace_id,
+            )
+            return response, {}
+
+        return await self._audited(audit, trace_id, principal, run)
+
+
+def _doc_ids(rows: list[dict[str, Any]]) -> list[str]:
+    """Ids of the documents a graph answer showed, for the audit record."""
+    found: dict[str, None] = {}
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            if value.get("_type") == "node" and "Doc" in (value.get("labels") or ()):
+                found.setdefault(str(value.get("id")), None)
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    walk(rows)
+    return list(found)[:200]

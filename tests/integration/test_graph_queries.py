@@ -1,0 +1,481 @@
+"""Intents, caller Cypher, explain_path, graph-scoped document lookup and wiki-links against
+the real Neo4j 5.26 server (no fake graph store)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from batch_ingest.wikilinks import extract_links
+from deployments.config import Neo4jSettings
+from deployments.cypher_guard import check_plan, check_query_type
+from deployments.errors import (
+    BackendUnavailable,
+    Forbidden,
+    InvalidQuery,
+    NotFound,
+    QueryLimitExceeded,
+)
+from deployments.graph import Neo4jGraph, path_sentence
+from deployments.graph_intents import INTENTS
+from deployments.protocols import GraphDocument, GraphScope
+
+pytestmark = pytest.mark.integration
+
+
+def gdoc(team, doc_id, title, visibility="public", text="", **kw) -> GraphDocument:
+    return GraphDocument(
+        team_id=team,
+        doc_id=doc_id,
+        title=title,
+        visibility=visibility,
+        doc_type=kw.pop("doc_type", "wiki"),
+        links=extract_links(text),
+        **kw,
+    )
+
+
+def rel(kind, fl, fi, tl, ti, visibility="public", **props):
+    return {
+        "type": kind,
+        "from_label": fl,
+        "from_id": fi,
+        "to_label": tl,
+        "to_id": ti,
+        "visibility": visibility,
+        "properties": props,
+    }
+
+
+async def build(graph: Neo4jGraph, team: str) -> None:
+    """A small tenant: two projects, a confidential one, wiki notes with links, members."""
+    await graph.merge_documents(
+        [
+            gdoc(
+                team,
+                "tools/kubectl.md",
+                "Kubectl",
+                text="see [[debugging]] and [[Runbook]]",
+                project_id="poimen",
+                tags=("kubernetes",),
+                author_id="alice",
+            ),
+            gdoc(
+                team,
+                "debugging.md",
+                "Debugging",
+                project_id="poimen",
+                tags=("kubernetes", "milvus"),
+                author_id="bob",
+            ),
+            gdoc(
+                team,
+                "atlas-plan.md",
+                "Atlas plan",
+                "confidential",
+                project_id="atlas",
+                tags=("milvus",),
+                author_id="carol",
+                agent_id="ag_secret",
+            ),
+            gdoc(
+                team,
+                "search.md",
+                "Search notes",
+                project_id="helios",
+                tags=("milvus",),
+                author_id="alice",
+                channel_id="ch_general",
+            ),
+        ]
+    )
+    await graph.upsert_entities(
+        team,
+        [
+            {
+                "label": "Resource",
+                "id": "milvus",
+                "name": "Milvus",
+                "visibility": "public",
+                "properties": {"kind": "vector-db"},
+            }
+        ],
+        [
+            rel("USES", "Project", "poimen", "Resource", "milvus"),
+            rel("USES", "Project", "helios", "Resource", "milvus"),
+            rel("USES", "Project", "atlas", "Resource", "milvus", "confidential"),
+            rel("MEMBER_OF", "User", "alice", "MicroDAO", team, role="guardian"),
+            rel("MEMBER_OF", "User", "bob", "MicroDAO", team, role="member"),
+            rel("SERVES", "Agent", "ag_helper", "Project", "poimen"),
+        ],
+    )
+
+
+@pytest.fixture
+async def team(graph: Neo4jGraph):
+    team = f"gq_{uuid.uuid4().hex[:8]}"
+    other = team + "_other"
+    await build(graph, team)
+    await build(graph, other)  # same ids, another tenant
+    yield team
+    for t in (team, other):
+        await graph.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": t}, write=True)
+
+
+def public(team):
+    return GraphScope(team, ("public",))
+
+
+def everything(team):
+    return GraphScope(team, ("public", "confidential"))
+
+
+def ids(values) -> set[str]:
+    return {v["id"] for v in values}
+
+
+def entities(value):
+    if isinstance(value, dict):
+        if value.get("_type") in ("node", "relationship"):
+            yield value
+        for v in value.values():
+            yield from entities(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from entities(v)
+
+
+@pytest.mark.parametrize("name", sorted(INTENTS))
+@pytest.mark.parametrize("restrict", [True, False])
+async def test_every_intent_passes_the_cypher_guard(graph: Neo4jGraph, name, restrict):
+    intent = INTENTS[name]
+    args = intent.args.model_validate(intent.example).model_dump()
+    scope = public("t") if restrict else everything("t")
+    await graph.start()
+    async with graph._driver.session(database=graph.settings.database) as session:
+        result = await session.run("EXPLAIN " + intent.cypher, {**args, **scope.params})
+        summary = await result.consume()
+    check_query_type(summary.query_type)
+    check_plan(summary.plan, restrict_visibility=restrict)
+
+
+@pytest.mark.parametrize("name", sorted(INTENTS))
+async def test_intents_return_only_the_scope(graph: Neo4jGraph, team, name):
+    intent = INTENTS[name]
+    args = {**intent.example}
+    for key, value in (
+        ("tech", "Milvus"),
+        ("project", "poimen"),
+        ("topic", "milvus"),
+        ("doc", "Kubectl"),
+        ("entity", "Milvus"),
+        ("channel", "ch_general"),
+    ):
+        if key in args:
+            args[key] = value
+    args = intent.args.model_validate(
+        {k: v for k, v in args.items() if k not in ("role", "target")}
+    ).model_dump()
+    for scope in (public(team), everything(team)):
+        result = await graph.run_intent(name, args, scope)
+        for entity in entities(result["rows"]):
+            assert entity["team_id"] == team
+            assert entity["visibility"] in scope.visibilities
+
+
+async def test_intent_answers(graph: Neo4jGraph, team):
+    async def rows(name, scope, **args):
+        args = INTENTS[name].args.model_validate(args).model_dump()
+        return (await graph.run_intent(name, args, scope))["rows"]
+
+    found = await rows("FIND_PROJECTS_BY_TECH", public(team), tech="milvus")
+    assert ids(r[0] for r in found) == {"poimen", "helios"}
+    found = await rows("FIND_PROJECTS_BY_TECH", everything(team), tech="MILVUS")
+    assert ids(r[0] for r in found) == {"poimen", "helios", "atlas"}
+    members = await rows("MEMBERS_OF_DAO", public(team))
+    assert {(m["id"], role) for m, role in members} == {("alice", "guardian"), ("bob", "member")}
+    assert ids(r[0] for r in await rows("MEMBERS_OF_DAO", public(team), role="member")) == {"bob"}
+    assert ids(r[0] for r in await rows("AGENTS_SERVING", public(team), target="poimen")) == {
+        "ag_helper"
+    }
+    docs = await rows("DOCS_MENTIONING_TOPIC", public(team), topic="milvus")
+    assert ids(r[0] for r in docs) == {"debugging.md", "search.md"}
+    res = await rows("RESOURCES_USED_BY_PROJECT", public(team), project="helios")
+    assert ids(r[0] for r in res) == {"milvus"}
+    topics = await rows("TOPICS_OF_CHANNEL", public(team), channel="ch_general")
+    assert [(t["id"], n) for t, n in topics] == [("milvus", 1)]
+    experts = await rows("EXPERTS_ON_TOPIC", public(team), topic="milvus")
+    assert {(e["id"], n) for e, n in experts} == {("bob", 1), ("alice", 1)}
+    experts = await rows("EXPERTS_ON_TOPIC", everything(team), topic="milvus")
+    assert {e["id"] for e, _ in experts} == {"bob", "alice", "carol", "ag_secret"}
+    related = await rows("RELATED_PROJECTS", public(team), project="poimen")
+    assert {r[0]["id"] for r in related} == {"helios"}
+    linked = await rows("LINKED_DOCS", public(team), doc="Kubectl")
+    # A link to a note not ingested yet shows as its placeholder.
+    assert {(d, x["id"], x["stub"]) for d, x in linked} == {
+        ("links_to", "debugging.md", False),
+        ("links_to", "wiki:runbook", True),
+    }
+    neighbours = await rows("ENTITY_NEIGHBOURS", public(team), entity="Milvus")
+    assert {n[3]["id"] for n in neighbours} >= {"poimen", "helios"}
+    assert "atlas" not in {n[3]["id"] for n in neighbours}
+
+
+SAFE = [
+    "MATCH (p:Project)-[:USES]->(r:Resource) WHERE p.team_id = $team_id RETURN p.id AS id",
+    "MATCH (d:Doc)-[:MENTIONS]->(t:Topic) WHERE t.team_id = $team_id "
+    "RETURN t.id AS id, count(d) AS n",
+    "MATCH (p:Project {team_id: $team_id}) OPTIONAL MATCH (p)<-[:PART_OF]-(d:Doc) "
+    "RETURN p.id AS id, collect(d.id) AS docs",
+    "CALL db.index.fulltext.queryNodes('entity_names', 'milvus') YIELD node, score "
+    "WHERE node.team_id = $team_id RETURN node.id AS id",
+]
+
+
+@pytest.mark.parametrize("query", SAFE)
+async def test_scoped_cypher_runs_and_stays_in_the_team(graph: Neo4jGraph, team, query):
+    result = await graph.run_cypher(query, {}, everything(team))
+    assert result["rows"]
+    for row in result["rows"]:
+        assert row[0] in {"poimen", "helios", "atlas", "milvus", "kubernetes", "Milvus"} | {
+            "debugging.md",
+            "tools/kubectl.md",
+            "atlas-plan.md",
+            "search.md",
+        }
+
+
+async def test_public_scope_cypher_needs_visibility_predicates(graph: Neo4jGraph, team):
+    scoped = (
+        "MATCH (p:Project)-[u:USES]->(r:Resource) WHERE p.team_id = $team_id "
+        "AND p.visibility IN $visibilities AND u.visibility IN $visibilities "
+        "AND r.visibility IN $visibilities RETURN p.id AS id"
+    )
+    rows = (await graph.run_cypher(scoped, {}, public(team)))["rows"]
+    assert {r[0] for r in rows} == {"poimen", "helios"}
+    with pytest.raises(Forbidden) as err:
+        await graph.run_cypher(SAFE[0], {}, public(team))
+    assert err.value.reason == "unscoped_variable" and "visibility" in err.value.message
+
+
+# (query, reason): each must be refused before anything runs.
+REFUSED = [
+    ("MATCH (n) RETURN n.id", "unscoped_variable"),
+    ("MATCH (p:Project) WHERE p.team_id = $team_id OR true RETURN p.id", "unscoped_variable"),
+    (
+        "MATCH (p:Project) WHERE NOT p.team_id <> $team_id OR p.id = 'x' RETURN p",
+        "unscoped_variable",
+    ),
+    (
+        "MATCH (n) WITH n AS m MATCH (n:Doc) WHERE n.team_id = $team_id RETURN m.title",
+        "rebound_variable",
+    ),
+    (
+        "MATCH (n) RETURN n.id AS id UNION "
+        "MATCH (n:Doc) WHERE n.team_id = $team_id RETURN n.id AS id",
+        "unscoped_variable",
+    ),
+    (
+        "MATCH (n:Doc) WHERE n.team_id = $team_id MATCH (x:Doc) WHERE x.id = n.id RETURN x.title",
+        "unscoped_variable",
+    ),
+    (
+        "MATCH (a:Project) WHERE a.team_id = $team_id MATCH (b:Project) WHERE NOT (a)--(b) "
+        "RETURN b.id",
+        "unscoped_variable",
+    ),
+    (
+        "MATCH (d:Doc) WHERE d.team_id = $team_id "
+        "AND EXISTS { MATCH (x:Doc {title: 'Atlas plan'}) } RETURN d.id",
+        "unscoped_variable",
+    ),
+    (
+        "MATCH (d:Doc) WHERE d.team_id = $team_id RETURN [(d)-->(x) | x.title] AS t",
+        "unscoped_variable",
+    ),
+    (
+        "CALL db.index.fulltext.queryNodes('entity_names', 'milvus') YIELD node RETURN node.id",
+        "unscoped_variable",
+    ),
+    ("MATCH (n) WHERE elementId(n) = '4:x:1' RETURN n", "unscoped_variable"),
+    (
+        "MATCH (d:Doc) WHERE d.team_id = $team_id RETURN COUNT { MATCH (x) } AS c",
+        "unsupported_operator",
+    ),
+    ("CALL db.labels() YIELD label RETURN label", "procedure_not_allowed"),
+    ("CALL dbms.components()", "not_read_only"),
+    ("SHOW USERS", "not_read_only"),
+    ("LOAD CSV FROM 'file:///etc/passwd' AS line RETURN line", "write"),
+    ("CREATE (n:Project {team_id: $team_id, id: 'x'}) RETURN n", "not_read_only"),
+    ("MATCH (n:Project) WHERE n.team_id = $team_id SET n.name = 'x'", "not_read_only"),
+    ("MATCH (n:Project) WHERE n.team_id = $team_id DETACH DELETE n", "not_read_only"),
+    ("MERGE (n:Project {team_id: $team_id, id: 'x'})", "not_read_only"),
+    ("MATCH (n:Doc) WHERE n.team_id = $team_id FOREACH (x IN [1] | SET n.y = x)", "not_read_only"),
+]
+
+
+@pytest.mark.parametrize("query, reason", REFUSED)
+async def test_unsafe_cypher_is_refused_with_a_reason(graph: Neo4jGraph, team, query, reason):
+    before = await graph.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
+    with pytest.raises(Forbidden) as err:
+        await graph.run_cypher(query, {}, everything(team))
+    assert err.value.reason == reason, err.value.message
+    after = await graph.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
+    assert after == before
+
+
+async def test_var_length_is_refused_in_public_scope_only(graph: Neo4jGraph, team):
+    query = (
+        "MATCH (d:Doc {team_id: $team_id, id: 'tools/kubectl.md'}) "
+        "MATCH (d)-[:LINKS_TO*1..2]->(o) RETURN o.id"
+    )
+    rows = (await graph.run_cypher(query, {}, everything(team)))["rows"]
+    assert {r[0] for r in rows} == {"debugging.md", "wiki:runbook"}
+    with pytest.raises(Forbidden) as err:
+        await graph.run_cypher(query, {}, public(team))
+    assert err.value.reason == "var_length_in_public_scope"
+
+
+async def test_syntax_error_keeps_neo4js_message(graph: Neo4jGraph, team):
+    with pytest.raises(InvalidQuery) as err:
+        await graph.run_cypher("MATCH (p:Project WHERE RETURN p", {}, everything(team))
+    assert "Invalid input" in err.value.message and err.value.status_code == 400
+
+
+async def test_row_limit_and_timeout_are_4xx(settings):
+    graph = Neo4jGraph(settings.neo4j.model_copy(update={"max_rows": 10, "query_timeout_s": 1.0}))
+    try:
+        with pytest.raises(QueryLimitExceeded) as err:
+            await graph.run_cypher("UNWIND range(1, 11) AS x RETURN x", {}, everything("t"))
+        assert err.value.reason == "row_limit" and err.value.status_code == 422
+        with pytest.raises(QueryLimitExceeded) as err:
+            await graph.run_cypher(
+                "UNWIND range(1, 200000000) AS x WITH x WHERE x < 0 RETURN count(*)",
+                {},
+                everything("t"),
+            )
+        assert err.value.reason == "timeout"
+    finally:
+        await graph.close()
+
+
+async def test_explain_path_inside_the_scope(graph: Neo4jGraph, team):
+    result = await graph.explain_path(
+        {"ref": "alice"}, {"ref": "Milvus", "label": "Resource"}, public(team), 4, 5
+    )
+    assert result["paths"]
+    for path in result["paths"]:
+        for entity in [*path["nodes"], *path["relationships"]]:
+            assert entity["team_id"] == team and entity["visibility"] == "public"
+    sentences = [path_sentence(p) for p in result["paths"]]
+    assert (
+        "User 'alice' authored Doc 'Kubectl'; Doc 'Kubectl' is part of Project 'poimen'; "
+        "Project 'poimen' uses Resource 'Milvus'." in sentences
+    ), sentences
+    # carol wrote only a confidential document: invisible in public scope.
+    with pytest.raises(NotFound):
+        await graph.explain_path({"ref": "carol"}, {"ref": "Milvus"}, public(team), 4, 5)
+    result = await graph.explain_path({"ref": "carol"}, {"ref": "Milvus"}, everything(team), 4, 5)
+    assert any("atlas" in path_sentence(p) for p in result["paths"])
+
+
+async def test_explain_path_with_no_connection_is_empty(graph: Neo4jGraph, team):
+    await graph.upsert_entities(
+        team,
+        [
+            {
+                "label": "Resource",
+                "id": "lonely",
+                "name": "Lonely",
+                "visibility": "public",
+                "properties": {},
+            }
+        ],
+        [],
+    )
+    result = await graph.explain_path({"ref": "alice"}, {"ref": "lonely"}, public(team), 4, 5)
+    assert result["paths"] == []
+
+
+async def test_related_docs_follow_named_entities(graph: Neo4jGraph, team):
+    found = await graph.related_docs("which projects use Milvus?", public(team), 5, 50)
+    assert "milvus" in {e["node"]["id"] for e in found["entities"]}
+    assert set(found["docs"]) >= {"debugging.md", "search.md"}
+    assert "atlas-plan.md" not in found["docs"]
+    found = await graph.related_docs("milvus", everything(team), 5, 50)
+    assert "atlas-plan.md" in found["docs"]
+    # Lucene syntax in the text is escaped, not interpreted.
+    assert (await graph.related_docs('milvus" OR *:* AND -(', public(team), 5, 50))["docs"]
+    assert (await graph.related_docs("   ", public(team), 5, 50)) == {"entities": [], "docs": {}}
+
+
+async def test_wiki_links_resolve_late_and_follow_edits(graph: Neo4jGraph, team):
+    async def links(doc_id):
+        rows = await graph.run(
+            "MATCH (:Doc {team_id: $t, id: $d})-[:LINKS_TO]->(x) RETURN x.id AS id",
+            {"t": team, "d": doc_id},
+        )
+        return {r["id"] for r in rows}
+
+    assert await links("tools/kubectl.md") == {"debugging.md", "wiki:runbook"}
+    # The runbook arrives: the placeholder hands its links over and disappears.
+    await graph.merge_documents([gdoc(team, "ops/runbook.md", "Runbook")])
+    assert await links("tools/kubectl.md") == {"debugging.md", "ops/runbook.md"}
+    stubs = await graph.run(
+        "MATCH (d:Doc {team_id: $t}) WHERE d.stub RETURN count(d) AS c", {"t": team}
+    )
+    assert stubs[0]["c"] == 0
+    # Re-sending the same note changes nothing; an edit that drops a link removes it.
+    before = await graph.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
+    await graph.merge_documents(
+        [
+            gdoc(
+                team,
+                "tools/kubectl.md",
+                "Kubectl",
+                text="see [[debugging]] and [[Runbook]]",
+                project_id="poimen",
+                tags=("kubernetes",),
+                author_id="alice",
+            )
+        ]
+    )
+    after = await graph.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
+    assert after == before
+    await graph.merge_documents(
+        [
+            gdoc(
+                team,
+                "tools/kubectl.md",
+                "Kubectl",
+                text="only [[debugging|the debugging note]]",
+                project_id="poimen",
+                tags=("kubernetes",),
+                author_id="alice",
+            )
+        ]
+    )
+    assert await links("tools/kubectl.md") == {"debugging.md"}
+
+
+async def test_upsert_is_idempotent(graph: Neo4jGraph, team):
+    async def count():
+        rows = await graph.run(
+            "MATCH (n {team_id: $t}) OPTIONAL MATCH (n)-[r]->() RETURN count(DISTINCT n) AS n, "
+            "count(r) AS r",
+            {"t": team},
+        )
+        return rows[0]["n"], rows[0]["r"]
+
+    before = await count()
+    await build(graph, team)
+    assert await count() == before
+
+
+async def test_neo4j_down_is_backend_unavailable():
+    graph = Neo4jGraph(Neo4jSettings(uri="bolt://127.0.0.1:1", timeout_s=1))
+    with pytest.raises(BackendUnavailable):
+        await graph.run_intent("MEMBERS_OF_DAO", {"role": None, "limit": 5}, public("t"))
+    with pytest.raises(BackendUnavailable):
+        await graph.run_cypher("RETURN 1", {}, public("t"))
