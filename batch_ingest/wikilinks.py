@@ -40,9 +40,3 @@ def extract_links(text: str) -> tuple[str, ...]:
             if len(keys) >= MAX_LINKS:
                 break
     return tuple(keys)
-
-
-def document_keys(doc_id: str, title: str) -> tuple[str, ...]:
-    """The keys a document answers to: its id's last segment and its title."""
-    keys = [wiki_key(doc_id), wiki_key(title) if title else ""]
-    return tuple(dict.fromkeys(k for k in keys if k))

@@ -357,15 +357,19 @@ def _walk(op: dict[str, Any], ancestors: tuple[dict[str, Any], ...]) -> Iterator
 
 def check_query_type(query_type: str | None) -> None:
     if query_type != "r":
-        kind = {"rw": "reads and writes", "w": "writes", "s": "changes the schema"}.get(
-            query_type or "", f"has query type {query_type!r}"
-        )
+        kind = {
+            "rw": "reads and writes",
+            "w": "writes",
+            "s": "is a schema or administration command",
+        }.get(query_type or "", f"has query type {query_type!r}")
         raise CypherRejected(
             f"only read-only queries are allowed; this query {kind}", "not_read_only"
         )
 
 
-def check_plan(plan: dict[str, Any], *, restrict_visibility: bool) -> None:
+def check_plan(
+    plan: dict[str, Any], *, restrict_visibility: bool, database: str | None = None
+) -> None:
     """Raise ``CypherRejected`` unless the plan is read-only and tenant-scoped (see module).
 
     Args:
@@ -373,6 +377,7 @@ def check_plan(plan: dict[str, Any], *, restrict_visibility: bool) -> None:
             ``children``), as the neo4j driver returns it.
         restrict_visibility: the caller may not see every visibility; require
             ``visibility IN $visibilities`` on every node and relationship too.
+        database: the database every operator must run in (a ``USE other`` is refused).
     """
     first: dict[str, tuple[_Binding, tuple[dict[str, Any], ...]]] = {}
     counts: dict[str, int] = {}
@@ -381,6 +386,11 @@ def check_plan(plan: dict[str, Any], *, restrict_visibility: bool) -> None:
     edges: list[tuple[str, str]] = []
     for op, ancestors in _walk(plan, ()):
         name = _name(op)
+        where = str(op.get("operatorType", "")).partition("@")[2]
+        if database and where and where != database:
+            raise CypherRejected(
+                f"the query reads database {where!r}; only {database!r} is served", "database"
+            )
         if name == "LoadCSV" or name.startswith(WRITE_WORDS):
             raise CypherRejected(f"operator {name} is not allowed (writes or loads)", "write")
         if name.startswith(("AdministrationCommand", "SystemProcedure")):
@@ -422,12 +432,23 @@ def check_plan(plan: dict[str, Any], *, restrict_visibility: bool) -> None:
                 first[b.var] = (b, ancestors)
             counts[b.var] = counts.get(b.var, 0) + 1
             needs.append((b, ancestors))
+    # A name bound to a node or relationship and later given to another value
+    # (`WITH x AS y, s AS x`) would let predicates and patterns on the new value pass for the
+    # old binding: refused outright.
+    for op, _ in _walk(plan, ()):
+        for var in first:
+            if _redefines(op, var):
+                raise CypherRejected(
+                    f"variable {var!r} is given another value after it was bound; use a new "
+                    "name instead of reusing it",
+                    "rebound_variable",
+                )
     proven: dict[int, set[str]] = {}
     for i, (b, ancestors) in enumerate(needs):
         facts = set(b.own)
         # Filters above the binding, while every operator between still carries the variable.
         for anc in reversed(ancestors):
-            if b.var not in _ids(anc):
+            if b.var not in _ids(anc) or _redefines(anc, b.var):
                 break
             if _name(anc) == "Filter":
                 facts |= {what for v, what in scope_facts(_details(anc)) if v == b.var}
@@ -460,6 +481,21 @@ def check_plan(plan: dict[str, Any], *, restrict_visibility: bool) -> None:
                 "they can be constrained)",
                 "unscoped_variable",
             )
+
+
+_AS = re.compile(rf"^(?P<expr>.+?)\s+AS\s+(?P<name>{_NAME})$", re.S)
+
+
+def _redefines(op: dict[str, Any], var: str) -> bool:
+    """Whether ``op`` (a projection, aggregation or unwind) gives the name ``var`` to
+    something else (``WITH x AS y, s AS x``): filters above it then test the new value."""
+    if _name(op) in ("Filter", "ProduceResults"):
+        return False
+    for item in _split_top(_details(op)):
+        m = _AS.match(item)
+        if m and _unquote(m["name"]) == var and _unquote(m["expr"].strip()) != var:
+            return True
+    return False
 
 
 def _meet_at_union_or_join(

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from batch_ingest.wikilinks import document_keys
+from batch_ingest.wikilinks import wiki_key
 from deployments.config import Neo4jSettings
 from deployments.cypher_guard import CypherRejected, check_plan, check_query_type
 from deployments.errors import (
@@ -66,6 +66,11 @@ def schema_statements() -> list[str]:
             f"CREATE INDEX {low}_team_visibility IF NOT EXISTS FOR (n:{label}) "
             "ON (n.team_id, n.visibility)"
         )
+    # [[wiki-link]] resolution: a document by the key of its id or of its title.
+    for prop in ("wiki_id", "wiki_title"):
+        statements.append(
+            f"CREATE INDEX doc_{prop} IF NOT EXISTS FOR (n:Doc) ON (n.team_id, n.{prop})"
+        )
     statements.append(
         "CREATE FULLTEXT INDEX entity_names IF NOT EXISTS FOR (n:"
         + "|".join(NODE_LABELS)
@@ -86,7 +91,8 @@ MERGE (dao:MicroDAO {team_id: d.team_id, id: d.team_id})
 MERGE (doc:Doc {team_id: d.team_id, id: d.doc_id})
 SET doc.title = d.title, doc.visibility = d.visibility, doc.doc_type = d.doc_type,
     doc.url = d.url, doc.created_at = d.created_at, doc.tags = d.tags,
-    doc.project_id = d.project_id, doc.wiki_keys = d.wiki_keys, doc.stub = false
+    doc.project_id = d.project_id, doc.wiki_id = d.wiki_id, doc.wiki_title = d.wiki_title,
+    doc.stub = false
 WITH d, doc
 CALL (doc) {
   OPTIONAL MATCH (doc)-[old:PART_OF|POSTED_IN|MENTIONS|LINKS_TO]->()
@@ -139,8 +145,9 @@ CALL (d, doc) {
 CALL (d, doc) {
   // A placeholder that waited for this document (an earlier [[link]] to it) hands over
   // its incoming links and goes.
-  MATCH (stub:Doc {team_id: d.team_id, stub: true})
-  WHERE stub <> doc AND any(k IN stub.wiki_keys WHERE k IN d.wiki_keys)
+  UNWIND [k IN [d.wiki_id, d.wiki_title] WHERE k IS NOT NULL] AS k
+  MATCH (stub:Doc {team_id: d.team_id, id: 'wiki:' + k})
+  WHERE stub.stub AND stub <> doc
   CALL (stub, doc) {
     MATCH (src:Doc)-[old:LINKS_TO]->(stub)
     MERGE (src)-[r:LINKS_TO]->(doc)
@@ -151,24 +158,29 @@ CALL (d, doc) {
 CALL (d, doc) {
   UNWIND d.links AS key
   CALL (d, doc, key) {
-    OPTIONAL MATCH (t:Doc {team_id: d.team_id})
-    WHERE t <> doc AND key IN t.wiki_keys AND NOT coalesce(t.stub, false)
+    OPTIONAL MATCH (t:Doc {team_id: d.team_id, wiki_id: key}) WHERE t <> doc
     WITH t ORDER BY t.id LIMIT 1
-    RETURN t AS target
+    RETURN t AS by_id
   }
+  CALL (d, doc, key) {
+    OPTIONAL MATCH (t:Doc {team_id: d.team_id, wiki_title: key}) WHERE t <> doc
+    WITH t ORDER BY t.id LIMIT 1
+    RETURN t AS by_title
+  }
+  WITH d, doc, key, coalesce(by_id, by_title) AS target
   // A link to a note not ingested yet points at a placeholder until it arrives.
   CALL (d, key, target) {
     WITH d, key, target WHERE target IS NULL
     MERGE (s:Doc {team_id: d.team_id, id: 'wiki:' + key})
-      ON CREATE SET s.stub = true, s.title = key, s.wiki_keys = [key],
-                    s.visibility = d.visibility, s.doc_type = 'wiki'
+      ON CREATE SET s.stub = true, s.title = key, s.visibility = d.visibility,
+                    s.doc_type = 'wiki'
     SET s.visibility = CASE WHEN d.visibility = 'public' THEN 'public' ELSE s.visibility END
     RETURN s AS placeholder
     UNION
     WITH target WHERE target IS NOT NULL
     RETURN target AS placeholder
   }
-  WITH doc, placeholder WHERE placeholder <> doc
+  WITH d, doc, placeholder WHERE placeholder <> doc
   MERGE (doc)-[r:LINKS_TO]->(placeholder)
   SET r.team_id = d.team_id, r.visibility = d.visibility
 }
@@ -256,8 +268,12 @@ def _to_plain(value: Any) -> Any:
     return value
 
 
+# Node properties that only serve the gateway's own lookups.
+_INTERNAL = ("wiki_id", "wiki_title")
+
+
 def _node(node: Any) -> dict[str, Any]:
-    props = {k: _to_plain(v) for k, v in dict(node).items() if k not in ("wiki_keys",)}
+    props = {k: _to_plain(v) for k, v in dict(node).items() if k not in _INTERNAL}
     return {"_type": "node", "labels": sorted(node.labels), **props}
 
 
@@ -450,7 +466,8 @@ class Neo4jGraph:
                 "author_id": d.author_id,
                 "tags": list(d.tags),
                 "links": list(d.links),
-                "wiki_keys": list(document_keys(d.doc_id, d.title)),
+                "wiki_id": wiki_key(d.doc_id) or None,
+                "wiki_title": wiki_key(d.title) or None,
                 "created_at": d.created_at,
             }
             for d in docs
@@ -542,7 +559,9 @@ RETURN count(x) AS c
         try:
             check_query_type(summary.query_type)
             check_plan(
-                summary.plan or {}, restrict_visibility="confidential" not in scope.visibilities
+                summary.plan or {},
+                restrict_visibility="confidential" not in scope.visibilities,
+                database=self.settings.database,
             )
         except CypherRejected as exc:
             raise Forbidden(

@@ -25,7 +25,7 @@ from serve_app.contracts import TEAM_ALIASES, _one_tenant_key
 # Labels the upsert may write: documents come only through ingestion.
 UPSERT_LABELS = tuple(label for label in NODE_LABELS if label != "Doc")
 PROPERTY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-RESERVED_PROPERTIES = ("team_id", "id", "visibility", "stub", "wiki_keys")
+RESERVED_PROPERTIES = ("team_id", "id", "visibility", "stub", "wiki_id", "wiki_title")
 MAX_CYPHER_CHARS = 20_000
 Scalar = str | int | float | bool | None
 

@@ -280,6 +280,17 @@ REFUSED = [
         "MATCH (n:Doc) WHERE n.team_id = $team_id MATCH (x:Doc) WHERE x.id = n.id RETURN x.title",
         "unscoped_variable",
     ),
+    # The name of a scoped node given to an unscoped one.
+    (
+        "MATCH (s:Doc) WHERE s.team_id = $team_id MATCH (x) WITH x AS y, s AS x "
+        "WHERE x.team_id = $team_id RETURN y.title",
+        "rebound_variable",
+    ),
+    (
+        "MATCH (s:Doc) WHERE s.team_id = $team_id MATCH (x) WITH x AS y, s AS x "
+        "MATCH (x)-[r]->(b:Topic) WHERE b.team_id = $team_id RETURN y.title",
+        "rebound_variable",
+    ),
     (
         "MATCH (a:Project) WHERE a.team_id = $team_id MATCH (b:Project) WHERE NOT (a)--(b) "
         "RETURN b.id",
