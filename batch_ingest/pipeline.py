@@ -7,6 +7,7 @@ on one document leaves every document before it fully indexed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Literal
 
 from batch_ingest.chunking import Chunker
 from batch_ingest.documents import SourceDocument, content_hash, make_chunk_id
+from batch_ingest.source_store import Key, SourceStore
 from batch_ingest.wikilinks import extract_links
 from deployments.errors import BackendUnavailable, GatewayError
 from deployments.protocols import ChunkRecord, Embedder, GraphDocument, GraphStore, VectorStore
@@ -83,12 +85,15 @@ class IngestPipeline:
         graph: GraphStore | None,
         chunker: Chunker,
         embed_model: str,
+        sources: SourceStore | None = None,
     ) -> None:
         self.embedder = embedder
         self.store = store
         self.graph = graph
         self.chunker = chunker
         self.embed_model = embed_model
+        # The source-document registry (reindex reads it); None keeps no registry.
+        self.sources = sources
 
     def build_chunks(self, doc: SourceDocument) -> list[ChunkRecord]:
         """Chunk records without vectors; ids and hashes are deterministic."""
@@ -122,8 +127,11 @@ class IngestPipeline:
             )
         return records
 
-    async def ingest(self, docs: list[SourceDocument]) -> IngestReport:
-        """Index ``docs`` in order; report per document.
+    async def ingest(
+        self, docs: list[SourceDocument], versions: dict[Key, int] | None = None
+    ) -> IngestReport:
+        """Index ``docs`` in order; report per document. ``versions`` (event versions by
+        ``(team_id, doc_type, doc_id)``) go to the source registry with them.
 
         Raises:
             BackendUnavailable: if the embedder or Milvus fails before any document is written.
@@ -190,6 +198,12 @@ class IngestPipeline:
         # Unchanged documents are merged too (MERGE is idempotent): a re-send repairs a graph
         # that missed them during an outage.
         to_graph = written + unchanged
+        if to_graph and self.sources is not None:
+            try:
+                await asyncio.to_thread(self.sources.put, to_graph, versions)
+            except Exception as exc:  # searchable already; reindex would miss them
+                logger.warning("source registry not updated: %s", exc)
+                report.degraded.append(f"source registry not updated: {exc}")
         if to_graph and self.graph is not None:
             try:
                 await self.graph.merge_documents([_graph_doc(d) for d in to_graph])

@@ -291,6 +291,14 @@ class AuthSettings(BaseModel):
         return self
 
 
+class StateSettings(BaseModel):
+    """The gateway's own state: the source-document registry (batch_ingest/source_store.py)
+    that reindex reads and the event consumer orders versions by."""
+
+    # SQLAlchemy URL: a SQLite file (relative to the repository root) or PostgreSQL.
+    url: str = "sqlite:///var/state.db"
+
+
 class AuditSettings(BaseModel):
     """The audit log of every access decision (serve_app/audit.py)."""
 
@@ -330,6 +338,7 @@ class GatewaySettings(BaseSettings):
     reranker: RerankerSettings = RerankerSettings()
     milvus: MilvusSettings = MilvusSettings()
     neo4j: Neo4jSettings = Neo4jSettings()
+    state: StateSettings = StateSettings()
     search: SearchSettings = SearchSettings()
     chunking: ChunkingSettings = ChunkingSettings()
     ingest: IngestSettings = IngestSettings()

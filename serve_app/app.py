@@ -19,6 +19,7 @@ from ray.serve import Application
 
 from batch_ingest.chunking import Chunker, embedder_token_counter
 from batch_ingest.pipeline import IngestPipeline
+from batch_ingest.source_store import SourceStore
 from deployments.config import GatewaySettings
 from deployments.embedder import EmbedderDeployment, embedding_dim
 from deployments.graph import GraphDeployment
@@ -76,6 +77,7 @@ class Ingress:
             graph=graph_proxy,
             chunker=chunker,
             embed_model=settings.embedder.embed_model_tag,
+            sources=SourceStore(settings.state.url),
         )
         self.service = GatewayService(
             settings=settings,

@@ -1,0 +1,201 @@
+"""The registry of source documents: what was ingested, at which version, and its text.
+
+Milvus holds chunks (text cut with overlap, plus a context header); re-chunking a tenant with a
+new model or chunker needs the documents themselves, and ordering events needs the last
+version applied per document. Both live here, one row per ``(team_id, doc_type, doc_id)``:
+the validated ``SourceDocument`` as JSON, the event ``version`` it came with (``None`` for
+API ingestion), and a tombstone after a delete (so an older upsert delivered late cannot bring
+the document back).
+
+One schema for SQLite (the default, ``var/state.db``) and PostgreSQL (``state.url``), written
+with SQLAlchemy Core; synchronous (callers run it in a thread).
+
+Readers: ``batch_ingest.reindex`` (``iter_team``); writers: the ingestion pipeline after a
+document is indexed (``put``) or deleted (``tombstone``). ``should_apply`` is the version check
+of the event consumer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine, make_url
+
+from batch_ingest.documents import SourceDocument
+
+Key = tuple[str, str, str]  # (team_id, doc_type, doc_id)
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    team_id: str
+    doc_type: str
+    doc_id: str
+    version: int | None
+    deleted: bool
+    document: SourceDocument | None
+    updated_at: datetime
+
+
+def build_table(metadata: sa.MetaData, name: str = "source_documents") -> sa.Table:
+    return sa.Table(
+        name,
+        metadata,
+        sa.Column("team_id", sa.String(128), primary_key=True),
+        sa.Column("doc_type", sa.String(32), primary_key=True),
+        sa.Column("doc_id", sa.String(256), primary_key=True),
+        sa.Column("version", sa.BigInteger, nullable=True),
+        sa.Column("deleted", sa.Boolean, nullable=False, default=False),
+        sa.Column("document", sa.Text, nullable=True),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    )
+
+
+class SourceStore:
+    """Source documents by key, with versions and tombstones.
+
+    Args:
+        url: SQLAlchemy URL; a relative SQLite path is relative to the repository root.
+    """
+
+    def __init__(self, url: str = "sqlite:///var/state.db", table: str = "source_documents"):
+        from serve_app.audit import resolve_url
+
+        self.url = resolve_url(url)
+        backend = make_url(self.url).get_backend_name()
+        connect_args: dict[str, Any] = {}
+        if backend == "sqlite":
+            connect_args = {"timeout": 30, "check_same_thread": False}
+        elif backend == "postgresql":
+            connect_args = {"connect_timeout": 5}
+        self.engine: Engine = sa.create_engine(
+            self.url, pool_pre_ping=True, connect_args=connect_args
+        )
+        self.metadata = sa.MetaData()
+        self.table = build_table(self.metadata, table)
+        self.metadata.create_all(self.engine, checkfirst=True)
+
+    # --- reads -------------------------------------------------------------------------------
+    def get(self, key: Key) -> SourceRow | None:
+        t = self.table
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(t).where(
+                    t.c.team_id == key[0], t.c.doc_type == key[1], t.c.doc_id == key[2]
+                )
+            ).first()
+        return _row(row) if row is not None else None
+
+    def should_apply(self, key: Key, version: int | None) -> bool:
+        """Whether an event of ``version`` for ``key`` is new: no version (API ingestion)
+        always applies; otherwise it must be newer than the stored one (an equal version is a
+        redelivery, an older one arrived out of order)."""
+        if version is None:
+            return True
+        row = self.get(key)
+        return row is None or row.version is None or version > row.version
+
+    def iter_team(self, team_id: str, batch: int = 500) -> Iterator[SourceDocument]:
+        """Every live (not deleted) document of a team, in key order, streamed."""
+        t = self.table
+        last: tuple[str, str] = ("", "")
+        while True:
+            query = (
+                sa.select(t.c.doc_type, t.c.doc_id, t.c.document)
+                .where(t.c.team_id == team_id, t.c.deleted.is_(False))
+                .where(sa.tuple_(t.c.doc_type, t.c.doc_id) > sa.tuple_(*last))
+                .order_by(t.c.doc_type, t.c.doc_id)
+                .limit(batch)
+            )
+            with self.engine.connect() as conn:
+                rows = conn.execute(query).all()
+            if not rows:
+                return
+            for doc_type, doc_id, document in rows:
+                yield SourceDocument.model_validate_json(document)
+                last = (doc_type, doc_id)
+
+    def count(self, team_id: str) -> int:
+        t = self.table
+        with self.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(t)
+                    .where(t.c.team_id == team_id, t.c.deleted.is_(False))
+                ).scalar_one()
+            )
+
+    # --- writes ------------------------------------------------------------------------------
+    def put(self, docs: list[SourceDocument], versions: dict[Key, int] | None = None) -> None:
+        """Record indexed documents (upsert; clears a tombstone), with the event version of
+        each where one came (``versions`` by key)."""
+        versions = versions or {}
+        self._write(
+            [
+                {
+                    "team_id": d.team_id,
+                    "doc_type": d.doc_type,
+                    "doc_id": d.doc_id,
+                    "version": versions.get((d.team_id, d.doc_type, d.doc_id)),
+                    "deleted": False,
+                    "document": d.model_dump_json(),
+                }
+                for d in docs
+            ]
+        )
+
+    def tombstone(self, key: Key, version: int | None = None) -> None:
+        """Record that ``key`` was deleted (its text is dropped, its version kept)."""
+        self._write(
+            [
+                {
+                    "team_id": key[0],
+                    "doc_type": key[1],
+                    "doc_id": key[2],
+                    "version": version,
+                    "deleted": True,
+                    "document": None,
+                }
+            ]
+        )
+
+    def _write(self, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        now = datetime.now(UTC)
+        t = self.table
+        with self.engine.begin() as conn:
+            for row in rows:
+                values = {**row, "updated_at": now}
+                key = (
+                    (t.c.team_id == row["team_id"])
+                    & (t.c.doc_type == row["doc_type"])
+                    & (t.c.doc_id == row["doc_id"])
+                )
+                updated = conn.execute(sa.update(t).where(key).values(**values)).rowcount
+                if not updated:
+                    conn.execute(sa.insert(t).values(**values))
+
+    def drop_team(self, team_id: str) -> int:
+        t = self.table
+        with self.engine.begin() as conn:
+            return conn.execute(sa.delete(t).where(t.c.team_id == team_id)).rowcount
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _row(row: Any) -> SourceRow:
+    document = SourceDocument.model_validate(json.loads(row.document)) if row.document else None
+    updated = row.updated_at
+    if updated.tzinfo is None:
+        updated = updated.replace(tzinfo=UTC)
+    return SourceRow(
+        row.team_id, row.doc_type, row.doc_id, row.version, bool(row.deleted), document, updated
+    )
