@@ -7,8 +7,10 @@ JWT (HS256) and API key authentication. Each probe picks an identity, a credenti
 expired / not yet valid / wrong audience / wrong issuer / forged / ``alg: none`` / garbage /
 truncated token, an API key of another team, an unknown key, none at all) and a request with
 random or adversarial fields, and sends it to ``POST /rag/search_docs``,
-``POST /ingest/documents`` or ``GET /audit/decisions``. The expected visibility comes from the
-oracle of the property tests (written from the policy's rules, not from AccessContext).
+``POST /ingest/documents``, ``GET /audit/decisions`` or ``POST /rag/enrich_answer`` (whose
+sources, like search matches, must stay inside what the caller may read). The expected
+visibility comes from the oracle of the property tests (written from the policy's rules, not
+from AccessContext).
 
 A leak is: a chunk (marker) of another team, or one the caller may not read, in any response;
 a 200 for a team the identity does not grant; a write the caller may not make; a non-401 for
@@ -22,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import random
+import re
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -36,7 +40,12 @@ from bench.common import environment_info, markdown_table, setup_logging, write_
 
 logger = logging.getLogger("bench.leak_probes")
 
-ENDPOINTS = ("POST /rag/search_docs", "POST /ingest/documents", "GET /audit/decisions")
+ENDPOINTS = (
+    "POST /rag/search_docs",
+    "POST /ingest/documents",
+    "GET /audit/decisions",
+    "POST /rag/enrich_answer",
+)
 BAD_TOKENS = (
     "jwt_expired",
     "jwt_not_yet",
@@ -61,6 +70,14 @@ CREDENTIALS = (
 )
 QUERIES = ("Milvus gateway search notes", "deploy budget qmk3q", "qmk12q", "")
 DOC_TYPES = ("doc", "wiki", "message", "transaction", "file", "rwa")
+# Drafts for rag.enrich_answer: claims the corpus supports (in every team), a marker of one
+# document, and text nothing supports.
+DRAFTS = (
+    "Milvus gateway search notes about doc deploy budget. Nothing here is about purple cats.",
+    "Milvus gateway search notes of dao_b about wiki deploy budget qmk3q.",
+    "- Milvus gateway search notes about transaction deploy budget\n- Search notes on qmk12q.",
+    "Purple elephants dance on quantum keyboards.",
+)
 
 
 @contextlib.contextmanager
@@ -82,10 +99,935 @@ def isolated_env(audit_url: str) -> Iterator[None]:
         os.environ.update(saved)
 
 
-class Prober:
+# --- graph endpoints (real Neo4j; --graph) --------------------------------------------------
+
+GRAPH_ENDPOINTS = (
+    "POST /graph/query intent",
+    "POST /graph/query cypher",
+    "POST /graph/explain_path",
+    "POST /graph/entities",
+    "POST /rag/search_docs graph",
+)
+# Every graph entity of the seed (but documents, which carry the corpus markers qmk<i>q)
+# carries gmk<j>g in its id or name: a leak is found by string search of the response.
+GRAPH_MARKER = re.compile(r"gmk(\d+)g")
+# The tenancy layout plus a project only confidential documents name.
+GRAPH_LAYOUT = (
+    ("pub_doc", "public", "doc", ""),
+    ("conf_doc", "confidential", "doc", ""),
+    ("pub_tx", "public", "transaction", ""),
+    ("conf_wiki", "confidential", "wiki", "prj_open"),
+    ("pub_msg", "public", "message", "prj_open"),
+    ("ops_doc", "public", "doc", "prj_ops"),
+    ("board_doc", "public", "doc", "prj_board"),
+    ("board_conf", "confidential", "file", "prj_board"),
+    ("secret_plan", "confidential", "doc", "prj_secret"),
+    ("skill", "public", "wiki", ""),
+)
+INJECTIONS = (
+    "' OR 1=1 //",
+    "}) MATCH (n) RETURN n //",
+    '") RETURN n UNION MATCH (n) RETURN n //',
+    "x' }) DETACH DELETE n //",
+    "milvus' OR n.team_id <> '",
+    "$team_id",
+    "$visibilities",
+    "*",
+    "*:*",
+    "name:*",
+    "milvus~",
+    "(milvus OR rag) AND NOT x",
+    "team_id:dao_b*",
+    "/.*/",
+    "milvus^10",
+    "\\",
+    "\u202e\u200bmilvus",
+    "MILVUS",
+    "  milvus  ",
+)
+LUCENE_QUERIES = (
+    "milvus",
+    "prj_ops budget",
+    "rag OR milvus",
+    "milvus AND NOT rag",
+    "title:*",
+    "*",
+    "milvus~2",
+    '"deploy budget"',
+    "(((",
+    "a" * 300,
+)
+REFUSED_CYPHER = (
+    "MATCH (n) RETURN n",
+    "MATCH (n) WHERE n.team_id = '{foreign}' RETURN n",
+    "MATCH (n) WHERE n.team_id = $team_id OR n.team_id = '{foreign}' RETURN n",
+    "MATCH (p:Project) WHERE NOT p.team_id <> $team_id OR p.id = 'x' RETURN p",
+    "MATCH (n) WITH n AS m MATCH (n:Doc) WHERE n.team_id = $team_id RETURN m",
+    "MATCH (n) RETURN n.id AS id UNION MATCH (n:Doc) WHERE n.team_id = $team_id RETURN n.id AS id",
+    "MATCH (n:Doc) WHERE n.team_id = $team_id MATCH (x:Doc) WHERE x.id = n.id RETURN x.title",
+    "MATCH (a:Project) WHERE a.team_id = $team_id MATCH (b:Project) WHERE NOT (a)--(b) "
+    "RETURN b.name",
+    "MATCH (d:Doc) WHERE d.team_id = $team_id AND EXISTS { MATCH (x:Doc) } RETURN d.id",
+    "MATCH (d:Doc) WHERE d.team_id = $team_id RETURN [(d)-->(x) | x.title] AS t",
+    "CALL db.index.fulltext.queryNodes('entity_names', 'milvus') YIELD node RETURN node",
+    "MATCH (n) WHERE elementId(n) = '4:x:1' RETURN n",
+    "MATCH (d:Doc) WHERE d.team_id = $team_id RETURN COUNT { MATCH (x) } AS c",
+    "CALL db.labels() YIELD label RETURN label",
+    "CALL dbms.components()",
+    "SHOW USERS",
+    "SHOW DATABASES",
+    "LOAD CSV FROM 'file:///etc/passwd' AS line RETURN line",
+    "MATCH (n) RETURN n // WHERE n.team_id = $team_id",
+    "MATCH (n) /* WHERE n.team_id = $team_id */ RETURN n.name",
+    "MATCH (a) WHERE a.team_id = $team_id MATCH (b) WHERE b.name = a.name RETURN b",
+    "MATCH (a) WHERE a.team_id = $team_id CALL () { MATCH (x) RETURN x } RETURN x",
+    "MATCH (a) WHERE a.team_id = $team_id OPTIONAL MATCH (b {team_id: '{foreign}'}) RETURN b",
+    "MATCH (n) WHERE n.team_id IN [$team_id, '{foreign}'] RETURN n",
+    "MATCH (n) WHERE n.team_id STARTS WITH 'dao' RETURN n",
+    "MATCH (n) WHERE n.team_id <> 'nobody' RETURN n",
+    "MATCH p = shortestPath((a)-[*]-(b)) WHERE a.team_id = $team_id RETURN p",
+    "UNWIND range(1, 5000) AS x RETURN x",
+    "MATCH (p:Project WHERE RETURN p",
+    "RETURN $nope",
+)
+WRITE_CYPHER = (
+    "CREATE (n:Project {{team_id: $team_id, id: '{sentinel}'}}) RETURN n",
+    "CREATE (n:Resource {{team_id: '{foreign}', id: '{sentinel}'}})",
+    "MATCH (n) WHERE n.team_id = $team_id SET n.pwned = '{sentinel}' RETURN n",
+    "MATCH (n:Project) WHERE n.team_id = $team_id SET n.visibility = 'public' RETURN n",
+    "MATCH (n) WHERE n.team_id = $team_id DETACH DELETE n",
+    "MATCH (n) WHERE n.team_id = $team_id REMOVE n.visibility RETURN n",
+    "MERGE (n:Resource {{team_id: $team_id, id: '{sentinel}'}})",
+    "MATCH (n:Doc) WHERE n.team_id = $team_id FOREACH (x IN [1] | SET n.pwned = '{sentinel}')",
+    "MATCH (a:User), (b:MicroDAO) WHERE a.team_id = $team_id AND b.team_id = '{foreign}' "
+    "CREATE (a)-[:MEMBER_OF {{pwned: '{sentinel}'}}]->(b)",
+    "CALL {{ CREATE (n:Topic {{team_id: $team_id, id: '{sentinel}'}}) }} IN TRANSACTIONS",
+    "CALL db.createLabel('{sentinel}')",
+    "CREATE INDEX pwn_{tag} FOR (n:Doc) ON (n.pwned)",
+    "DROP CONSTRAINT doc_team_id",
+    "CALL dbms.setConfigValue('db.logs.query.enabled', 'OFF')",
+    "MATCH (n) WHERE n.team_id = $team_id WITH n LIMIT 1 "
+    "CALL (n) {{ SET n.pwned = '{sentinel}' }} RETURN n",
+    "LOAD CSV FROM 'http://127.0.0.1:7474/' AS l CREATE (:Doc {{team_id: $team_id, id: l[0]}})",
+)
+# Scoped queries: they pass the plan check (in confidential mode at least) and return only
+# what the caller's scope holds. {label} is filled per probe.
+SCOPED_CYPHER = (
+    "MATCH (n:{label}) WHERE n.team_id = $team_id AND n.visibility IN $visibilities "
+    "RETURN n LIMIT 100",
+    "MATCH (n:{label}) WHERE n.team_id = $team_id RETURN n LIMIT 100",
+    "MATCH (a)-[r]->(b) WHERE a.team_id = $team_id AND a.visibility IN $visibilities "
+    "AND r.visibility IN $visibilities AND b.visibility IN $visibilities RETURN a, r, b LIMIT 200",
+    "MATCH (a)-[r]->(b) WHERE a.team_id = $team_id RETURN r LIMIT 200",
+    "MATCH (d:Doc)-[r:PART_OF]->(p:Project) WHERE p.team_id = $team_id "
+    "AND p.visibility IN $visibilities AND d.visibility IN $visibilities "
+    "AND r.visibility IN $visibilities RETURN d, p",
+    "MATCH (n) WHERE n.team_id = $team_id AND n.visibility IN $visibilities "
+    "AND (n.id = $ref OR n.name = $ref OR n.title = $ref) RETURN n",
+    "MATCH (u:User)-[m:MEMBER_OF]->(d:MicroDAO) WHERE u.team_id = $team_id "
+    "AND u.visibility IN $visibilities AND m.visibility IN $visibilities "
+    "AND d.visibility IN $visibilities RETURN u, m, d",
+    "CALL db.index.fulltext.queryNodes('entity_names', $lucene) YIELD node, score "
+    "WHERE node.team_id = $team_id AND node.visibility IN $visibilities RETURN node, score "
+    "LIMIT 20",
+    "MATCH (d:Doc {{team_id: $team_id}}) MATCH (d)-[:LINKS_TO*1..3]->(o) RETURN d, o LIMIT 50",
+    "MATCH (p:Project)-[u:USES]->(r:Resource) WHERE p.team_id = $team_id "
+    "AND p.visibility IN $visibilities AND u.visibility IN $visibilities "
+    "AND r.visibility IN $visibilities RETURN p, collect(r) AS resources",
+    "MATCH path = (a:Agent)-[s:SERVES]->(x) WHERE a.team_id = $team_id "
+    "AND a.visibility IN $visibilities AND s.visibility IN $visibilities "
+    "AND x.visibility IN $visibilities RETURN path",
+    # Scalars and maps: no node object comes back, so only the plan check protects them
+    # (docs/graph_schema.md, "Limits"): team and visibility, not the doc type / project /
+    # skill policies.
+    "MATCH (n:{label}) WHERE n.team_id = $team_id AND n.visibility IN $visibilities "
+    "RETURN n.id AS id, coalesce(n.name, n.title) AS name LIMIT 100",
+    "MATCH (n:{label}) WHERE n.team_id = $team_id AND n.visibility IN $visibilities "
+    "RETURN properties(n) AS props LIMIT 100",
+)
+SCALAR_CYPHER = frozenset(SCOPED_CYPHER[-2:])
+
+
+def graph_corpus(teams: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The tenancy corpus for the real graph: per team the tenancy layout (plus a project
+    only confidential documents name), every document with an author, a channel, an agent
+    and a topic of its visibility (ids with a gmk marker), [[links]] to the team's next
+    document and, from one document of each visibility, to a note that does not exist (a
+    placeholder). Markers qmk<i>q are the document index, as in the tenancy corpus."""
+    from tests.auth_support import marker
+
+    docs: list[dict[str, Any]] = []
+    ents = 0
+    for team in teams:
+        per_vis: dict[str, dict[str, str]] = {}
+        for vis in ("pub", "conf"):
+            per_vis[vis] = {}
+            for kind in ("user", "ch", "ag", "topic", "missing"):
+                per_vis[vis][kind] = f"{kind}_{vis}_gmk{ents}g"
+                ents += 1
+        n = len(GRAPH_LAYOUT)
+        for k, (suffix, visibility, doc_type, project) in enumerate(GRAPH_LAYOUT):
+            index = len(docs)
+            vis = "pub" if visibility == "public" else "conf"
+            doc_id = f"{team}_{suffix}_{marker(index)}"
+            # Linked by title: a link's text must not carry the target's marker.
+            next_title = f"{GRAPH_LAYOUT[(k + 1) % n][0]} note of {team}"
+            links = f"See [[{next_title}]]."
+            if suffix in ("pub_doc", "conf_doc"):
+                links += f" And [[{per_vis[vis]['missing']}]]."
+            tags = ["milvus", "rag", per_vis[vis]["topic"]]
+            if suffix == "skill":
+                tags.append("skill:SKILL-deploy")
+            docs.append(
+                {
+                    "team_id": team,
+                    "doc_id": doc_id,
+                    "title": f"{suffix} note of {team}",
+                    "text": f"Milvus gateway search notes of {team} about {doc_type} "
+                    f"{marker(index)} deploy budget. {links}",
+                    "visibility": visibility,
+                    "doc_type": doc_type,
+                    "project_id": project,
+                    "channel_id": per_vis[vis]["ch"],
+                    "agent_id": per_vis[vis]["ag"],
+                    "author_id": per_vis[vis]["user"],
+                    "tags": tags,
+                }
+            )
+    return docs
+
+
+def node_doc(node: dict[str, Any]) -> dict[str, Any]:
+    """A Doc node as the oracle's document (``may_read``)."""
+    return {
+        "team_id": node.get("team_id"),
+        "doc_id": str(node.get("id") or ""),
+        "visibility": node.get("visibility"),
+        "doc_type": node.get("doc_type") or "",
+        "project_id": node.get("project_id") or "",
+        "tags": list(node.get("tags") or ()),
+    }
+
+
+def walk_entities(value: Any) -> Iterator[dict[str, Any]]:
+    """Every serialised node and relationship inside a JSON value."""
+    if isinstance(value, dict):
+        if value.get("_type") in ("node", "relationship"):
+            yield value
+        for v in value.values():
+            yield from walk_entities(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from walk_entities(v)
+
+
+class GraphSeed:
+    """The gmk-marked entities of the seed and who may see them (the oracle)."""
+
+    def __init__(self, teams: tuple[str, ...], corpus: list[dict[str, Any]]) -> None:
+        from batch_ingest.wikilinks import extract_links, wiki_key
+
+        self.teams = teams
+        self.corpus = corpus
+        # j -> {"team_id", "label", "id", "name", "visibility", "doc": oracle doc or None}
+        self.entities: dict[int, dict[str, Any]] = {}
+        self.by_key: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.next_marker = 0
+        self.upserts: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        for doc in corpus:
+            for m in GRAPH_MARKER.findall(str(doc)):
+                self.next_marker = max(self.next_marker, int(m) + 1)
+        for i, doc in enumerate(corpus):
+            self.by_key[(doc["team_id"], "Doc", doc["doc_id"])] = {
+                "team_id": doc["team_id"],
+                "label": "Doc",
+                "id": doc["doc_id"],
+                "visibility": doc["visibility"],
+                "doc": doc,
+                "qmk": i,
+            }
+        for team in teams:
+            docs = [d for d in corpus if d["team_id"] == team]
+            named: dict[tuple[str, str], str] = {("MicroDAO", team): "public"}
+            keys = {wiki_key(d[f]) for d in docs for f in ("doc_id", "title")}
+            for d in docs:
+                refs = [
+                    ("Project", d["project_id"]),
+                    ("Channel", d["channel_id"]),
+                    ("Agent", d["agent_id"]),
+                    ("User", d["author_id"]),
+                    *(("Topic", t) for t in d["tags"]),
+                ]
+                for key in refs:
+                    if key[1] and named.get(key) != "public":
+                        named[key] = d["visibility"]
+                for link in extract_links(d["text"]):
+                    stub_id = "wiki:" + link
+                    if link not in keys:
+                        stub = {
+                            "team_id": team,
+                            "doc_id": stub_id,
+                            "visibility": d["visibility"],
+                            "doc_type": "wiki",
+                            "project_id": "",
+                            "tags": [],
+                        }
+                        self._add(team, "Doc", stub_id, stub_id, d["visibility"], doc=stub)
+            nodes, rels = [], []
+            for (label, ident), vis in named.items():
+                name = ident if GRAPH_MARKER.search(ident) else f"{ident} gmk{self._take()}g"
+                self._add(team, label, ident, name, vis)
+                nodes.append({"label": label, "id": ident, "name": name, "visibility": vis})
+            fresh = {}
+            for label, key, vis in (
+                ("User", "member_pub", "public"),
+                ("User", "member_conf", "confidential"),
+                ("Resource", "res_pub", "public"),
+                ("Resource", "res_conf", "confidential"),
+                ("Agent", "helper_pub", "public"),
+                ("Agent", "helper_conf", "confidential"),
+            ):
+                j = self._take()
+                ident = f"{key}_gmk{j}g"
+                name = f"{key.split('_')[0].title()} {key} gmk{j}g"
+                self._add(team, label, ident, name, vis, marker=j)
+                nodes.append({"label": label, "id": ident, "name": name, "visibility": vis})
+                fresh[key] = ident
+            user_pub = next(d["author_id"] for d in docs if d["visibility"] == "public")
+            for rtype, a, b, vis, props in (
+                (
+                    "MEMBER_OF",
+                    ("User", fresh["member_pub"]),
+                    ("MicroDAO", team),
+                    "public",
+                    {"role": "guardian"},
+                ),
+                ("MEMBER_OF", ("User", user_pub), ("MicroDAO", team), "public", {"role": "member"}),
+                (
+                    "MEMBER_OF",
+                    ("User", fresh["member_conf"]),
+                    ("MicroDAO", team),
+                    "confidential",
+                    {"role": "member"},
+                ),
+                ("USES", ("Project", "prj_open"), ("Resource", fresh["res_pub"]), "public", {}),
+                ("USES", ("Project", "prj_ops"), ("Resource", fresh["res_pub"]), "public", {}),
+                (
+                    "USES",
+                    ("Project", "prj_board"),
+                    ("Resource", fresh["res_conf"]),
+                    "confidential",
+                    {},
+                ),
+                (
+                    "USES",
+                    ("Project", "prj_secret"),
+                    ("Resource", fresh["res_pub"]),
+                    "confidential",
+                    {},
+                ),
+                (
+                    "USES",
+                    ("Project", "prj_open"),
+                    ("Resource", fresh["res_conf"]),
+                    "confidential",
+                    {},
+                ),
+                ("SERVES", ("Agent", fresh["helper_pub"]), ("Project", "prj_open"), "public", {}),
+                ("SERVES", ("Agent", fresh["helper_pub"]), ("MicroDAO", team), "public", {}),
+                (
+                    "SERVES",
+                    ("Agent", fresh["helper_conf"]),
+                    ("Project", "prj_secret"),
+                    "confidential",
+                    {},
+                ),
+                (
+                    "SERVES",
+                    ("Agent", fresh["helper_conf"]),
+                    ("Project", "prj_ops"),
+                    "confidential",
+                    {},
+                ),
+            ):
+                # A public relationship makes both ends public: only between public ends.
+                assert vis == "confidential" or all(
+                    self.by_key[(team, *end)]["visibility"] == "public" for end in (a, b)
+                ), (rtype, a, b)
+                rels.append(
+                    {
+                        "type": rtype,
+                        "from": {"label": a[0], "id": a[1]},
+                        "to": {"label": b[0], "id": b[1]},
+                        "visibility": vis,
+                        "properties": props,
+                    }
+                )
+            self.upserts[team] = {"nodes": nodes, "relationships": rels}
+
+    def _take(self) -> int:
+        self.next_marker += 1
+        return self.next_marker - 1
+
+    def _add(self, team, label, ident, name, vis, *, doc=None, marker=None) -> dict[str, Any]:
+        found = GRAPH_MARKER.findall(f"{ident} {name}")
+        j = marker if marker is not None else (int(found[-1]) if found else None)
+        entry = {
+            "team_id": team,
+            "label": label,
+            "id": ident,
+            "name": name,
+            "visibility": vis,
+            "doc": doc,
+            "gmk": j,
+        }
+        if j is not None:
+            self.entities[j] = entry
+        self.by_key[(team, label, ident)] = entry
+        return entry
+
+    def refs(self, team: str | None = None) -> list[str]:
+        """Ids and names of every entity of ``team`` or every team (probe arguments)."""
+        out = []
+        for e in self.by_key.values():
+            if team is not None and e["team_id"] != team:
+                continue
+            out.append(e["id"])
+            if e.get("name"):
+                out.append(e["name"])
+            if e.get("doc") and e["doc"].get("title"):
+                out.append(e["doc"]["title"])
+        return out
+
+    # --- the oracle --------------------------------------------------------------------------
+    @staticmethod
+    def visible(ident: dict[str, Any], team: str, conf: bool, entity: dict[str, Any]) -> bool:
+        """Whether ``entity`` (a registry entry or a serialised node) is inside the scope of
+        ``ident`` in ``team`` (mode confidential or not): team and visibility; documents by
+        the property tests' ``may_read``; projects by its project policy."""
+        from tests.unit.test_tenancy_properties import (
+            CONFIDENTIAL_ROLES,
+            may_read,
+            resource_allowed,
+        )
+
+        labels = entity.get("labels") or [entity.get("label")]
+        if "Doc" in labels:
+            doc = entity.get("doc") or node_doc(entity)
+            return may_read(ident, team, conf, doc)
+        roles = set(ident["teams"].get(team, ()))
+        if not roles or entity.get("team_id") != team:
+            return False
+        if entity.get("visibility") != "public" and not (
+            entity.get("visibility") == "confidential" and conf and roles & CONFIDENTIAL_ROLES
+        ):
+            return False
+        if "Project" in labels:
+            project = {"project_id": entity.get("id") or "", "doc_id": "", "tags": []}
+            return resource_allowed(project, ident["groups"], ident["permissions"])
+        return True
+
+    def visible_markers(
+        self, ident: dict[str, Any], team: str, conf: bool
+    ) -> tuple[set[int], set[int]]:
+        from tests.unit.test_tenancy_properties import may_read
+
+        docs = {i for i, d in enumerate(self.corpus) if may_read(ident, team, conf, d)}
+        ents = {j for j, e in self.entities.items() if self.visible(ident, team, conf, e)}
+        return docs, ents
+
+
+class GraphGateway:
+    """The in-process gateway (TestClient) over fakes for vectors and embeddings and the
+    real Neo4j for the graph; the async driver lives in the client's event loop."""
+
+    def __init__(self, auth: dict[str, Any], policy: Any, neo4j: Any, store: Any = None) -> None:
+        from fastapi.testclient import TestClient
+
+        from batch_ingest.chunking import Chunker, whitespace_tokens
+        from batch_ingest.pipeline import IngestPipeline
+        from deployments.config import GatewaySettings
+        from deployments.graph import Neo4jGraph
+        from serve_app.http import create_app
+        from serve_app.service import GatewayService
+        from tests.fakes import FakeEmbedder, FakeVectorStore
+
+        settings = GatewaySettings(environment="test", auth=auth, neo4j=neo4j)
+        self.embedder = FakeEmbedder(dim=32)
+        self.store = store if store is not None else FakeVectorStore()
+        self.graph = Neo4jGraph(settings.neo4j)
+        pipeline = IngestPipeline(
+            embedder=self.embedder,
+            store=self.store,
+            graph=self.graph,
+            chunker=Chunker(whitespace_tokens, 200, 30),
+            embed_model=settings.embedder.embed_model_tag,
+        )
+        self.service = GatewayService(
+            settings=settings,
+            embedder=self.embedder,
+            store=self.store,
+            graph=self.graph,
+            reranker=None,
+            pipeline=pipeline,
+            policy=policy,
+        )
+        self.client = TestClient(create_app(self.service), raise_server_exceptions=False)
+        # One event loop for the client's lifetime (the async driver is bound to it).
+        self.client.__enter__()
+
+    def post(self, path: str, body: Any, headers: dict[str, str]) -> Any:
+        response = self.client.post(path, json=body, headers=headers)
+        # Kept for the leak report.
+        response.request_body = json.dumps(body, ensure_ascii=False, default=str)[:800]
+        return response
+
+    def close(self) -> None:
+        try:
+            self.client.portal.call(self.graph.close)
+        finally:
+            self.client.__exit__(None, None, None)
+
+
+class GraphSnapshots:
+    """A synchronous driver (outside the gateway) for seeding checks, write detection and
+    the final clean-up of the run's teams."""
+
+    def __init__(self, neo4j: Any, teams: tuple[str, ...], tag: str) -> None:
+        from neo4j import GraphDatabase
+
+        self.driver = GraphDatabase.driver(neo4j.uri, auth=(neo4j.user, neo4j.password))
+        self.database = neo4j.database
+        self.teams = list(teams)
+        self.tag = tag
+
+    def query(self, cypher: str, **params: Any) -> list[dict[str, Any]]:
+        records, _, _ = self.driver.execute_query(cypher, params, database_=self.database)
+        return [r.data() for r in records]
+
+    def snapshot(self) -> frozenset[str]:
+        """Every node and relationship of the run's teams, with all properties."""
+        nodes = self.query(
+            "MATCH (n) WHERE n.team_id IN $teams "
+            "RETURN elementId(n) AS e, labels(n) AS l, properties(n) AS p",
+            teams=self.teams,
+        )
+        rels = self.query(
+            "MATCH (a)-[r]-(b) WHERE a.team_id IN $teams "
+            "RETURN DISTINCT elementId(r) AS e, type(r) AS t, properties(r) AS p, "
+            "elementId(startNode(r)) AS s, elementId(endNode(r)) AS d",
+            teams=self.teams,
+        )
+        return frozenset(repr(sorted((k, repr(v)) for k, v in row.items())) for row in nodes + rels)
+
+    def counts(self) -> dict[str, int]:
+        rows = self.query(
+            "MATCH (n) WHERE n.team_id IN $teams RETURN n.team_id AS t, count(n) AS c",
+            teams=self.teams,
+        )
+        return {r["t"]: r["c"] for r in rows}
+
+    def sentinels(self) -> int:
+        """Nodes anywhere holding the write sentinel of this run (a Cypher write that
+        went through, in any team)."""
+        rows = self.query(
+            "MATCH (n) WHERE n.id CONTAINS $s OR n.pwned CONTAINS $s RETURN count(n) AS c",
+            s="pwn_" + self.tag,
+        )
+        labels = self.query("CALL db.labels() YIELD label RETURN collect(label) AS l")
+        extra = sum(1 for label in labels[0]["l"] if self.tag in label) if labels else 0
+        return int(rows[0]["c"]) + extra if rows else extra
+
+    def clean(self) -> None:
+        """DETACH DELETE everything of the run's teams (and anything holding its tag)."""
+        self.query("MATCH (n) WHERE n.team_id IN $teams DETACH DELETE n", teams=self.teams)
+        self.query(
+            "MATCH (n) WHERE n.id CONTAINS $tag OR n.pwned CONTAINS $tag DETACH DELETE n",
+            tag=self.tag,
+        )
+
+    def close(self) -> None:
+        self.driver.close()
+
+
+class GraphProbes:
+    """The graph half of ``Prober`` (a mixin: it uses the prober's identities, credentials,
+    random values and counters)."""
+
+    rng: random.Random
+    teams: tuple[str, ...]
+    corpus: list[dict[str, Any]]
+    seed_graph: GraphSeed
+    graph_gw: GraphGateway
+    dev_graph_gw: GraphGateway
+    snapshots: GraphSnapshots
+    tag: str
+    written: int
+
+    # --- set-up ------------------------------------------------------------------------------
+    def seed_the_graph(self) -> None:
+        """Ingest the corpus (documents, wiki-links, authors) and upsert the entities over
+        HTTP as an owner of every team, then check the graph holds what the oracle assumes."""
+        from tests.unit.test_tenancy_properties import token_for
+
+        owner = {
+            "sub": "seeder",
+            "teams": {t: ["owner"] for t in self.teams},
+            "groups": {"ops", "board"},
+            "permissions": {"skill:read"},
+            "agent_id": "",
+        }
+        headers = {"authorization": f"Bearer {token_for(owner, 'valid')}"}
+        # The dev gateway shares the vector store and the graph: seeded once.
+        response = self.graph_gw.post("/ingest/documents", {"documents": self.corpus}, headers)
+        body = response.json()
+        assert response.status_code == 200 and not body.get("degraded"), response.text
+        for team in self.teams:
+            body = {"team_id": team, "mode": "confidential", **self.seed_graph.upserts[team]}
+            response = self.graph_gw.post("/graph/entities", body, headers)
+            assert response.status_code == 200, response.text
+        for entry in self.seed_graph.by_key.values():
+            rows = self.snapshots.query(
+                f"MATCH (n:{entry['label']} {{team_id: $t, id: $i}}) "
+                "RETURN n.visibility AS v, coalesce(n.stub, false) AS stub",
+                t=entry["team_id"],
+                i=entry["id"],
+            )
+            assert rows and rows[0]["v"] == entry["visibility"], (entry, rows)
+        self.seeded = self.snapshots.snapshot()
+
+    # --- helpers -----------------------------------------------------------------------------
+    def graph_ref(self, noisy: bool, team: Any = None, own: float = 0.6) -> Any:
+        """An entity reference: mostly a real id or name (of the body's team with
+        probability ``own``, else of any team), else an injection or an adversarial value."""
+        r = self.rng.random()
+        if noisy and r < 0.3:
+            return self.rng.choice(INJECTIONS) if self.rng.random() < 0.6 else self.adv()
+        if isinstance(team, str) and team in self.team_refs and self.rng.random() < own:
+            return self.rng.choice(self.team_refs[team])
+        return self.rng.choice(self.graph_refs)
+
+    def graph_identity(
+        self, kind: str, elevated: float = 0.3
+    ) -> tuple[dict[str, Any], dict[str, str], Any, Any]:
+        identity = self.identity()
+        if self.rng.random() < elevated:
+            # Owners and guardians see confidential data and may send Cypher: more of them.
+            team = self.rng.choice(self.teams)
+            identity["teams"][team] = self.rng.sample(
+                ["owner", "guardian", "member", "service"], self.rng.randint(1, 2)
+            )
+        headers, expected = self.credential(kind, identity)
+        gw = self.dev_graph_gw if expected == "dev" else self.graph_gw
+        return identity, headers, expected, gw
+
+    def scope_of(self, expected: Any, body: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
+        if expected == "dev":
+            team = str(body.get("team_id")).strip()
+            ident = {"teams": {team: ["owner"]}, "groups": set(), "permissions": set()}
+        else:
+            ident = expected
+        raw = str(body.get("team_id"))
+        return ident, {raw, raw.strip()} & set(ident["teams"])
+
+    def check_graph(self, expected: Any, body: dict[str, Any], response: Any) -> str | None:
+        """Markers outside the caller's scope in any body, a node or relationship outside it
+        in a 200, a 200 for a team not granted, a non-401 for a bad credential."""
+        from tests.unit.test_tenancy_properties import MARKER
+
+        asked = json.dumps(body, ensure_ascii=False, default=str)
+        echoed_q = {int(m) for m in MARKER.findall(asked)}
+        echoed_g = {int(m) for m in GRAPH_MARKER.findall(asked)}
+        text = response.text
+        found_q = {int(m) for m in MARKER.findall(text)} - echoed_q
+        found_g = {int(m) for m in GRAPH_MARKER.findall(text)} - echoed_g
+        if expected is None and response.status_code != 401:
+            return f"bad credential answered {response.status_code}"
+        if response.status_code != 200:
+            if found_q or found_g:
+                return f"markers {sorted(found_q)} {sorted(found_g)} in a {response.status_code}"
+            return None
+        ident, granted = self.scope_of(expected, body)
+        if not granted:
+            return f"200 for team {body.get('team_id')!r} not granted"
+        team = next(iter(granted)).strip()
+        conf = body.get("mode", body.get("visibility")) == "confidential"
+        docs, ents = self.seed_graph.visible_markers(ident, team, conf)
+        if found_q - docs:
+            return f"leaked documents qmk{sorted(found_q - docs)}"
+        if found_g - ents:
+            leaked = [self.seed_graph.entities[j] for j in sorted(found_g - ents)]
+            return "leaked entities " + ", ".join(
+                f"{e['label']} {e['id']!r} ({e['team_id']}, {e['visibility']})" for e in leaked
+            )
+        payload = response.json()
+        for entity in walk_entities(payload):
+            if entity.get("team_id") != team:
+                return f"{entity.get('_type')} of team {entity.get('team_id')!r}: {entity}"
+            if entity["_type"] == "node":
+                if not self.seed_graph.visible(ident, team, conf, entity):
+                    return f"node outside the scope: {entity}"
+                continue
+            if entity.get("visibility") not in (
+                ("public", "confidential") if conf and self.conf_role(ident, team) else ("public",)
+            ):
+                return f"relationship outside the scope: {entity}"
+            for end in (entity.get("start") or {}, entity.get("end") or {}):
+                known = self.seed_graph.by_key.get((team, end.get("label"), end.get("id")))
+                if known is not None and not self.seed_graph.visible(ident, team, conf, known):
+                    return f"relationship to an entity outside the scope: {entity}"
+        return None
+
+    @staticmethod
+    def conf_role(ident: dict[str, Any], team: str) -> bool:
+        from tests.unit.test_tenancy_properties import CONFIDENTIAL_ROLES
+
+        return bool(set(ident["teams"].get(team, ())) & CONFIDENTIAL_ROLES)
+
+    def graph_body(self, expected: Any, kind: str, noisy: bool) -> dict[str, Any]:
+        rng = self.rng
+        body: dict[str, Any] = {
+            "team_id": self.team(expected, noisy, kind == "api_key_other_team"),
+        }
+        mode = self.maybe(["confidential", "public", None], noisy)
+        if mode is not None:
+            body[rng.choice(["mode", "visibility"])] = mode
+        if rng.random() < 0.15:
+            body["user_id"] = self.maybe(["alice", "mallory", "seeder"], noisy)
+        if noisy and rng.random() < 0.05:
+            body[rng.choice(["dao_id", "microdao_id"])] = rng.choice(self.teams)
+        return body
+
+    # --- probes ------------------------------------------------------------------------------
+    def probe_graph_intent(self, kind: str) -> None:
+        from deployments.graph_intents import INTENTS
+
+        rng = self.rng
+        _, headers, expected, gw = self.graph_identity(kind)
+        noisy = rng.random() < 0.5
+        body = self.graph_body(expected, kind, noisy)
+        name = rng.choice(list(INTENTS))
+        if noisy and rng.random() < 0.1:
+            name = rng.choice(["DROP_EVERYTHING", name.lower(), " " + name, str(self.adv())])
+        body["intent"] = name
+        args: dict[str, Any] = {}
+        intent = INTENTS.get(name)
+        if intent is not None:
+            for field in intent.args.model_fields:
+                if field == "limit":
+                    if rng.random() < 0.3:
+                        args["limit"] = self.maybe([1, 5, 200, 0, 201], noisy)
+                elif field == "role":
+                    if rng.random() < 0.5:
+                        args["role"] = self.maybe(["guardian", "member"], noisy)
+                elif field != "target" or rng.random() < 0.7:
+                    args[field] = self.graph_ref(noisy, body["team_id"])
+        if noisy and rng.random() < 0.1:
+            args[rng.choice(["team_id", "visibilities", "cypher", "x"])] = rng.choice(self.teams)
+        body["args"] = args
+        response = gw.post("/graph/query", body, headers)
+        self.record(GRAPH_ENDPOINTS[0], kind, response, self.check_graph(expected, body, response))
+
+    def probe_graph_cypher(self, kind: str) -> None:
+        from deployments.graph import NODE_LABELS
+
+        rng = self.rng
+        _, headers, expected, gw = self.graph_identity(kind, elevated=0.6)
+        noisy = rng.random() < 0.5
+        body = self.graph_body(expected, kind, noisy)
+        foreign = rng.choice([t for t in self.teams if t != body["team_id"]] or list(self.teams))
+        sentinel = f"pwn_{self.tag}_{rng.randint(0, 10**6)}"
+        r = rng.random()
+        params: dict[str, Any] = {}
+        category = "scoped"
+        if r < 0.45:
+            template = rng.choice(SCOPED_CYPHER)
+            query = template.format(label=rng.choice(NODE_LABELS))
+            if template in SCALAR_CYPHER:
+                category = "scalar"
+            if "$ref" in query:
+                params["ref"] = self.graph_ref(noisy, body["team_id"])
+            if "$lucene" in query:
+                params["lucene"] = self.maybe(LUCENE_QUERIES, noisy)
+        elif r < 0.75:
+            category = "refused"
+            query = rng.choice(REFUSED_CYPHER).replace("{foreign}", foreign)
+        else:
+            category = "write"
+            query = rng.choice(WRITE_CYPHER).format(
+                foreign=foreign, sentinel=sentinel, tag=self.tag
+            )
+        if noisy and rng.random() < 0.2:
+            params[rng.choice(["name", "x", "team_id", "visibilities", "Team_id"])] = (
+                self.graph_ref(True)
+            )
+        body["cypher"] = query
+        if params or rng.random() < 0.2:
+            body["params"] = params
+        before = self.snapshots.snapshot() if category == "write" else None
+        response = gw.post("/graph/query", body, headers)
+        problem = self.check_graph(expected, body, response)
+        if problem is None and response.status_code == 200:
+            ident, granted = self.scope_of(expected, body)
+            if not set(ident["teams"].get(next(iter(granted)).strip(), ())) & {"owner", "guardian"}:
+                problem = "Cypher ran for roles without cypher_roles"
+        if before is not None:
+            if response.status_code == 200:
+                problem = problem or "a write query answered 200"
+            if self.snapshots.snapshot() != before:
+                problem = problem or f"a write query ({response.status_code}) changed the graph"
+        self.record(GRAPH_ENDPOINTS[1], f"{kind} {category}", response, problem)
+
+    def probe_explain_path(self, kind: str) -> None:
+        from deployments.graph import NODE_LABELS
+
+        rng = self.rng
+        _, headers, expected, gw = self.graph_identity(kind)
+        noisy = rng.random() < 0.5
+        body = self.graph_body(expected, kind, noisy)
+        for side in ("from", "to"):
+            ref = self.graph_ref(noisy and rng.random() < 0.5, body["team_id"], own=0.9)
+            if rng.random() < 0.3:
+                label = self.maybe(list(NODE_LABELS) + ["Bogus"], noisy)
+                body[side] = {rng.choice(["ref", "id", "name"]): ref, "label": label}
+            else:
+                body[side] = ref
+        if rng.random() < 0.5:
+            body["max_hops"] = self.maybe([1, 2, 4, 6] + ([7, 0] if noisy else []), noisy)
+        if rng.random() < 0.5:
+            body["max_paths"] = self.maybe([1, 3, 10] + ([11] if noisy else []), noisy)
+        response = gw.post("/graph/explain_path", body, headers)
+        self.record(GRAPH_ENDPOINTS[2], kind, response, self.check_graph(expected, body, response))
+
+    def probe_graph_entities(self, kind: str) -> None:
+        from tests.unit.test_tenancy_properties import CONFIDENTIAL_ROLES, WRITE_ROLES
+
+        rng = self.rng
+        _, headers, expected, gw = self.graph_identity(kind)
+        noisy = rng.random() < 0.5
+        body = self.graph_body(expected, kind, noisy)
+        # Never write into a team outside this run (the Neo4j server is shared): a body
+        # team the identity grants must be one of the run's teams.
+        team = str(body["team_id"])
+        ident = (
+            {"teams": {team.strip(): ["owner"], team: ["owner"]}}
+            if expected == "dev"
+            else (expected or {"teams": {}})
+        )
+        if team.strip() not in self.teams and ({team, team.strip()} & set(ident["teams"])):
+            body["team_id"] = rng.choice(self.teams)
+        labels = ["User", "Agent", "Resource", "Project", "Topic"]
+        fresh: list[tuple[str, str]] = []
+        nodes = []
+        for _ in range(rng.randint(0, 3)):
+            label = rng.choice(labels + (["Doc", "MicroDAO", "Bogus"] if noisy else []))
+            j = self.seed_graph._take()
+            self.written += 1
+            ident_id = f"w{self.written}_{self.tag}_gmk{j}g"
+            node = {
+                "label": label,
+                "id": ident_id,
+                "name": f"written gmk{j}g",
+                "visibility": self.maybe(["public", "confidential"], noisy),
+            }
+            if noisy and rng.random() < 0.2:
+                node["properties"] = rng.choice(
+                    [{"team_id": self.teams[0]}, {"visibility": "public"}, {"ok": 1}]
+                )
+            nodes.append(node)
+            fresh.append((label, ident_id))
+        rels = []
+        if fresh and rng.random() < 0.5:
+            a = rng.choice(fresh)
+            rels.append(
+                {
+                    "type": self.maybe(["USES", "SERVES", "MEMBER_OF", "OWNS"], noisy),
+                    "from": {"label": a[0], "id": a[1]},
+                    "to": {
+                        "label": "MicroDAO",
+                        "id": self.maybe(
+                            [body["team_id"], foreign_of(self.teams, body["team_id"])], noisy
+                        ),
+                    },
+                    "visibility": "confidential",
+                }
+            )
+        if not nodes and not rels and rng.random() < 0.8:
+            nodes.append({"label": "Resource", "id": f"w_{self.tag}_empty"})
+        body["nodes"], body["relationships"] = nodes, rels
+        before = self.snapshots.snapshot()
+        response = gw.post("/graph/entities", body, headers)
+        problem = self.check_graph(expected, body, response)
+        after = self.snapshots.snapshot()
+        if problem is None and response.status_code != 200 and after != before:
+            problem = f"a {response.status_code} changed the graph"
+        if problem is None and response.status_code == 200:
+            if before - after:
+                problem = "an upsert of new entities changed existing ones"
+            self.seeded = (self.seeded - (before - after)) | (after - before)
+            ident, granted = self.scope_of(expected, body)
+            roles = set(ident["teams"].get(next(iter(granted)).strip(), ()))
+            conf = body.get("mode", body.get("visibility")) == "confidential"
+            vis = [n.get("visibility", "public") for n in nodes] + [r["visibility"] for r in rels]
+            if not roles & WRITE_ROLES:
+                problem = f"entities written with roles {sorted(roles)}"
+            elif "confidential" in vis and not (conf and roles & CONFIDENTIAL_ROLES):
+                problem = "confidential entities written without the right"
+            # The oracle learns what was written (its relationships are confidential: they
+            # never make a node public).
+            for n in nodes:
+                self.seed_graph._add(
+                    str(body["team_id"]).strip(),
+                    n["label"],
+                    n["id"],
+                    n.get("name", ""),
+                    n.get("visibility", "public"),
+                )
+        self.record(GRAPH_ENDPOINTS[3], kind, response, problem)
+
+    def probe_search_graph(self, kind: str) -> None:
+        rng = self.rng
+        _, headers, expected, gw = self.graph_identity(kind)
+        noisy = rng.random() < 0.5
+        body = self.graph_body(expected, kind, noisy)
+        r = rng.random()
+        if r < 0.4:
+            query = " ".join(
+                str(self.graph_ref(False, body["team_id"])) for _ in range(rng.randint(1, 3))
+            )
+        elif r < 0.7:
+            query = self.maybe(LUCENE_QUERIES, noisy)
+        else:
+            query = str(self.graph_ref(True))
+        body["query"] = query
+        body["top_k"] = self.maybe([5, 20, 50], noisy)
+        mode = self.maybe(["boost", "scope"], noisy)
+        if rng.random() < 0.3:
+            body["graph"] = {"mode": mode, "max_entities": self.maybe([1, 5, 50, 51], noisy)}
+        else:
+            body["graph"] = mode
+        if rng.random() < 0.3:
+            body["filters"] = {"visibility": self.maybe(["public", "confidential"], noisy)}
+        response = gw.post("/rag/search_docs", body, headers)
+        problem = self.check_graph(expected, body, response)
+        if problem is None and response.status_code == 200:
+            ident, granted = self.scope_of(expected, body)
+            teams = {m["source_ref"]["team_id"] for m in response.json()["matches"]}
+            self.checked_matches += len(response.json()["matches"])
+            if not teams <= {t.strip() for t in granted}:
+                problem = f"matches of teams {sorted(teams)}"
+        self.record(GRAPH_ENDPOINTS[4], kind, response, problem)
+
+
+def foreign_of(teams: tuple[str, ...], team: Any) -> str:
+    others = [t for t in teams if t != team]
+    return others[0] if others else teams[0]
+
+
+class Prober(GraphProbes):
     """Builds the gateways once and sends probes; counts per endpoint and category."""
 
-    def __init__(self, seed: int, workdir: Path) -> None:
+    def __init__(self, seed: int, workdir: Path, neo4j: Any = None) -> None:
         from tests.auth_support import (
             PEPPER,
             TEAMS,
@@ -101,11 +1043,18 @@ class Prober:
         self.teams = TEAMS
         self.adversarial = ADVERSARIAL
         self.corpus = tenancy_corpus()
+        self.graph_enabled = neo4j is not None
+        if self.graph_enabled:
+            # Teams of this run only (the Neo4j server is shared): the same probes with
+            # another --seed-independent suffix, deleted at the end.
+            self.tag = os.urandom(4).hex()
+            self.teams = tuple(f"{t}_{self.tag}" for t in TEAMS)
+            self.corpus = graph_corpus(self.teams)
         # API keys: one per (team, role), with and without groups and permissions.
         self.key_identities: list[tuple[str, dict[str, Any]]] = []
         entries = []
         key_rng = random.Random(seed + 1)
-        for team in TEAMS:
+        for team in self.teams:
             for role in ("owner", "guardian", "service", "member", "guest"):
                 identity = {
                     "sub": f"svc_{team}_{role}",
@@ -143,9 +1092,51 @@ class Prober:
         self.leaks: list[dict[str, Any]] = []
         self.server_errors: list[dict[str, Any]] = []
         self.checked_matches = 0
+        self.gateways = [self.search_gw, self.ingest_gw, self.dev_gw, self.dev_ingest_gw]
+        if self.graph_enabled:
+            self.open_graph(auth, neo4j)
+
+    def open_graph(self, auth: dict[str, Any], neo4j: Any) -> None:
+        from tests.auth_support import TENANCY_POLICY
+
+        self.written = 0
+        self.seed_graph = GraphSeed(self.teams, self.corpus)
+        self.graph_refs = self.seed_graph.refs() + ["milvus", "prj_ops", "ch_1", "ag_1"]
+        self.team_refs = {t: self.seed_graph.refs(t) for t in self.teams}
+        self.snapshots = GraphSnapshots(neo4j, self.teams, self.tag)
+        self.graph_gw = self.dev_graph_gw = None
+        try:
+            self.graph_gw = GraphGateway(auth, TENANCY_POLICY, neo4j)
+            self.dev_graph_gw = GraphGateway(
+                {"mode": "dev"}, TENANCY_POLICY, neo4j, store=self.graph_gw.store
+            )
+            self.seed_the_graph()
+        except BaseException:
+            self.close_graph()
+            raise
+
+    def close_graph(self) -> dict[str, Any]:
+        """Counts, write checks and clean-up of the run's graph (always deletes it)."""
+        checks: dict[str, Any] = {}
+        try:
+            if getattr(self, "seeded", None) is not None:
+                # The seed plus what the allowed upserts wrote (probe_graph_entities).
+                checks["changed_outside_upserts"] = len(self.snapshots.snapshot() ^ self.seeded)
+                checks["sentinels"] = self.snapshots.sentinels()
+                checks["nodes_per_team"] = self.snapshots.counts()
+        finally:
+            try:
+                for gw in (self.graph_gw, self.dev_graph_gw):
+                    if gw is not None:
+                        gw.close()
+            finally:
+                self.snapshots.clean()
+                checks["left_after_clean_up"] = sum(self.snapshots.counts().values())
+                self.snapshots.close()
+        return checks
 
     def close(self) -> None:
-        for gw in (self.search_gw, self.ingest_gw, self.dev_gw, self.dev_ingest_gw):
+        for gw in self.gateways:
             gw.client.close()
             gw.service.audit.close()
 
@@ -230,7 +1221,12 @@ class Prober:
         self.statuses[(endpoint, response.status_code)] += 1
         if response.status_code >= 500:
             self.server_errors.append(
-                {"endpoint": endpoint, "category": category, "body": response.text[:300]}
+                {
+                    "endpoint": endpoint,
+                    "category": category,
+                    "body": response.text[:300],
+                    "request": getattr(response, "request_body", None),
+                }
             )
         if problem:
             self.leaks.append(
@@ -239,6 +1235,8 @@ class Prober:
                     "category": category,
                     "status": response.status_code,
                     "problem": problem,
+                    "request": getattr(response, "request_body", None),
+                    "body": response.text[:800],
                 }
             )
 
@@ -322,6 +1320,75 @@ class Prober:
                 elif not ids <= allowed:
                     problem = f"ids not allowed: {sorted(ids - allowed)}"
         self.record(ENDPOINTS[0], kind, response, problem)
+
+    def probe_enrich(self, kind: str) -> None:
+        from tests.unit.test_tenancy_properties import MARKER, may_read
+
+        rng = self.rng
+        identity = self.identity()
+        headers, expected = self.credential(kind, identity)
+        noisy = rng.random() < 0.5
+        body: dict[str, Any] = {
+            "team_id": self.team(expected, noisy, kind == "api_key_other_team"),
+            "draft_answer": self.maybe(DRAFTS, noisy),
+            "max_docs": self.maybe([1, 3, 20], noisy),
+        }
+        if rng.random() < 0.3:
+            body["question"] = self.maybe(QUERIES, noisy)
+        if rng.random() < 0.3:
+            body["user_id"] = self.maybe([identity["sub"], "mallory"], noisy)
+        if rng.random() < 0.3:
+            body["agent_id"] = self.maybe(["ag_1", "ag_2", ""], noisy)
+        if rng.random() < 0.4:
+            filters: dict[str, Any] = {}
+            for name, values in (
+                ("project_id", ["", "prj_open", "prj_ops", "prj_board"]),
+                ("visibility", ["public", "confidential"]),
+                ("doc_type", [["doc"], ["wiki", "file"], "transaction"]),
+            ):
+                if rng.random() < 0.4:
+                    filters[name] = self.maybe(values, noisy)
+            if noisy and rng.random() < 0.1:
+                filters["team_id"] = rng.choice(self.teams)  # must be refused (422)
+            body["filters"] = filters
+        mode = self.maybe(["confidential", "public", None], noisy)
+        if mode is not None:
+            body[rng.choice(["mode", "visibility"])] = mode
+        gw = self.dev_gw if expected == "dev" else self.search_gw
+        response = gw.client.post("/rag/enrich_answer", json=body, headers=headers)
+        problem = self.common_failure(expected, response)
+        if response.status_code == 200 and problem is None:
+            if expected == "dev":
+                team = str(body["team_id"]).strip()
+                ident = {"teams": {team: ["owner"]}, "groups": set(), "permissions": set()}
+            else:
+                ident = expected
+            raw = str(body["team_id"])
+            granted = {raw, raw.strip()} & set(ident["teams"])
+            answer = response.json()
+            sources = answer["sources"]
+            returned = {s["team_id"] for s in sources}
+            self.checked_matches += len(sources)
+            # The answer echoes the draft (plus [n] markers); markers of the draft don't count.
+            echoed = set(MARKER.findall(str(body["draft_answer"])))
+            if not granted:
+                problem = f"200 for team {raw!r} not granted"
+            elif not returned <= granted or len(returned) > 1:
+                problem = f"sources of teams {sorted(returned - granted)}"
+            elif set(MARKER.findall(answer["enriched_answer"])) - echoed:
+                problem = "markers in enriched_answer that the draft did not have"
+            else:
+                team = next(iter(returned), raw.strip())
+                conf = body.get("mode", body.get("visibility")) == "confidential"
+                visible = {i for i, d in enumerate(self.corpus) if may_read(ident, team, conf, d)}
+                leaked = {int(i) for i in MARKER.findall(str(sources))} - visible
+                ids = {s["id"] for s in sources}
+                allowed = {self.corpus[i]["doc_id"] for i in visible}
+                if leaked:
+                    problem = f"leaked {[self.corpus[i]['doc_id'] for i in sorted(leaked)]}"
+                elif not ids <= allowed:
+                    problem = f"ids not allowed: {sorted(ids - allowed)}"
+        self.record(ENDPOINTS[3], kind, response, problem)
 
     def probe_ingest(self, kind: str) -> None:
         from tests.unit.test_tenancy_properties import may_write
@@ -412,12 +1479,28 @@ class Prober:
     def run(self, probes: int) -> None:
         kinds = [k for k, _ in CREDENTIALS]
         weights = [w for _, w in CREDENTIALS]
-        endpoint_weights = [0.6, 0.25, 0.15]
+        endpoint_weights = [0.5, 0.2, 0.12, 0.18]
+        probes_by_endpoint = [
+            self.probe_search,
+            self.probe_ingest,
+            self.probe_audit,
+            self.probe_enrich,
+        ]
+        if self.graph_enabled:
+            # A third of the probes for the document endpoints, the rest for the graph.
+            endpoint_weights = [w / 3 for w in endpoint_weights] + [0.22, 0.18, 0.12, 0.06, 0.09]
+            probes_by_endpoint += [
+                self.probe_graph_intent,
+                self.probe_graph_cypher,
+                self.probe_explain_path,
+                self.probe_graph_entities,
+                self.probe_search_graph,
+            ]
         step = max(1, probes // 10)
         for i in range(probes):
             kind = self.rng.choices(kinds, weights)[0]
-            which = self.rng.choices(range(3), endpoint_weights)[0]
-            (self.probe_search, self.probe_ingest, self.probe_audit)[which](kind)
+            which = self.rng.choices(range(len(probes_by_endpoint)), endpoint_weights)[0]
+            probes_by_endpoint[which](kind)
             if (i + 1) % step == 0:
                 logger.info(
                     "%d/%d probes, %d leaks, %d server errors",
@@ -428,19 +1511,45 @@ class Prober:
                 )
 
 
-def run_probes(probes: int, seed: int = 0) -> dict[str, Any]:
-    """Build the gateways, send ``probes`` probes; the counts, leaks and server errors."""
+def run_probes(
+    probes: int, seed: int = 0, graph: bool = False, neo4j: Any = None
+) -> dict[str, Any]:
+    """Build the gateways, send ``probes`` probes; the counts, leaks and server errors.
+
+    ``graph``: also probe the graph endpoints against the real Neo4j (``neo4j`` settings,
+    default those of ``GatewaySettings(environment="test")``), in teams of this run only,
+    deleted at the end."""
+    graph_checks: dict[str, Any] = {}
     with (
         tempfile.TemporaryDirectory(prefix="leak_probes_") as tmp,
         isolated_env(f"sqlite:///{Path(tmp) / 'audit.db'}"),
     ):
-        prober = Prober(seed, Path(tmp))
+        if graph and neo4j is None:
+            from deployments.config import GatewaySettings
+
+            neo4j = GatewaySettings(environment="test").neo4j
+        setup_started = time.perf_counter()
+        prober = Prober(seed, Path(tmp), neo4j if graph else None)
+        setup_s = time.perf_counter() - setup_started
         try:
-            started = time.perf_counter()
-            prober.run(probes)
-            wall = time.perf_counter() - started
+            try:
+                started = time.perf_counter()
+                prober.run(probes)
+                wall = time.perf_counter() - started
+            finally:
+                if prober.graph_enabled:
+                    graph_checks = prober.close_graph()
         finally:
             prober.close()
+    if graph_checks.get("changed_outside_upserts") or graph_checks.get("sentinels"):
+        prober.leaks.append(
+            {
+                "endpoint": GRAPH_ENDPOINTS[1],
+                "category": "final graph check",
+                "status": 0,
+                "problem": f"the graph changed outside the allowed upserts: {graph_checks}",
+            }
+        )
     per_endpoint: dict[str, dict[str, int]] = defaultdict(dict)
     for (endpoint, category), n in sorted(prober.runs.items()):
         per_endpoint[endpoint][category] = n
@@ -463,12 +1572,24 @@ def run_probes(probes: int, seed: int = 0) -> dict[str, Any]:
         "server_errors_by": {f"{e} {c}": n for (e, c), n in errors_by.items()},
         "leaks": prober.leaks[:50],
         "server_error_samples": prober.server_errors[:20],
+        **(
+            {
+                "graph": True,
+                "graph_teams": list(prober.teams),
+                "graph_setup_s": round(setup_s, 2),
+                "graph_entities": len(prober.seed_graph.entities),
+                "graph_checks": graph_checks,
+            }
+            if prober.graph_enabled
+            else {}
+        ),
     }
 
 
 def render_tables(result: dict[str, Any]) -> str:
     rows = []
-    for endpoint in ENDPOINTS:
+    endpoints = ENDPOINTS + (GRAPH_ENDPOINTS if result.get("graph") else ())
+    for endpoint in endpoints:
         cats = result["runs"].get(endpoint, {})
         for category, n in sorted(cats.items()):
             key = f"{endpoint} {category}"
@@ -481,7 +1602,7 @@ def render_tables(result: dict[str, Any]) -> str:
                     result["server_errors_by"].get(key, 0),
                 ]
             )
-    for endpoint in ENDPOINTS:
+    for endpoint in endpoints:
         statuses = result["statuses"].get(endpoint, {})
         total = sum(result["runs"].get(endpoint, {}).values())
         status_text = ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items()))
@@ -507,6 +1628,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probes", type=int, default=5000, help="probes to send (all endpoints)")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe generator")
     p.add_argument("--out", default=None, help="result JSON (default bench/results/leaks-*.json)")
+    p.add_argument(
+        "--graph",
+        action="store_true",
+        help="also probe /graph/query, /graph/explain_path, /graph/entities and search_docs "
+        "with the graph option against the real Neo4j (scripts/services.py up --only neo4j)",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -514,10 +1641,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
-    for noisy in ("serve_app", "deployments", "batch_ingest", "httpx2", "httpx"):
+    for noisy in ("serve_app", "deployments", "batch_ingest", "httpx2", "httpx", "neo4j"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
     env = environment_info()
-    result = run_probes(args.probes, args.seed)
+    result = run_probes(args.probes, args.seed, graph=args.graph)
     for leak in result["leaks"][:10]:
         logger.error("LEAK: %s", leak)
     for err in result["server_error_samples"][:5]:

@@ -136,6 +136,9 @@ class SearchSettings(BaseModel):
     # sets in bench/quality (bench/README.md, "Retrieval quality"), where equal-weight RRF fell
     # below BM25 alone whenever the dense model was much weaker than BM25.
     fusion: Literal["rrf", "weighted"] = "weighted"
+    # Graph boost fetches the linked documents' own best chunks too when there are at most
+    # this many (a doc_id filter per search); more only reorder the candidates found.
+    graph_fetch_max_docs: int = Field(200, ge=0, le=5000)
     fusion_normalisation: Literal["minmax", "theoretical"] = "minmax"
     rrf_k: int = Field(60, ge=1)
     dense_weight: float = Field(0.3, ge=0.0)

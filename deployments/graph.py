@@ -23,7 +23,7 @@ from deployments.errors import (
     NotFound,
     QueryLimitExceeded,
 )
-from deployments.graph_intents import INTENTS
+from deployments.graph_intents import INTENTS, doc_allowed, entity_allowed
 from deployments.protocols import GraphDocument, GraphScope
 
 logger = logging.getLogger(__name__)
@@ -201,28 +201,28 @@ PHRASES = {
 
 # Entities named in a query (full-text index over names and titles) and the documents one
 # relationship away from them, or the documents themselves when a title matched.
-RELATED_DOCS = """
+RELATED_DOCS = f"""
 CALL db.index.fulltext.queryNodes('entity_names', $lucene) YIELD node, score
 WHERE node.team_id = $team_id AND node.visibility IN $visibilities
-  AND NOT coalesce(node.stub, false)
+  AND NOT coalesce(node.stub, false) AND {entity_allowed("node")}
 WITH node, score ORDER BY score DESC LIMIT $max_entities
-CALL (node) {
+CALL (node) {{
   MATCH (node)-[r]-(d:Doc)
   WHERE d.team_id = $team_id AND d.visibility IN $visibilities AND r.visibility IN $visibilities
-    AND NOT coalesce(d.stub, false)
+    AND NOT coalesce(d.stub, false) AND {doc_allowed("d")}
   RETURN d.id AS doc_id
   UNION
   WITH node WHERE node:Doc
   RETURN node.id AS doc_id
-}
+}}
 WITH doc_id, max(score) AS score, collect(DISTINCT coalesce(node.name, node.title))[..3] AS via
 RETURN doc_id, score, via ORDER BY score DESC LIMIT $max_docs
 """
 
-ENTITIES = """
+ENTITIES = f"""
 CALL db.index.fulltext.queryNodes('entity_names', $lucene) YIELD node, score
 WHERE node.team_id = $team_id AND node.visibility IN $visibilities
-  AND NOT coalesce(node.stub, false)
+  AND NOT coalesce(node.stub, false) AND {entity_allowed("node")}
 RETURN node, score ORDER BY score DESC LIMIT $max_entities
 """
 
@@ -390,7 +390,13 @@ class Neo4jGraph:
                 f"the query needs more memory than a transaction may use: {message}",
                 reason="memory",
             ) from exc
-        if isinstance(exc, ClientError) and code.startswith("Neo.ClientError.Statement."):
+        if isinstance(exc, ClientError) and code.startswith("Neo.ClientError.Security."):
+            raise Forbidden(
+                f"Neo4j refused the query: {message}", reason="neo4j_security", field="cypher"
+            ) from exc
+        if isinstance(exc, ClientError):
+            # Syntax, semantics, unknown procedures, a procedure that failed on its arguments:
+            # the caller's query, said in Neo4j's words.
             raise InvalidQuery(f"Neo4j rejected the query: {message}") from exc
         if isinstance(exc, TransientError):
             raise BackendUnavailable("neo4j", f"transient failure: {message}") from exc
@@ -585,10 +591,10 @@ RETURN count(x) AS c
         self, ref: dict[str, Any], scope: GraphScope, limit: int = 5
     ) -> list[dict[str, Any]]:
         _, rows = await self._read(
-            """
+            f"""
 MATCH (a)
 WHERE a.team_id = $team_id AND a.visibility IN $visibilities AND NOT coalesce(a.stub, false)
-  AND ($label IS NULL OR $label IN labels(a))
+  AND ($label IS NULL OR $label IN labels(a)) AND {entity_allowed("a")}
   AND (a.id = $ref OR toLower(coalesce(a.name, a.title, '')) = toLower($ref))
 RETURN a ORDER BY a.id = $ref DESC, a.id LIMIT $limit
 """,
@@ -632,7 +638,7 @@ MATCH (b) WHERE b.team_id = $team_id AND any(k IN $targets WHERE b.id = k[1] AND
 WITH a, b WHERE a <> b
 MATCH p = allShortestPaths((a)-[*..{hops}]-(b))
 WHERE all(n IN nodes(p) WHERE n.team_id = $team_id AND n.visibility IN $visibilities
-                              AND NOT coalesce(n.stub, false))
+                              AND NOT coalesce(n.stub, false) AND {entity_allowed("n")})
   AND all(r IN relationships(p) WHERE r.visibility IN $visibilities)
 RETURN p ORDER BY length(p) LIMIT $max_paths
 """,

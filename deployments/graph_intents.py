@@ -19,14 +19,44 @@ Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max
 Limit = Annotated[int, Field(ge=1, le=200, description="most rows returned")]
 
 
-def scoped(nodes: str, rels: str = "") -> str:
+def doc_allowed(v: str) -> str:
+    """The caller's doc-type, project and skill policies on a ``Doc`` (parameters of
+    ``Policy.graph_params``; with none given nothing is restricted)."""
+    return (
+        f"($doc_types IS NULL OR {v}.doc_type IN $doc_types)"
+        f" AND (coalesce({v}.project_id, '') = ''"
+        f" OR ({v}.project_id IN $projects) <> $projects_deny)"
+        f" AND NOT {v}.id IN $denied_skill_ids"
+        f" AND CASE WHEN $skill_tags_deny"
+        f" THEN none(t IN coalesce({v}.tags, []) WHERE t IN $skill_tags)"
+        f" ELSE all(t IN coalesce({v}.tags, []) WHERE NOT t STARTS WITH 'skill:'"
+        f" OR t IN $skill_tags) END"
+    )
+
+
+def project_allowed(v: str) -> str:
+    return f"({v}.id IN $projects) <> $projects_deny"
+
+
+def entity_allowed(v: str) -> str:
+    """For a node of any label: the document and project policies when it is one."""
+    return f"(NOT {v}:Doc OR ({doc_allowed(v)})) AND (NOT {v}:Project OR {project_allowed(v)})"
+
+
+def scoped(
+    nodes: str, rels: str = "", *, docs: str = "", projects: str = "", any_: str = ""
+) -> str:
     """``WHERE`` conjuncts putting each node (team and visibility) and each relationship
-    (visibility) inside the caller's scope."""
+    (visibility) inside the caller's scope, and the caller's policies on the variables that
+    are documents (``docs``), projects (``projects``) or may be either (``any_``)."""
     parts = []
     for v in nodes.split():
         parts.append(f"{v}.team_id = $team_id AND {v}.visibility IN $visibilities")
     for r in rels.split():
         parts.append(f"{r}.visibility IN $visibilities")
+    parts += [doc_allowed(v) for v in docs.split()]
+    parts += [project_allowed(v) for v in projects.split()]
+    parts += [entity_allowed(v) for v in any_.split()]
     return " AND ".join(parts)
 
 
@@ -108,11 +138,11 @@ _INTENTS = [
         f"""
 CALL () {{
   MATCH (p:Project)-[u:USES]->(r:Resource)
-  WHERE {scoped("p r", "u")} AND {named("r", "tech", "name")}
+  WHERE {scoped("p r", "u", projects="p")} AND {named("r", "tech", "name")}
   RETURN p AS project, 'uses' AS via, r AS evidence
   UNION
   MATCH (p2:Project)<-[po:PART_OF]-(d:Doc)-[m:MENTIONS]->(t:Topic)
-  WHERE {scoped("p2 d t", "po m")} AND {named("t", "tech", "name")}
+  WHERE {scoped("p2 d t", "po m", docs="d", projects="p2")} AND {named("t", "tech", "name")}
   RETURN p2 AS project, 'mentioned_in' AS via, d AS evidence
 }}
 WITH project, collect(via) AS via, collect(evidence)[..5] AS evidence
@@ -137,7 +167,7 @@ RETURN u AS member, m.role AS role ORDER BY u.name LIMIT $limit
         AgentsServingArgs,
         f"""
 MATCH (a:Agent)-[s:SERVES]->(x)
-WHERE {scoped("a x", "s")} AND ($target IS NULL OR {named("x", "target", "name")})
+WHERE {scoped("a x", "s", any_="x")} AND ($target IS NULL OR {named("x", "target", "name")})
 RETURN a AS agent, x AS serves ORDER BY a.name LIMIT $limit
 """,
         {"target": "prj_x"},
@@ -148,7 +178,7 @@ RETURN a AS agent, x AS serves ORDER BY a.name LIMIT $limit
         TopicArgs,
         f"""
 MATCH (d:Doc)-[m:MENTIONS]->(t:Topic)
-WHERE {scoped("d t", "m")} AND {named("t", "topic", "name")}
+WHERE {scoped("d t", "m", docs="d")} AND {named("t", "topic", "name")}
 RETURN d AS doc, t AS topic ORDER BY d.created_at DESC, d.id LIMIT $limit
 """,
         {"topic": "milvus"},
@@ -159,7 +189,7 @@ RETURN d AS doc, t AS topic ORDER BY d.created_at DESC, d.id LIMIT $limit
         ProjectArgs,
         f"""
 MATCH (p:Project)-[u:USES]->(r:Resource)
-WHERE {scoped("p r", "u")} AND {named("p", "project", "name")}
+WHERE {scoped("p r", "u", projects="p")} AND {named("p", "project", "name")}
 RETURN r AS resource, p AS project ORDER BY r.name LIMIT $limit
 """,
         {"project": "prj_x"},
@@ -170,7 +200,7 @@ RETURN r AS resource, p AS project ORDER BY r.name LIMIT $limit
         ChannelArgs,
         f"""
 MATCH (c:Channel)<-[pi:POSTED_IN]-(d:Doc)-[m:MENTIONS]->(t:Topic)
-WHERE {scoped("c d t", "pi m")} AND {named("c", "channel", "name")}
+WHERE {scoped("c d t", "pi m", docs="d")} AND {named("c", "channel", "name")}
 RETURN t AS topic, count(DISTINCT d) AS docs ORDER BY docs DESC, t.name LIMIT $limit
 """,
         {"channel": "ch_general"},
@@ -181,7 +211,7 @@ RETURN t AS topic, count(DISTINCT d) AS docs ORDER BY docs DESC, t.name LIMIT $l
         TopicArgs,
         f"""
 MATCH (x)-[a:AUTHORED]->(d:Doc)-[m:MENTIONS]->(t:Topic)
-WHERE {scoped("x d t", "a m")} AND (x:User OR x:Agent) AND {named("t", "topic", "name")}
+WHERE {scoped("x d t", "a m", docs="d")} AND (x:User OR x:Agent) AND {named("t", "topic", "name")}
 RETURN x AS expert, count(DISTINCT d) AS docs ORDER BY docs DESC, x.name LIMIT $limit
 """,
         {"topic": "milvus"},
@@ -193,13 +223,13 @@ RETURN x AS expert, count(DISTINCT d) AS docs ORDER BY docs DESC, x.name LIMIT $
         f"""
 CALL () {{
   MATCH (p:Project)-[u1:USES]->(r:Resource)<-[u2:USES]-(q:Project)
-  WHERE {scoped("p r q", "u1 u2")} AND {named("p", "project", "name")} AND q <> p
+  WHERE {scoped("p r q", "u1 u2", projects="p q")} AND {named("p", "project", "name")} AND q <> p
   RETURN q AS project, 'shared_resource' AS via, r AS shared
   UNION
   MATCH (p2:Project)<-[a1:PART_OF]-(d1:Doc)-[m1:MENTIONS]->(t:Topic)<-[m2:MENTIONS]-(d2:Doc)
         -[a2:PART_OF]->(q2:Project)
-  WHERE {scoped("p2 d1 t d2 q2", "a1 m1 m2 a2")} AND {named("p2", "project", "name")}
-        AND q2 <> p2
+  WHERE {scoped("p2 d1 t d2 q2", "a1 m1 m2 a2", docs="d1 d2", projects="p2 q2")}
+        AND {named("p2", "project", "name")} AND q2 <> p2
   RETURN q2 AS project, 'shared_topic' AS via, t AS shared
 }}
 WITH project, collect(DISTINCT via) AS via, collect(DISTINCT shared) AS shared
@@ -215,11 +245,11 @@ ORDER BY strength DESC, project.name LIMIT $limit
         f"""
 CALL () {{
   MATCH (d:Doc)-[l:LINKS_TO]->(o:Doc)
-  WHERE {scoped("d o", "l")} AND {named("d", "doc", "title")}
+  WHERE {scoped("d o", "l", docs="d o")} AND {named("d", "doc", "title")}
   RETURN 'links_to' AS direction, o AS doc
   UNION
   MATCH (d2:Doc)<-[l2:LINKS_TO]-(i:Doc)
-  WHERE {scoped("d2 i", "l2")} AND {named("d2", "doc", "title")}
+  WHERE {scoped("d2 i", "l2", docs="d2 i")} AND {named("d2", "doc", "title")}
   RETURN 'linked_from' AS direction, i AS doc
 }}
 RETURN direction, doc ORDER BY direction DESC, doc.title LIMIT $limit
@@ -232,7 +262,7 @@ RETURN direction, doc ORDER BY direction DESC, doc.title LIMIT $limit
         EntityArgs,
         f"""
 MATCH (e)-[r]-(n)
-WHERE {scoped("e n", "r")} AND {named("e", "entity", "name", "title")}
+WHERE {scoped("e n", "r", any_="e n")} AND {named("e", "entity", "name", "title")}
 RETURN e AS entity, type(r) AS relationship, startNode(r) = e AS outgoing, n AS neighbour
 ORDER BY relationship, neighbour.id LIMIT $limit
 """,

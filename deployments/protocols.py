@@ -89,6 +89,17 @@ class GraphDocument:
     links: tuple[str, ...] = ()
 
 
+# Policy parameters that restrict nothing (see GraphScope.policy).
+NO_POLICY: dict[str, Any] = {
+    "doc_types": None,
+    "projects_deny": True,
+    "projects": [],
+    "denied_skill_ids": [],
+    "skill_tags_deny": True,
+    "skill_tags": [],
+}
+
+
 @dataclass(frozen=True)
 class GraphScope:
     """What a graph query may touch: one team and the visibilities its caller sees. Built
@@ -97,10 +108,18 @@ class GraphScope:
 
     team_id: str
     visibilities: tuple[str, ...] = ("public",)
+    # The caller's doc-type, project and skill policies as parameters
+    # (serve_app.policy.Policy.graph_params); empty = nothing beyond team and visibility.
+    policy: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def params(self) -> dict[str, Any]:
-        return {"team_id": self.team_id, "visibilities": list(self.visibilities)}
+        return {
+            **NO_POLICY,
+            **self.policy,
+            "team_id": self.team_id,
+            "visibilities": list(self.visibilities),
+        }
 
 
 @runtime_checkable

@@ -233,10 +233,19 @@ class AccessContext:
     # --- graph -----------------------------------------------------------------------------
     def graph_scope(self) -> GraphScope:
         """``$team_id`` and ``$visibilities`` of every graph statement this caller runs."""
-        return GraphScope(team_id=self.team_id, visibilities=self.allowed_visibilities)
+        return GraphScope(
+            team_id=self.team_id,
+            visibilities=self.allowed_visibilities,
+            policy=self.policy.graph_params(
+                self.team_id, self.roles, self.groups, self.permissions, self.allowed_doc_types
+            ),
+        )
 
     def check_cypher(self) -> None:
-        """Raises Forbidden unless the roles may send their own Cypher."""
+        """Raises Forbidden unless the roles may send their own Cypher, and nothing in the
+        team is hidden from the caller by doc-type, project or skill policies (the plan check
+        proves team and visibility only; a restricted caller uses the intents, which carry
+        those policies as parameters)."""
         if not self.policy.may_send_cypher(self.roles):
             raise _forbidden(
                 f"roles {list(self.roles)} may not send Cypher in team {self.team_id!r}",
@@ -244,6 +253,19 @@ class AccessContext:
                 field="cypher",
                 hint="use a named intent (GET /graph/intents), or a credential with one of "
                 f"{', '.join(self.policy.cypher_roles) or 'no role'}",
+            )
+        why = (
+            "some doc types are not granted to your roles"
+            if self.allowed_doc_types is not None
+            else self.policy.restriction(self.team_id, self.roles, self.groups, self.permissions)
+        )
+        if why:
+            raise _forbidden(
+                f"Cypher needs access to everything of team {self.team_id!r} in your "
+                f"visibility; {why}",
+                "cypher_restricted_by_policy",
+                field="cypher",
+                hint="use a named intent (GET /graph/intents): they apply your policies",
             )
 
     def check_graph_write(self, visibilities: list[str]) -> None:

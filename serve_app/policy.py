@@ -203,6 +203,69 @@ class Policy(BaseModel):
                 return Decision(False, f"skill {skill}: {decision.reason}")
         return Decision(True, "team_member")
 
+    # --- graph -----------------------------------------------------------------------------
+    def _listed(self, index: dict, team_id: str) -> dict[str, ResourcePolicy]:
+        """The policies that apply in ``team_id``, by resource id (a team's own entry wins)."""
+        out = {rid: e for (team, rid), e in index.items() if team is None}
+        out |= {rid: e for (team, rid), e in index.items() if team == team_id}
+        return out
+
+    def graph_params(
+        self,
+        team_id: str,
+        roles: Collection[str],
+        groups: Collection[str],
+        permissions: Collection[str],
+        doc_types: frozenset[str] | None,
+    ) -> dict[str, Any]:
+        """The resource policies of one caller as Cypher parameters, for the predicates the
+        intent templates put on every ``Doc`` and ``Project`` (deployments/graph_intents.py,
+        ``doc_allowed``/``project_allowed``): ``doc_types`` (null = all); ``projects_deny`` +
+        ``projects`` (the listed projects the caller may not read, or, when unlisted ones are
+        denied, those it may); ``denied_skill_ids``; ``skill_tags_deny`` + ``skill_tags`` (the
+        ``skill:<id>`` tags denied, or the only ones allowed)."""
+        unlisted_allowed = self.unlisted_resources == "allow"
+        projects = self._listed(self._projects, team_id)
+        skills = self._listed(self._skills, team_id)
+        allowed_projects = {
+            r for r, e in projects.items() if e.decide(roles, groups, permissions).allowed
+        }
+        allowed_skills = {
+            r for r, e in skills.items() if e.decide(roles, groups, permissions).allowed
+        }
+        denied_skills = sorted(set(skills) - allowed_skills)
+        return {
+            "doc_types": sorted(doc_types) if doc_types is not None else None,
+            "projects_deny": unlisted_allowed,
+            "projects": sorted(set(projects) - allowed_projects)
+            if unlisted_allowed
+            else sorted(allowed_projects),
+            "denied_skill_ids": denied_skills,
+            "skill_tags_deny": unlisted_allowed,
+            "skill_tags": [
+                SKILL_TAG_PREFIX + s
+                for s in (denied_skills if unlisted_allowed else sorted(allowed_skills))
+            ],
+        }
+
+    def restriction(
+        self,
+        team_id: str,
+        roles: Collection[str],
+        groups: Collection[str],
+        permissions: Collection[str],
+    ) -> str | None:
+        """Why a caller sees less than every document of its team and visibility (a project
+        or skill policy denies it something), or None."""
+        if self.unlisted_resources == "deny":
+            return "unlisted projects and skills are denied by the policy"
+        for kind, index in (("project", self._projects), ("skill", self._skills)):
+            for rid, entry in sorted(self._listed(index, team_id).items()):
+                decision = entry.decide(roles, groups, permissions)
+                if not decision.allowed:
+                    return f"{kind} {rid!r} is denied ({decision.reason})"
+        return None
+
     # --- loading ---------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path = "") -> Policy:

@@ -296,13 +296,17 @@ class GatewayService(GraphTools):
         assert req.graph is not None
         methods = tuple(m for m in ("dense", "bm25") if m in lists)
         use_vector = vector if isinstance(vector, list) else None
-        extra = await self.store.candidates(
-            req.query,
-            use_vector if "dense" in methods else None,
-            replace(flt, doc_ids=tuple(linked)),
-            fetch,
-            methods,
-        )
+        # A filter on many ids is slow (Milvus Lite scans); a large linked set only reorders
+        # the candidates the methods found.
+        extra: dict[str, list[SearchHit]] = {}
+        if len(linked) <= self.settings.search.graph_fetch_max_docs:
+            extra = await self.store.candidates(
+                req.query,
+                use_vector if "dense" in methods else None,
+                replace(flt, doc_ids=tuple(linked)),
+                fetch,
+                methods,
+            )
         for method, found in extra.items():
             have = {h.chunk.chunk_id for h in lists.get(method, [])}
             more = [h for h in found if h.chunk.chunk_id not in have and ctx.may_see(h.chunk)]

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-dev", type=int, default=100)
     parser.add_argument("--words", type=int, default=12, help="query window in words")
     parser.add_argument("--threads", type=int, default=2, help="embedder torch threads")
-    parser.add_argument("--max-docs", type=int, default=2000, help="graph option max_docs")
+    parser.add_argument("--max-docs", type=int, default=1200, help="graph option max_docs")
     parser.add_argument("--port", type=int, default=8310)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)

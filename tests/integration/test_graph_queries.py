@@ -490,3 +490,48 @@ async def test_neo4j_down_is_backend_unavailable():
         await graph.run_intent("MEMBERS_OF_DAO", {"role": None, "limit": 5}, public("t"))
     with pytest.raises(BackendUnavailable):
         await graph.run_cypher("RETURN 1", {}, public("t"))
+
+
+async def test_intents_apply_doc_type_project_and_skill_policies(graph: Neo4jGraph, team):
+    from serve_app.policy import Policy
+
+    policy = Policy(
+        projects=[{"project": "poimen", "access_level": "private", "owner_group": "board"}],
+        skills=[{"skill": "debugging.md", "access_level": "public", "required_permission": "x"}],
+    )
+
+    def scope(groups=(), permissions=(), doc_types=None):
+        params = policy.graph_params(team, ("member",), set(groups), set(permissions), doc_types)
+        return GraphScope(team, ("public",), policy=params)
+
+    async def rows(name, scope, **args):
+        args = INTENTS[name].args.model_validate(args).model_dump()
+        return (await graph.run_intent(name, args, scope))["rows"]
+
+    # Outside the board: poimen and its documents are gone, helios stays.
+    found = await rows("FIND_PROJECTS_BY_TECH", scope(), tech="milvus")
+    assert ids(r[0] for r in found) == {"helios"}
+    assert await rows("DOCS_MENTIONING_TOPIC", scope(), topic="kubernetes") == []
+    found = await rows("FIND_PROJECTS_BY_TECH", scope(groups=["board"]), tech="milvus")
+    assert ids(r[0] for r in found) == {"poimen", "helios"}
+    # debugging.md is a skill needing permission x; doc types limit what is seen too.
+    docs = await rows("DOCS_MENTIONING_TOPIC", scope(groups=["board"]), topic="kubernetes")
+    assert ids(r[0] for r in docs) == {"tools/kubectl.md"}
+    docs = await rows(
+        "DOCS_MENTIONING_TOPIC", scope(groups=["board"], permissions=["x"]), topic="kubernetes"
+    )
+    assert ids(r[0] for r in docs) == {"tools/kubectl.md", "debugging.md"}
+    docs = await rows(
+        "DOCS_MENTIONING_TOPIC",
+        scope(groups=["board"], permissions=["x"], doc_types=frozenset({"doc"})),
+        topic="kubernetes",
+    )
+    assert docs == []
+    # Counts only count what the caller may see.
+    experts = await rows("EXPERTS_ON_TOPIC", scope(), topic="milvus")
+    assert {(e["id"], n) for e, n in experts} == {("alice", 1)}
+    # Graph-scoped search and explain_path hold to it too.
+    found = await graph.related_docs("kubernetes milvus", scope(), 5, 50)
+    assert set(found["docs"]) == {"search.md"}
+    with pytest.raises(NotFound):
+        await graph.explain_path({"ref": "Kubectl"}, {"ref": "Milvus"}, scope(), 4, 5)

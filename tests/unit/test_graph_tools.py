@@ -18,6 +18,11 @@ def token(teams=None, **overrides) -> str:
     return mint(claims(teams=teams or {"dao_a": ["member"]}, **overrides))
 
 
+def OWNER_OF_EVERYTHING() -> str:  # noqa: N802 (reads as a constant)
+    """An owner of dao_a whom no project or skill policy restricts (may send Cypher)."""
+    return token({"dao_a": ["owner"]}, groups=["ops", "board"], permissions=["skill:read"])
+
+
 def auth(tok: str) -> dict[str, str]:
     return {"authorization": f"Bearer {tok}"}
 
@@ -130,10 +135,18 @@ def test_cypher_needs_a_cypher_role(gw):
     assert r.status_code == 403 and r.json()["reason"] == "cypher_not_granted"
     assert not gw.service.graph.calls
     gw.service.graph.results["cypher"] = {"columns": ["n"], "rows": [[1]]}
+    # An owner whom project policies keep out of prj_ops / prj_board sees less than the
+    # whole team: the plan check cannot apply those policies, so Cypher is refused.
     r = gw.client.post(
         "/graph/query",
         json={**body, "mode": "confidential"},
         headers=auth(token({"dao_a": ["owner"]})),
+    )
+    assert r.status_code == 403 and r.json()["reason"] == "cypher_restricted_by_policy"
+    assert "prj_board" in r.json()["message"] and not gw.service.graph.calls
+    everything = token({"dao_a": ["owner"]}, groups=["ops", "board"], permissions=["skill:read"])
+    r = gw.client.post(
+        "/graph/query", json={**body, "mode": "confidential"}, headers=auth(everything)
     )
     assert r.status_code == 200, r.text
     assert r.json()["rows"] == [{"n": 1}]
@@ -164,7 +177,7 @@ def test_store_errors_keep_their_status_and_message(gw, error, status, code):
     r = gw.client.post(
         "/graph/query",
         json={"team_id": "dao_a", "cypher": "RETURN 1"},
-        headers=auth(token({"dao_a": ["owner"]})),
+        headers=auth(OWNER_OF_EVERYTHING()),
     )
     assert r.status_code == status
     assert r.json()["error"] == code and r.json()["message"] == error.message

@@ -23,6 +23,8 @@ def test_probes_find_no_leak_and_no_server_error():
     # Enough probes got through to check what came back.
     assert result["statuses"][ENDPOINTS[0]].get("200", 0) > 10
     assert result["checked_matches"] > 0
+    # rag.enrich_answer is probed too, and some of its answers carry sources to check.
+    assert result["statuses"][ENDPOINTS[3]].get("200", 0) > 5
     assert "| **all endpoints** |" in render_tables(result)
 
 
@@ -54,3 +56,5 @@ def test_a_broken_access_path_is_reported_as_a_leak(monkeypatch, breakage):
     result = run_probes(100, seed=2)
     assert result["leaks_found"] > 0
     assert any(leak["endpoint"] == ENDPOINTS[0] for leak in result["leaks"])
+    # The sources of rag.enrich_answer go through the same access path.
+    assert any(leak["endpoint"] == ENDPOINTS[3] for leak in result["leaks"])

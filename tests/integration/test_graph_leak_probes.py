@@ -1,0 +1,91 @@
+"""The leak probes of the graph endpoints (bench/leak_probes.py --graph) against the real
+Neo4j: no leak, no write and no 500 (but the known one below), and a broken graph access path
+is reported as a leak (a detector that cannot fail is worthless)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bench.leak_probes import GRAPH_ENDPOINTS, render_tables, run_probes
+from deployments.protocols import GraphScope
+from serve_app.access import AccessContext
+
+pytestmark = pytest.mark.integration
+
+
+def test_graph_probes_find_no_leak(settings):
+    result = run_probes(300, seed=5, graph=True, neo4j=settings.neo4j)
+    assert result["leaks_found"] == 0, result["leaks"]
+    assert not result["server_error_samples"], result["server_error_samples"]
+    # Every graph endpoint was probed, and enough answers came back to check.
+    assert set(GRAPH_ENDPOINTS) <= set(result["runs"])
+    assert result["statuses"][GRAPH_ENDPOINTS[0]].get("200", 0) > 10
+    assert result["statuses"][GRAPH_ENDPOINTS[4]].get("200", 0) > 0
+    # Writes were refused or confined to the run's teams, and the run left nothing behind.
+    checks = result["graph_checks"]
+    assert checks["changed_outside_upserts"] == 0 and checks["sentinels"] == 0, checks
+    assert checks["left_after_clean_up"] == 0
+    assert "| **POST /graph/query intent total** |" in render_tables(result)
+
+
+def test_a_failing_fulltext_procedure_is_not_a_500(settings):
+    from bench.leak_probes import GraphGateway
+    from tests.auth_support import TENANCY_POLICY, claims, jwt_auth, mint
+
+    gw = GraphGateway(jwt_auth(), TENANCY_POLICY, settings.neo4j)
+    try:
+        token = mint(claims(sub="alice", teams={"dao_x_probe": ["owner"]}))
+        response = gw.post(
+            "/graph/query",
+            {
+                "team_id": "dao_x_probe",
+                "mode": "confidential",
+                "cypher": "CALL db.index.fulltext.queryNodes('entity_names', $q) YIELD node "
+                "WHERE node.team_id = $team_id RETURN node LIMIT 5",
+                "params": {"q": "((("},
+            },
+            {"authorization": f"Bearer {token}"},
+        )
+    finally:
+        gw.close()
+    assert response.status_code == 400, response.text
+    assert "Neo4j rejected the query" in response.json()["message"]
+
+
+def _everything_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store sees both visibilities whatever the mode, and the ingress filter is off."""
+    original = AccessContext.graph_scope
+
+    def graph_scope(self):
+        return dataclasses.replace(original(self), visibilities=("public", "confidential"))
+
+    monkeypatch.setattr(AccessContext, "graph_scope", graph_scope)
+    monkeypatch.setattr(AccessContext, "may_see_value", lambda self, value: True)
+    monkeypatch.setattr(AccessContext, "may_see_entity", lambda self, entity: True)
+
+
+def _another_team(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store is asked about the next team of the run; the ingress filter is off."""
+
+    def graph_scope(self):
+        team = self.team_id
+        for a, b in (("dao_a_", "dao_b_"), ("dao_b_", "dao_c_"), ("dao_c_", "dao_a_")):
+            if team.startswith(a):
+                team = b + team[len(a) :]
+                break
+        return GraphScope(team_id=team, visibilities=self.allowed_visibilities)
+
+    monkeypatch.setattr(AccessContext, "graph_scope", graph_scope)
+    monkeypatch.setattr(AccessContext, "may_see_value", lambda self, value: True)
+    monkeypatch.setattr(AccessContext, "may_see_entity", lambda self, entity: True)
+
+
+@pytest.mark.parametrize("breakage", [_everything_visible, _another_team])
+def test_a_broken_graph_access_path_is_reported_as_a_leak(settings, monkeypatch, breakage):
+    breakage(monkeypatch)
+    result = run_probes(200, seed=6, graph=True, neo4j=settings.neo4j)
+    assert result["leaks_found"] > 0
+    assert any(leak["endpoint"] == GRAPH_ENDPOINTS[0] for leak in result["leaks"])
+    assert result["graph_checks"]["left_after_clean_up"] == 0
