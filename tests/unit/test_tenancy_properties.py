@@ -9,6 +9,7 @@ text (each corpus document carries a unique marker in its title and text).
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Any
@@ -344,6 +345,65 @@ def test_search_never_returns_data_the_caller_may_not_see(search_gateway, case, 
     returned = {m["source_ref"]["id"] for m in matches}
     allowed_ids = {CORPUS[i]["doc_id"] for i in visible}
     assert returned <= allowed_ids
+
+
+# --- enrich ----------------------------------------------------------------------------------
+
+DRAFT_SENTENCES = [
+    "The Milvus gateway search notes describe the deploy budget.",
+    "qmk3q is the deploy budget of the gateway.",
+    "Confidential payroll notes mention qmk12q and Milvus.",
+]
+
+
+@st.composite
+def enrich_cases(draw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A search case turned into an enrich request: the same identities, teams, modes and
+    filters, and a draft whose claims name the corpus (markers included) or adversarial
+    text."""
+    identity, body = draw(search_cases())
+    noisy = draw(st.booleans())
+    sentences = draw(
+        st.lists(field(st.sampled_from(DRAFT_SENTENCES), noisy), min_size=1, max_size=3)
+    )
+    enrich = {k: v for k, v in body.items() if k not in ("query", "top_k", "search_mode")}
+    enrich["question"] = body["query"]
+    enrich["draft_answer"] = " ".join(str(x) for x in sentences)
+    enrich["max_docs"] = draw(st.sampled_from([1, 3, 10]))
+    return identity, enrich
+
+
+@PROPERTY_SETTINGS
+@given(case=enrich_cases(), kind=token_kinds)
+def test_enrich_never_cites_data_the_caller_may_not_see(search_gateway, case, kind):
+    identity, body = case
+    token = token_for(identity, kind)
+    response = search_gateway.client.post(
+        "/rag/enrich_answer", json=body, headers={"authorization": f"Bearer {token}"}
+    )
+    event(f"status {response.status_code}")
+    if kind != "valid":
+        assert response.status_code == 401, response.text
+    asked = {int(i) for i in MARKER.findall(json.dumps(body, default=str))}
+    found = {int(i) for i in MARKER.findall(response.text)} - asked
+    if response.status_code != 200:
+        assert_clean_failure(response)
+        assert not found, f"markers {found} in a {response.status_code} body"
+        return
+    raw_team = str(body["team_id"])
+    granted = {raw_team, raw_team.strip()} & set(identity["teams"])
+    assert granted, "200 for a team the identity does not grant"
+    team = next(iter(granted)).strip()
+    confidential_mode = body.get("mode", body.get("visibility")) == "confidential"
+    visible = {
+        i for i, doc in enumerate(CORPUS) if may_read(identity, team, confidential_mode, doc)
+    }
+    assert not found - visible, [CORPUS[i]["doc_id"] for i in found - visible]
+    sources = response.json()["sources"]
+    event("cited" if sources else "nothing cited")
+    allowed_ids = {CORPUS[i]["doc_id"] for i in visible}
+    assert {s["id"] for s in sources} <= allowed_ids
+    assert {s["team_id"] for s in sources} <= {team}
 
 
 @pytest.fixture(scope="module")
