@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Start, stop and check the embedded backing services on 127.0.0.1.
 
-    python scripts/services.py up       # Milvus Lite + Neo4j 5.26 + PostgreSQL, waits until ready
+    python scripts/services.py up       # Milvus Lite + Neo4j 5.26 + PostgreSQL + NATS, until ready
     python scripts/services.py status
     python scripts/services.py down
 
@@ -18,8 +18,12 @@ live in $RAG_VAR_DIR (default ./var).
 
 Environment: RAG_VAR_DIR, RAG_MILVUS_PORT (19530), RAG_NEO4J_PORT (7687),
 NEO4J__PASSWORD (rag-gateway-dev), RAG_NEO4J_HEAP (768m), RAG_NEO4J_PAGECACHE (128m),
-RAG_POSTGRES_PORT (5433), RAG_POSTGRES_PASSWORD (rag-audit-dev), RAG_POSTGRES_BIN (the newest
-/usr/lib/postgresql/<version>/bin).
+NATS (the event bus of batch_ingest.consumer) is the Debian package ``nats-server`` (2.9.x,
+installed with apt-get when missing and CI=true) with JetStream on, file storage in var/nats,
+on 127.0.0.1:4222 (``url nats`` prints nats://127.0.0.1:4222).
+
+RAG_NATS_PORT (4222), RAG_POSTGRES_PORT (5433), RAG_POSTGRES_PASSWORD (rag-audit-dev),
+RAG_POSTGRES_BIN (the newest /usr/lib/postgresql/<version>/bin).
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ POSTGRES_PORT = int(os.environ.get("RAG_POSTGRES_PORT", "5433"))
 POSTGRES_USER = "rag_audit"
 POSTGRES_DB = "rag_audit"
 POSTGRES_PASSWORD = os.environ.get("RAG_POSTGRES_PASSWORD", "rag-audit-dev")
-SERVICES = ("milvus", "neo4j", "postgres")
+NATS_PORT = int(os.environ.get("RAG_NATS_PORT", "4222"))
+SERVICES = ("milvus", "neo4j", "postgres", "nats")
 
 
 def log(msg: str) -> None:
@@ -492,6 +497,89 @@ def postgres_down() -> None:
     log("postgres stopped")
 
 
+# --- NATS JetStream ---------------------------------------------------------------------
+def nats_url() -> str:
+    return f"nats://127.0.0.1:{NATS_PORT}"
+
+
+class NatsMissing(Exception):
+    """No nats-server binary, and not allowed to install it (not CI)."""
+
+
+def nats_exe() -> str | None:
+    # Debian puts it in /usr/sbin, which a normal user's PATH may lack.
+    return shutil.which("nats-server") or next(
+        (p for p in ("/usr/sbin/nats-server", "/usr/bin/nats-server") if os.path.exists(p)), None
+    )
+
+
+def nats_install() -> str:
+    exe = nats_exe()
+    if exe:
+        return exe
+    cmd = "apt-get update && apt-get install -y nats-server"
+    if os.environ.get("CI", "").lower() != "true":
+        raise NatsMissing(
+            f"nats-server not found; install it with: {cmd} "
+            "(scripts/services.py runs it itself when CI=true)"
+        )
+    log(f"nats-server missing; CI=true, running: {cmd}")
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run([*sudo, "apt-get", "update"], check=True, env=env)
+    subprocess.run([*sudo, "apt-get", "install", "-y", "nats-server"], check=True, env=env)
+    exe = nats_exe()
+    if exe is None:
+        sys.exit("[services] apt-get installed nats-server but it was not found")
+    return exe
+
+
+def nats_jetstream_ready() -> bool:
+    """The server's INFO line (sent on connect) says whether JetStream is on."""
+    with socket.create_connection(("127.0.0.1", NATS_PORT), timeout=2) as sock:
+        info = sock.recv(4096).decode(errors="replace")
+    return info.startswith("INFO ") and '"jetstream":true' in info
+
+
+NATS_CONF = """\
+# Written by scripts/services.py; edit the script, not this file.
+listen: 127.0.0.1:{port}
+http_port: 0
+jetstream {{
+  max_memory_store: 64MB
+  max_file_store: 2GB
+}}
+"""
+
+
+def nats_up(required: bool = True) -> None:
+    """Start NATS. ``required=False`` (plain ``up``): a missing binary is a warning, only the
+    bus consumer needs it."""
+    if pid_alive(VAR / "nats.pid") and port_open(NATS_PORT):
+        log(f"nats already running on 127.0.0.1:{NATS_PORT}")
+        return
+    if port_open(NATS_PORT):
+        sys.exit(f"[services] port {NATS_PORT} is taken by another process; set RAG_NATS_PORT")
+    try:
+        exe = nats_install()
+    except NatsMissing as exc:
+        if required:
+            sys.exit(f"[services] {exc}")
+        log(f"WARNING: nats skipped: {exc}")
+        return
+    home = VAR / "nats"
+    (home / "jetstream").mkdir(parents=True, exist_ok=True)
+    conf = home / "nats.conf"
+    conf.write_text(NATS_CONF.format(port=NATS_PORT))
+    # -js -a 127.0.0.1 -p PORT -sd DIR, with the storage caps of the config file.
+    spawn(
+        "nats",
+        [exe, "-c", str(conf), "-js", "-a", "127.0.0.1", "-p", str(NATS_PORT)]
+        + ["-sd", str(home / "jetstream")],
+    )
+    wait_until("nats", nats_jetstream_ready, 30)
+
+
 # --- commands ------------------------------------------------------------------------
 def stop(name: str) -> None:
     pidfile = VAR / f"{name}.pid"
@@ -513,7 +601,12 @@ def stop(name: str) -> None:
 
 def status(names: list[str] | tuple[str, ...] = SERVICES) -> int:
     bad = 0
-    ports = {"milvus": MILVUS_PORT, "neo4j": NEO4J_PORT, "postgres": POSTGRES_PORT}
+    ports = {
+        "milvus": MILVUS_PORT,
+        "neo4j": NEO4J_PORT,
+        "postgres": POSTGRES_PORT,
+        "nats": NATS_PORT,
+    }
     for name, port in ((n, ports[n]) for n in names):
         pid = pid_alive(VAR / f"{name}.pid") if name != "postgres" else postgres_pid()
         up = port_open(port)
@@ -525,11 +618,11 @@ def status(names: list[str] | tuple[str, ...] = SERVICES) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["up", "down", "status", "url"])
-    parser.add_argument("service", nargs="?", choices=["postgres"], help="for url")
+    parser.add_argument("service", nargs="?", choices=["postgres", "nats"], help="for url")
     parser.add_argument("--only", choices=SERVICES, help="act on one service")
     args = parser.parse_args()
     if args.command == "url":
-        print(postgres_url())
+        print(nats_url() if args.service == "nats" else postgres_url())
         return 0
     VAR.mkdir(parents=True, exist_ok=True)
     names = [args.only] if args.only else list(SERVICES)
@@ -537,6 +630,8 @@ def main() -> int:
         for name in names:
             if name == "postgres":
                 postgres_up(required=bool(args.only))
+            elif name == "nats":
+                nats_up(required=bool(args.only))
             else:
                 {"milvus": milvus_up, "neo4j": neo4j_up}[name]()
         return 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: install, start Milvus Lite + Neo4j + PostgreSQL (audit log), run the unit,
+# The test command: install, start Milvus Lite + Neo4j + PostgreSQL (audit log) + NATS, run the unit,
 # integration and Serve suites (the Serve suite in its own process: it owns a Ray cluster), stop
 # what it started.
 set -uo pipefail
@@ -14,7 +14,7 @@ cleanup() {
   for name in "${started[@]}"; do "$VENV/bin/python" scripts/services.py down --only "$name"; done
 }
 trap cleanup EXIT
-for name in milvus neo4j postgres; do
+for name in milvus neo4j postgres nats; do
   if ! "$VENV/bin/python" scripts/services.py status --only "$name" >/dev/null 2>&1; then
     "$VENV/bin/python" scripts/services.py up --only "$name" || exit 1
     started+=("$name")
@@ -24,6 +24,8 @@ done
 export RAG_TEST_RUN_ID="${RAG_TEST_RUN_ID:-$(date +%s)}"
 # The audit log's PostgreSQL tests (tests/integration/test_audit_postgres.py) use this URL.
 export RAG_TEST_POSTGRES_URL="${RAG_TEST_POSTGRES_URL:-$("$VENV/bin/python" scripts/services.py url postgres)}"
+# The bus tests (tests/integration/test_events_nats.py) use this JetStream server.
+export RAG_TEST_NATS_URL="${RAG_TEST_NATS_URL:-$("$VENV/bin/python" scripts/services.py url nats)}"
 "$VENV/bin/ruff" check . || exit 1
 "$VENV/bin/python" -m pytest tests/unit tests/integration "$@"
 first=$?

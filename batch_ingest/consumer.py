@@ -1,0 +1,483 @@
+"""The bus consumer: NATS JetStream events → the idempotent ingestion pipeline.
+
+    python -m batch_ingest.consumer --url nats://127.0.0.1:4222          # until SIGTERM/SIGINT
+    python -m batch_ingest.consumer --batch 32 --max-deliver 5 --backoff 5,15,30,60
+
+What it does:
+
+- Creates (idempotently) the stream ``RAG_EVENTS`` over the subjects of the ingestion types
+  (``chat.message.created``, ``doc.upserted``, ``file.uploaded``, ``doc.deleted``; the subject
+  is the event ``type``), file storage, 7 days, a 2-minute duplicate window (publishers should
+  set ``Nats-Msg-Id`` to the ``event_id``: the server then drops a re-published copy), and the
+  stream ``RAG_EVENTS_DLQ`` over ``rag.dlq.>``.
+- A durable pull consumer (``rag-ingest``): explicit ack, ``max_deliver`` N, server ``backoff``
+  (redelivery after an unacked delivery, e.g. a crashed consumer; ``ack_wait`` is its first
+  step, and ``in_progress`` is sent while a batch is being indexed so a slow batch is not
+  redelivered under it).
+- Fetches up to ``--batch`` messages and applies them with ``batch_ingest.events.apply_events``
+  (one embedding call for the batch; per document only a revision newer than the source
+  registry's is applied, so redeliveries and reordering change nothing). Then per message:
+  applied / unchanged / stale → ack; invalid envelope → published to ``rag.dlq.<type>`` and
+  ``term`` (never redelivered); failed → ``nak`` with the backoff delay of its delivery count,
+  and at the N-th delivery published to the dead-letter subject with its error and acked.
+- After a document is searchable: ``rag.document.indexed`` (``{team_id, doc_id, doc_type,
+  chunks, revision, event_id, event_ts}``), after a delete ``rag.document.deleted``.
+- SIGTERM/SIGINT: stops fetching, finishes and acks the batch in flight, drains, closes.
+
+Why in-process and not ``POST /ingest/events`` on the gateway: the consumer is a platform
+service behind the bus, not an agent; who may publish an event for a tenant is decided by the
+bus's own accounts and subject permissions, and the tenant of an event is only its
+``meta.team_id`` (a payload naming another team is refused). Running the pipeline here (the
+real ``MilvusStore``, ``LocalEmbedder``, ``Neo4jGraph`` and ``SourceStore``, configured by the
+same ``GatewaySettings`` environment as the gateway) keeps ingestion off the Serve request
+path, needs no service credential, and gives the batch one embedding call without a second
+HTTP batching layer; it is the same ``apply_events`` code the HTTP endpoint runs (which adds
+the per-caller write checks for producers outside the bus). Milvus Lite serialises writers in
+its server process, so the consumer and the gateway may write at once. ``--subject-prefix``
+isolates environments (and tests) on one server: it prefixes every subject, including the
+dead-letter and notification subjects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from batch_ingest.events import (
+    EVENT_TYPES,
+    EventResult,
+    InvalidEvent,
+    MappedEvent,
+    apply_events,
+    parse_event,
+    subject_type,
+)
+from batch_ingest.pipeline import IngestPipeline
+
+logger = logging.getLogger("batch_ingest.consumer")
+
+
+@dataclass
+class ConsumerSettings:
+    url: str = "nats://127.0.0.1:4222"
+    stream: str = "RAG_EVENTS"
+    durable: str = "rag-ingest"
+    subject_prefix: str = ""
+    batch: int = 16
+    fetch_timeout_s: float = 1.0
+    max_deliver: int = 5
+    # Seconds before the 2nd, 3rd, ... delivery; fewer steps than max_deliver (server rule).
+    backoff_s: tuple[float, ...] = (5.0, 15.0, 30.0, 60.0)
+    max_ack_pending: int = 1000
+    max_age_s: float = 7 * 24 * 3600
+    duplicate_window_s: float = 120.0
+
+    def subject(self, name: str) -> str:
+        return f"{self.subject_prefix}{name}"
+
+    @property
+    def subjects(self) -> list[str]:
+        return [self.subject(t) for t in EVENT_TYPES]
+
+    @property
+    def dlq_stream(self) -> str:
+        return f"{self.stream}_DLQ"
+
+    def dlq_subject(self, event_type: str) -> str:
+        return self.subject(f"rag.dlq.{event_type or 'invalid'}")
+
+    @property
+    def indexed_subject(self) -> str:
+        return self.subject("rag.document.indexed")
+
+    @property
+    def deleted_subject(self) -> str:
+        return self.subject("rag.document.deleted")
+
+    def backoff_for(self, delivered: int) -> float:
+        steps = self.backoff_s or (1.0,)
+        return steps[min(max(delivered, 1), len(steps)) - 1]
+
+
+@dataclass
+class ConsumerStats:
+    batches: int = 0
+    messages: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+    acked: int = 0
+    naked: int = 0
+    dead_lettered: int = 0
+
+    def count(self, status: str) -> None:
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+
+
+async def ensure_stream(js: Any, cfg: ConsumerSettings) -> None:
+    """Create or extend the event stream and the dead-letter stream (idempotent)."""
+    from nats.js.api import StorageType, StreamConfig
+    from nats.js.errors import NotFoundError
+
+    async def one(name: str, subjects: list[str], **extra: Any) -> None:
+        try:
+            info = await js.stream_info(name)
+        except NotFoundError:
+            await js.add_stream(
+                StreamConfig(name=name, subjects=subjects, storage=StorageType.FILE, **extra)
+            )
+            logger.info("created stream %s over %s", name, ", ".join(subjects))
+            return
+        have = list(info.config.subjects or [])
+        missing = [s for s in subjects if s not in have]
+        if missing:
+            info.config.subjects = have + missing
+            await js.update_stream(info.config)
+            logger.info("stream %s now also takes %s", name, ", ".join(missing))
+
+    await one(
+        cfg.stream,
+        cfg.subjects,
+        max_age=cfg.max_age_s,
+        duplicate_window=cfg.duplicate_window_s,
+    )
+    await one(cfg.dlq_stream, [cfg.dlq_subject(">")])
+
+
+async def ensure_consumer(js: Any, cfg: ConsumerSettings) -> None:
+    """The durable pull consumer (created once; an existing one is kept as it is)."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+    from nats.js.errors import NotFoundError
+
+    try:
+        await js.consumer_info(cfg.stream, cfg.durable)
+        return
+    except NotFoundError:
+        pass
+    backoff = list(cfg.backoff_s)[: max(cfg.max_deliver - 1, 0)]
+    await js.add_consumer(
+        cfg.stream,
+        ConsumerConfig(
+            durable_name=cfg.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            max_deliver=cfg.max_deliver,
+            ack_wait=backoff[0] if backoff else 30.0,
+            backoff=backoff or None,
+            max_ack_pending=cfg.max_ack_pending,
+        ),
+    )
+    logger.info(
+        "created durable consumer %s on %s (max_deliver %d, backoff %s s)",
+        cfg.durable,
+        cfg.stream,
+        cfg.max_deliver,
+        backoff,
+    )
+
+
+class EventConsumer:
+    """Pulls batches from the durable consumer and applies them through ``pipeline``."""
+
+    def __init__(self, nc: Any, pipeline: IngestPipeline, cfg: ConsumerSettings) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.pipeline = pipeline
+        self.cfg = cfg
+        self.stats = ConsumerStats()
+        self._sub: Any = None
+
+    async def setup(self) -> None:
+        await ensure_stream(self.js, self.cfg)
+        await ensure_consumer(self.js, self.cfg)
+        self._sub = await self.js.pull_subscribe_bind(
+            durable=self.cfg.durable, stream=self.cfg.stream
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch and apply until ``stop`` is set; the batch in flight is finished first."""
+        import nats.errors
+
+        if self._sub is None:
+            await self.setup()
+        while not stop.is_set():
+            # Wait for one message, then take what else is there: a single fetch of B waits
+            # for B messages or the whole timeout (nats-server 2.9), which would add up to
+            # fetch_timeout_s of latency to every event of a trickle.
+            timeouts = (nats.errors.TimeoutError, asyncio.TimeoutError)
+            try:
+                msgs = await self._sub.fetch(1, timeout=self.cfg.fetch_timeout_s)
+            except timeouts:
+                continue
+            except Exception as exc:  # connection trouble: the client reconnects
+                logger.warning("fetch failed: %s: %s", type(exc).__name__, exc)
+                await asyncio.sleep(1.0)
+                continue
+            if self.cfg.batch > 1:
+                try:
+                    msgs += await self._sub.fetch(self.cfg.batch - 1, timeout=0.1)
+                except timeouts:
+                    pass
+                except Exception as exc:  # the first message is still handled
+                    logger.warning("fetch failed: %s: %s", type(exc).__name__, exc)
+            if msgs:
+                await self.handle(msgs)
+
+    async def close(self) -> None:
+        """Unsubscribe (the durable consumer stays on the server), drain and close."""
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+        if not self.nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+
+    async def handle(self, msgs: list[Any]) -> list[EventResult]:
+        started = time.perf_counter()
+        parsed = [self._parse(m) for m in msgs]
+        beat = asyncio.create_task(self._keep_alive(msgs))
+        try:
+            try:
+                results, degraded = await apply_events(self.pipeline, parsed)
+            except Exception as exc:  # Milvus/embedder down before anything was written
+                logger.warning("batch of %d failed: %s", len(msgs), exc)
+                error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+                results, degraded = [_failed(ev, error) for ev in parsed], []
+        finally:
+            beat.cancel()
+        for reason in degraded:
+            logger.warning("degraded: %s", reason)
+        notes: list[tuple[str, dict[str, Any]]] = []
+        for msg, ev, result in zip(msgs, parsed, results, strict=True):
+            self.stats.count(result.status)
+            await self._settle(msg, ev, result)
+            if result.status in ("indexed", "deleted"):
+                subject = (
+                    self.cfg.indexed_subject
+                    if result.status == "indexed"
+                    else self.cfg.deleted_subject
+                )
+                notes.append((subject, _note(result, ev)))
+        await self.nc.flush()
+        for subject, note in notes:
+            await self.nc.publish(subject, json.dumps(note).encode())
+        self.stats.batches += 1
+        self.stats.messages += len(msgs)
+        logger.info(
+            "batch of %d in %.0f ms: %s",
+            len(msgs),
+            (time.perf_counter() - started) * 1000,
+            ", ".join(f"{k} {v}" for k, v in sorted(self.stats.statuses.items())),
+        )
+        return results
+
+    def _parse(self, msg: Any) -> MappedEvent | InvalidEvent:
+        ev = parse_event(msg.data)
+        expected = subject_type(msg.subject, self.cfg.subject_prefix)
+        if isinstance(ev, MappedEvent) and ev.envelope.type != expected:
+            return InvalidEvent(
+                ev.event_id,
+                ev.envelope.type,
+                [
+                    {
+                        "field": "type",
+                        "problem": f"{ev.envelope.type!r} published on subject {msg.subject!r}",
+                    }
+                ],
+            )
+        return ev
+
+    async def _keep_alive(self, msgs: list[Any]) -> None:
+        """Tell the server the batch is being worked on (resets each ack timer)."""
+        period = max(min(self.cfg.backoff_s or (30.0,)) / 2, 0.5)
+        while True:
+            await asyncio.sleep(period)
+            for m in msgs:
+                with contextlib.suppress(Exception):
+                    await m.in_progress()
+
+    async def _settle(self, msg: Any, ev: Any, result: EventResult) -> None:
+        delivered = _delivered(msg)
+        if result.status == "invalid":
+            if await self._dead_letter(msg, result, delivered):
+                await msg.term()
+            return
+        if result.status == "failed":
+            if delivered >= self.cfg.max_deliver:
+                if await self._dead_letter(msg, result, delivered):
+                    await msg.ack()
+                    self.stats.acked += 1
+                return
+            await msg.nak(delay=self.cfg.backoff_for(delivered))
+            self.stats.naked += 1
+            return
+        await msg.ack()
+        self.stats.acked += 1
+
+    async def _dead_letter(self, msg: Any, result: EventResult, delivered: int) -> bool:
+        """Publish the message with its error to ``rag.dlq.<type>``; False (and a nak) when
+        the dead-letter stream did not take it, so nothing is lost."""
+        body = {
+            "subject": msg.subject,
+            "event_id": result.event_id,
+            "type": result.type,
+            "status": result.status,
+            "error": result.error,
+            "fields": result.fields,
+            "num_delivered": delivered,
+            "stream_seq": _stream_seq(msg),
+            "failed_at": time.time(),
+            "event": msg.data.decode("utf-8", errors="replace"),
+        }
+        try:
+            await self.js.publish(
+                self.cfg.dlq_subject(result.type or "invalid"), json.dumps(body).encode()
+            )
+        except Exception as exc:
+            logger.error("dead-letter publish failed (%s); message redelivered later", exc)
+            await msg.nak(delay=self.cfg.backoff_for(delivered))
+            return False
+        self.stats.dead_lettered += 1
+        logger.warning(
+            "dead-lettered %s (%s) after %d deliveries: %s",
+            result.event_id or "?",
+            result.status,
+            delivered,
+            result.error,
+        )
+        return True
+
+
+def _delivered(msg: Any) -> int:
+    try:
+        return int(msg.metadata.num_delivered)
+    except Exception:
+        return 1
+
+
+def _stream_seq(msg: Any) -> int | None:
+    try:
+        return int(msg.metadata.sequence.stream)
+    except Exception:
+        return None
+
+
+def _failed(ev: MappedEvent | InvalidEvent, error: str) -> EventResult:
+    from batch_ingest.events import invalid_result
+
+    if isinstance(ev, InvalidEvent):
+        return invalid_result(ev)
+    return EventResult(
+        event_id=ev.event_id,
+        type=ev.envelope.type,
+        team_id=ev.key[0],
+        doc_type=ev.key[1],
+        doc_id=ev.key[2],
+        revision=ev.revision,
+        status="failed",
+        error=error,
+    )
+
+
+def _note(result: EventResult, ev: Any) -> dict[str, Any]:
+    return {
+        "team_id": result.team_id,
+        "doc_id": result.doc_id,
+        "doc_type": result.doc_type,
+        "chunks": result.chunks,
+        "revision": result.revision,
+        "event_id": result.event_id,
+        "event_ts": ev.envelope.ts if isinstance(ev, MappedEvent) else None,
+        "status": result.status,
+    }
+
+
+def build_pipeline(settings: Any = None) -> IngestPipeline:
+    """The gateway's pipeline in this process: LocalEmbedder, Milvus, Neo4j, SourceStore,
+    all configured by ``GatewaySettings`` (the same environment variables as the gateway)."""
+    from batch_ingest.chunking import Chunker, embedder_token_counter
+    from batch_ingest.source_store import SourceStore
+    from deployments.config import GatewaySettings
+    from deployments.embedder import LocalEmbedder, embedding_dim
+    from deployments.graph import Neo4jGraph
+    from deployments.retriever import RetrieverDeployment
+
+    settings = settings or GatewaySettings()
+    embedder = LocalEmbedder(settings.embedder)
+    embedder.core.start()
+    chunker = Chunker(
+        embedder_token_counter(settings.embedder),
+        settings.chunking.max_tokens,
+        settings.chunking.overlap_tokens,
+    )
+    return IngestPipeline(
+        embedder=embedder,
+        store=RetrieverDeployment(settings.milvus, embedding_dim(settings.embedder)),
+        graph=Neo4jGraph(settings.neo4j),
+        chunker=chunker,
+        embed_model=settings.embedder.embed_model_tag,
+        sources=SourceStore(settings.state.url),
+    )
+
+
+async def serve(cfg: ConsumerSettings, pipeline: IngestPipeline | None = None) -> ConsumerStats:
+    import nats
+
+    pipeline = pipeline or build_pipeline()
+    nc = await nats.connect(cfg.url, name=f"rag-consumer-{cfg.durable}", max_reconnect_attempts=-1)
+    consumer = EventConsumer(nc, pipeline, cfg)
+    await consumer.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    logger.info("consuming %s as %s from %s", cfg.stream, cfg.durable, cfg.url)
+    try:
+        await consumer.run(stop)
+    finally:
+        await consumer.close()
+        graph = pipeline.graph
+        if graph is not None and hasattr(graph, "close"):
+            with contextlib.suppress(Exception):
+                await graph.close()
+    logger.info("stopped: %s", consumer.stats)
+    return consumer.stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    d = ConsumerSettings()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default=d.url)
+    p.add_argument("--stream", default=d.stream)
+    p.add_argument("--durable", default=d.durable)
+    p.add_argument("--subject-prefix", default=d.subject_prefix)
+    p.add_argument("--batch", type=int, default=d.batch, help="messages per fetch (one embed)")
+    p.add_argument("--max-deliver", type=int, default=d.max_deliver)
+    p.add_argument(
+        "--backoff",
+        default=",".join(f"{s:g}" for s in d.backoff_s),
+        help="seconds before each redelivery, comma-separated",
+    )
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cfg = ConsumerSettings(
+        url=args.url,
+        stream=args.stream,
+        durable=args.durable,
+        subject_prefix=args.subject_prefix,
+        batch=args.batch,
+        max_deliver=args.max_deliver,
+        backoff_s=tuple(float(x) for x in args.backoff.split(",") if x.strip()),
+    )
+    asyncio.run(serve(cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""POST /ingest/events: a batch of bus-event envelopes (batch_ingest/events.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field
+
+from batch_ingest.events import IngestEventsResponse, InvalidEvent, parse_event
+from serve_app.api.deps import CurrentPrincipal, Service, TraceId
+
+router = APIRouter(tags=["ingest"])
+
+
+class IngestEventsRequest(BaseModel):
+    """Envelopes ``{event_id, ts, domain, type, version, actor, payload, meta}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    events: list[dict[str, Any]] = Field(min_length=1)
+    # false: any invalid envelope makes the whole request a 422 (nothing applied);
+    # true: invalid envelopes come back with status "invalid" and the others are applied.
+    partial: bool = False
+
+
+@router.post("/ingest/events", response_model=IngestEventsResponse)
+async def ingest_events(
+    body: IngestEventsRequest, principal: CurrentPrincipal, service: Service, trace_id: TraceId
+):
+    """Apply upsert/delete events idempotently: per document, only an event newer than the
+    stored revision changes anything. Per-event status: indexed, unchanged, skipped_stale,
+    deleted, failed, invalid."""
+    parsed = [parse_event(raw) for raw in body.events]
+    if not body.partial:
+        errors = [
+            {
+                "loc": ("body", "events", i, *f["field"].split(".")),
+                "msg": f["problem"],
+                "type": "value_error",
+            }
+            for i, ev in enumerate(parsed)
+            if isinstance(ev, InvalidEvent)
+            for f in ev.fields
+        ]
+        if errors:
+            raise RequestValidationError(errors)
+    return await service.ingest_events(parsed, trace_id, principal)

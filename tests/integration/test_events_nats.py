@@ -1,0 +1,346 @@
+"""Bus ingestion end to end: the real nats-server (JetStream), Milvus Lite server, Neo4j and
+the real embedder, with the consumer of batch_ingest/consumer.py in this process.
+
+Each test has its own stream, durable consumer and subject prefix (so tests never see each
+other's messages) and its own team; streams are deleted at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import uuid
+from urllib.parse import urlparse
+
+import pytest
+import pytest_asyncio
+
+from batch_ingest.chunking import Chunker, tokenizer_counter
+from batch_ingest.consumer import ConsumerSettings, EventConsumer, ensure_stream
+from batch_ingest.documents import SourceDocument
+from batch_ingest.events import parse_event
+from batch_ingest.pipeline import IngestPipeline
+from batch_ingest.source_store import SourceStore
+from deployments.embedder import default_model_path
+from deployments.errors import InvalidInput
+from deployments.retriever import RetrieverDeployment
+from tests.conftest import port_open
+
+pytestmark = pytest.mark.integration
+NATS_URL = os.environ.get("RAG_TEST_NATS_URL", "nats://127.0.0.1:4222")
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> str:
+    parsed = urlparse(NATS_URL)
+    if not port_open(parsed.hostname or "127.0.0.1", parsed.port or 4222):
+        pytest.fail(
+            f"NATS is not running at {NATS_URL}; start it with "
+            "`.venv/bin/python scripts/services.py up --only nats` (scripts/test.sh does this)",
+            pytrace=False,
+        )
+    return NATS_URL
+
+
+@pytest.fixture
+def team() -> str:
+    return f"team_ev_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def cfg(nats_url) -> ConsumerSettings:
+    tag = uuid.uuid4().hex[:8]
+    return ConsumerSettings(
+        url=nats_url,
+        stream=f"IT_EVENTS_{tag}",
+        durable=f"it-{tag}",
+        subject_prefix=f"it{tag}.",
+        batch=4,
+        fetch_timeout_s=0.3,
+        max_deliver=3,
+        backoff_s=(1.0, 1.0),
+    )
+
+
+@pytest.fixture
+def pipeline(settings, embedder, graph, store, tmp_path):
+    retriever = RetrieverDeployment(settings.milvus, 384)
+    retriever.store = store
+    chunker = Chunker(tokenizer_counter(default_model_path()), max_tokens=48, overlap_tokens=8)
+    return IngestPipeline(
+        embedder=embedder,
+        store=retriever,
+        graph=graph,
+        chunker=chunker,
+        embed_model="all-MiniLM-L6-v2@v1",
+        sources=SourceStore(f"sqlite:///{tmp_path}/state.db"),
+    )
+
+
+@pytest_asyncio.fixture
+async def nc(cfg):
+    import nats
+
+    conn = await nats.connect(cfg.url)
+    js = conn.jetstream()
+    await ensure_stream(js, cfg)  # producers publish before any consumer runs
+    yield conn
+    for name in (cfg.stream, cfg.dlq_stream):
+        with contextlib.suppress(Exception):
+            await js.delete_stream(name)
+    await conn.close()
+
+
+def event(team, etype, payload, *, event_id=None, ts=1_764_583_200_000, actor="u_alice"):
+    return {
+        "event_id": event_id or uuid.uuid4().hex,
+        "ts": ts,
+        "domain": etype.split(".")[0],
+        "type": etype,
+        "version": "1.0",
+        "actor": {"id": actor, "kind": "user"},
+        "payload": payload,
+        "meta": {"team_id": team, "trace_id": uuid.uuid4().hex},
+    }
+
+
+def text_of(i: int, words: int = 30) -> str:
+    return " ".join(
+        f"document {i} talks about solar batteries and grid node {j}."
+        for j in range(words // 8 + 1)
+    )
+
+
+def collector(into: list):
+    async def cb(msg) -> None:
+        into.append(json.loads(msg.data))
+
+    return cb
+
+
+async def publish(nc, cfg, raw) -> None:
+    await nc.jetstream().publish(cfg.subject(raw["type"]), json.dumps(raw).encode())
+
+
+async def consume_until(consumer: EventConsumer, done, timeout: float = 60.0) -> None:
+    """Run the consumer until ``done()`` is true (checked every 0.2 s), then stop it gracefully."""
+    if consumer._sub is None:
+        await consumer.setup()
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        async with asyncio.timeout(timeout):
+            while not await done():
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.2)
+    finally:
+        stop.set()
+        await task
+
+
+async def pending(nc, cfg) -> tuple[int, int]:
+    info = await nc.jetstream().consumer_info(cfg.stream, cfg.durable)
+    return info.num_pending, info.num_ack_pending
+
+
+def expected_chunks(pipeline, raws) -> dict[str, str]:
+    """chunk_id → content_hash of the documents the newest event of each doc produces."""
+    out: dict[str, str] = {}
+    for raw in raws:
+        ev = parse_event(raw)
+        if ev.document is not None:
+            out |= {c.chunk_id: c.content_hash for c in pipeline.build_chunks(ev.document)}
+    return out
+
+
+async def stored(store, team, doc_ids, doc_type="doc") -> dict[str, str]:
+    rows = await asyncio.to_thread(store.fingerprints, [(team, doc_type, d) for d in doc_ids])
+    return {cid: h for chunks in rows.values() for cid, h, _ in chunks}
+
+
+async def test_kill_mid_stream_and_restart_leaves_exact_chunks(cfg, nc, pipeline, store, team):
+    import nats
+
+    raws = [
+        event(team, "doc.upserted", {"doc_id": f"d{i}", "text": text_of(i, 40), "revision": 1})
+        for i in range(20)
+    ]
+    for raw in raws:
+        await publish(nc, cfg, raw)
+    want = expected_chunks(pipeline, raws)
+    assert len(want) > len(raws)  # several documents have more than one chunk
+
+    # First consumer: killed (task cancelled, connection dropped, nothing more acked) once
+    # some documents are acked, most probably in the middle of a batch.
+    conn1 = await nats.connect(cfg.url)
+    first = EventConsumer(conn1, pipeline, cfg)
+    await first.setup()
+    task = asyncio.create_task(first.run(asyncio.Event()))
+    async with asyncio.timeout(60):
+        while first.stats.acked < 6:
+            await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await conn1.close()
+    acked_before = first.stats.acked
+    assert acked_before < len(raws)
+
+    notes: list[dict] = []
+    sub = await nc.subscribe(cfg.indexed_subject, cb=collector(notes))
+    second = EventConsumer(nc, pipeline, cfg)
+
+    async def all_acked() -> bool:
+        return await pending(nc, cfg) == (0, 0)
+
+    await consume_until(second, all_acked, timeout=90)
+    await sub.unsubscribe()
+    got = await stored(store, team, [f"d{i}" for i in range(20)])
+    assert got == want  # exact: every chunk, no extra, no duplicate, same content
+    assert store.count(team) == len(want)
+    assert first.stats.acked + second.stats.acked >= len(raws)
+    for note in notes:
+        assert note["team_id"] == team and note["revision"] == 1 and note["chunks"] >= 1
+
+
+async def test_every_event_twice_changes_nothing(cfg, nc, pipeline, store, team):
+    raws = [
+        event(team, "doc.upserted", {"doc_id": f"d{i}", "text": text_of(i), "revision": 2})
+        for i in range(6)
+    ]
+    for raw in raws + raws:  # each event delivered twice
+        await publish(nc, cfg, raw)
+    consumer = EventConsumer(nc, pipeline, cfg)
+    await consume_until(consumer, lambda: _none_pending(nc, cfg))
+    assert consumer.stats.statuses.get("indexed") == 6
+    assert consumer.stats.statuses.get("unchanged") == 6
+    before = await stored(store, team, [f"d{i}" for i in range(6)])
+    count = store.count(team)
+    assert before == expected_chunks(pipeline, raws)
+
+    # Replay the whole stream once more through a second durable consumer.
+    replay_cfg = ConsumerSettings(**{**vars(cfg), "durable": cfg.durable + "-replay"})
+    replay = EventConsumer(nc, pipeline, replay_cfg)
+    await consume_until(replay, lambda: _none_pending(nc, replay_cfg))
+    assert replay.stats.statuses == {"unchanged": 12}
+    assert await stored(store, team, [f"d{i}" for i in range(6)]) == before
+    assert store.count(team) == count
+
+
+async def _none_pending(nc, cfg) -> bool:
+    return await pending(nc, cfg) == (0, 0)
+
+
+async def test_out_of_order_revisions_the_newest_wins(cfg, nc, pipeline, store, team):
+    cfg.batch = 1  # each event in its own batch: ordering comes from the registry
+    for rev in (3, 1, 2):
+        await publish(
+            nc,
+            cfg,
+            event(
+                team,
+                "doc.upserted",
+                {"doc_id": "x", "text": f"revision {rev} text", "revision": rev},
+            ),
+        )
+    # Without a payload revision the envelope ts orders: the later ts is published first.
+    for ts, text in ((1_800_000_000_000, "message newer"), (1_700_000_000_000, "message older")):
+        await publish(
+            nc, cfg, event(team, "chat.message.created", {"message_id": "m", "text": text}, ts=ts)
+        )
+    consumer = EventConsumer(nc, pipeline, cfg)
+    await consume_until(consumer, lambda: _none_pending(nc, cfg))
+    assert consumer.stats.statuses == {"indexed": 2, "skipped_stale": 3}
+    chunks = await asyncio.to_thread(store.get_chunks, team, "doc", "x")
+    assert [c.text.splitlines()[-1] for c in chunks] == ["revision 3 text"]
+    msgs = await asyncio.to_thread(store.get_chunks, team, "message", "m")
+    assert [c.text.splitlines()[-1] for c in msgs] == ["message newer"]
+    assert pipeline.sources.get((team, "doc", "x")).version == 3
+
+
+class PoisonRetriever(RetrieverDeployment):
+    """Refuses the chunks of document ``poison`` every time (a deterministic failure)."""
+
+    async def upsert(self, chunks):
+        if any(c.doc_id == "poison" for c in chunks):
+            raise InvalidInput("poison document refused")
+        return await super().upsert(chunks)
+
+
+async def test_poison_message_ends_in_the_dlq_after_max_deliveries(
+    cfg, nc, pipeline, settings, store, team
+):
+    poisoned = PoisonRetriever(settings.milvus, 384)
+    poisoned.store = store
+    pipeline.store = poisoned
+    await publish(nc, cfg, event(team, "doc.upserted", {"doc_id": "ok", "text": "fine text"}))
+    await publish(nc, cfg, event(team, "doc.upserted", {"doc_id": "poison", "text": "bad"}))
+    await publish(nc, cfg, {"event_id": "broken", "type": "doc.upserted"})  # invalid envelope
+    consumer = EventConsumer(nc, pipeline, cfg)
+    await consume_until(consumer, lambda: _none_pending(nc, cfg), timeout=60)
+    js = nc.jetstream()
+    dlq = await js.stream_info(cfg.dlq_stream)
+    assert dlq.state.messages == 2
+    msgs = [await js.get_msg(cfg.dlq_stream, seq) for seq in (1, 2)]
+    bodies = {json.loads(m.data)["status"]: (m.subject, json.loads(m.data)) for m in msgs}
+    subject, failed = bodies["failed"]
+    assert subject == cfg.dlq_subject("doc.upserted")
+    assert failed["num_delivered"] == cfg.max_deliver and "poison" in failed["error"]
+    assert json.loads(failed["event"])["payload"]["doc_id"] == "poison"
+    subject, invalid = bodies["invalid"]
+    assert invalid["num_delivered"] == 1 and invalid["fields"]
+    assert consumer.stats.statuses["failed"] == cfg.max_deliver
+    assert await stored(store, team, ["ok"]) and not await stored(store, team, ["poison"])
+
+
+async def test_delete_removes_chunks_and_the_graph_doc(cfg, nc, pipeline, graph, store, team):
+    text = text_of(1, 60)
+    await publish(
+        nc,
+        cfg,
+        event(
+            team,
+            "chat.message.created",
+            {"message_id": "m1", "text": text, "channel_id": "ch_ops", "revision": 1},
+        ),
+    )
+    consumer = EventConsumer(nc, pipeline, cfg)
+    await consume_until(consumer, lambda: _none_pending(nc, cfg))
+    assert len(await stored(store, team, ["m1"], "message")) > 1
+    q = "MATCH (d:Doc {team_id: $t, id: 'm1'}) RETURN count(d) AS n"
+    assert (await graph.run(q, {"t": team}))[0]["n"] == 1
+
+    gone: list[dict] = []
+    sub = await nc.subscribe(cfg.deleted_subject, cb=collector(gone))
+    await publish(
+        nc, cfg, event(team, "doc.deleted", {"doc_type": "message", "doc_id": "m1", "revision": 2})
+    )
+    # A late upsert of an older revision must not bring it back.
+    await publish(
+        nc,
+        cfg,
+        event(team, "chat.message.created", {"message_id": "m1", "text": "late", "revision": 1}),
+    )
+    await consume_until(consumer, lambda: _none_pending(nc, cfg))
+    await nc.flush()
+    await asyncio.sleep(0.2)
+    await sub.unsubscribe()
+    assert await stored(store, team, ["m1"], "message") == {}
+    assert store.count(team) == 0
+    assert (await graph.run(q, {"t": team}))[0]["n"] == 0
+    channel = "MATCH (c:Channel {team_id: $t, id: 'ch_ops'}) RETURN count(c) AS n"
+    assert (await graph.run(channel, {"t": team}))[0]["n"] == 1  # shared entity kept
+    row = pipeline.sources.get((team, "message", "m1"))
+    assert row.deleted and row.version == 2
+    assert [g["doc_id"] for g in gone] == ["m1"]
+    await graph.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True)
+
+
+def test_source_document_of_a_file_event_is_a_file(team):
+    ev = parse_event(
+        event(team, "file.uploaded", {"file_id": "f", "text": "t", "filename": "a.pdf"})
+    )
+    assert isinstance(ev.document, SourceDocument) and ev.document.doc_type == "file"

@@ -1,0 +1,254 @@
+"""Bus events: envelope validation, mapping to documents, ordering and delete (fakes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from batch_ingest.chunking import Chunker, whitespace_tokens
+from batch_ingest.events import InvalidEvent, MappedEvent, apply_events, parse_event
+from batch_ingest.pipeline import IngestPipeline
+from batch_ingest.source_store import SourceStore
+from tests.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
+
+TEAM = "dao_events"
+
+
+def envelope(etype="doc.upserted", payload=None, *, event_id="e1", ts=1_764_583_200, **kw):
+    domain = etype.split(".")[0]
+    body = {
+        "event_id": event_id,
+        "ts": ts,
+        "domain": domain,
+        "type": etype,
+        "version": "1.0",
+        "actor": {"id": "u_alice", "kind": "user"},
+        "payload": payload if payload is not None else {"doc_id": "d1", "text": "Milvus notes"},
+        "meta": {"team_id": TEAM, "trace_id": "tr-1"},
+    }
+    body.update(kw)
+    return body
+
+
+def upsert(doc_id, text, revision=None, event_id=None, ts=1_764_583_200):
+    payload = {"doc_id": doc_id, "text": text}
+    if revision is not None:
+        payload["revision"] = revision
+    return envelope(payload=payload, event_id=event_id or f"{doc_id}-{revision}", ts=ts)
+
+
+def delete(doc_id, revision, doc_type="doc"):
+    return envelope(
+        "doc.deleted",
+        {"doc_id": doc_id, "doc_type": doc_type, "revision": revision},
+        event_id=f"del-{doc_id}-{revision}",
+    )
+
+
+# --- mapping ----------------------------------------------------------------------------------
+
+
+def test_chat_message_maps_to_a_message_document_authored_by_the_actor():
+    ev = parse_event(
+        envelope(
+            "chat.message.created",
+            {"message_id": "m1", "text": "hello", "channel_id": "ch_general", "extra": 1},
+        )
+    )
+    assert isinstance(ev, MappedEvent)
+    doc = ev.document
+    assert (doc.team_id, doc.doc_type, doc.doc_id) == (TEAM, "message", "m1")
+    assert doc.author_id == "u_alice" and doc.channel_id == "ch_general"
+    assert doc.created_at == 1_764_583_200  # the event's time when the payload has none
+    assert ev.revision == 1_764_583_200_000  # ts in epoch ms
+
+
+def test_agent_actor_becomes_the_agent_id_of_a_message():
+    raw = envelope("chat.message.created", {"message_id": "m1", "text": "hi"})
+    raw["actor"] = {"id": "ag_bot", "kind": "agent"}
+    doc = parse_event(raw).document
+    assert doc.agent_id == "ag_bot" and doc.author_id == ""
+
+
+def test_short_type_is_completed_with_the_domain():
+    ev = parse_event(
+        envelope("chat.message.created", {"message_id": "m", "text": "x"}, type="message.created")
+    )
+    assert ev.envelope.type == "chat.message.created"
+
+
+def test_file_uploaded_maps_to_a_file_titled_by_filename():
+    ev = parse_event(
+        envelope(
+            "file.uploaded",
+            {
+                "file_id": "f1",
+                "text": "lab report",
+                "filename": "lab.pdf",
+                "visibility": "confidential",
+            },
+        )
+    )
+    doc = ev.document
+    assert (doc.doc_type, doc.doc_id, doc.title, doc.visibility) == (
+        "file",
+        "f1",
+        "lab.pdf",
+        "confidential",
+    )
+
+
+def test_doc_upserted_keeps_its_doc_type_and_delete_names_the_key():
+    ev = parse_event(envelope(payload={"doc_id": "w1", "doc_type": "wiki", "text": "[[Other]]"}))
+    assert ev.key == (TEAM, "wiki", "w1")
+    gone = parse_event(delete("w1", 3, doc_type="wiki"))
+    assert gone.action == "delete" and gone.key == (TEAM, "wiki", "w1") and gone.revision == 3
+
+
+def test_payload_revision_wins_over_ts_and_iso_ts_is_parsed():
+    assert parse_event(upsert("d", "t", revision=7)).revision == 7
+    ev = parse_event(envelope(ts="2025-12-01T10:00:00Z"))
+    assert ev.revision == 1_764_583_200_000
+    assert parse_event(envelope(ts=1_764_583_200_123)).revision == 1_764_583_200_123
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"version": "2.0"}, "version"),
+        ({"version": "one"}, "version"),
+        ({"type": "chat.message.deleted"}, "type"),
+        ({"type": "doc.upserted", "domain": "chat"}, "type"),
+        ({"ts": "yesterday"}, "ts"),
+        ({"meta": {"trace_id": "x"}}, "meta.team_id"),
+        ({"actor": {"id": "u"}}, "actor.kind"),
+        ({"payload": {"doc_id": "d"}}, "payload.text"),
+        ({"payload": {"doc_id": "d", "text": "  "}}, "payload.text"),
+        ({"payload": {"doc_id": "d", "text": "x", "doc_type": "Bad Type"}}, "payload.doc_type"),
+        ({"payload": {"doc_id": "d", "text": "x", "team_id": "dao_other"}}, "payload.team_id"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+def test_invalid_envelopes_name_the_field(change, field):
+    ev = parse_event(
+        envelope(**change) if "payload" not in change else envelope(payload=change["payload"])
+    )
+    assert isinstance(ev, InvalidEvent), ev
+    assert field in [f["field"] for f in ev.fields], ev.fields
+
+
+def test_unsupported_major_version_says_which_is_supported():
+    ev = parse_event(envelope(version=2))
+    assert "major version 1" in ev.message
+
+
+def test_non_json_and_non_object_are_invalid():
+    assert isinstance(parse_event(b"{nope"), InvalidEvent)
+    assert isinstance(parse_event([1, 2]), InvalidEvent)
+
+
+# --- applying: ordering, idempotency, delete -----------------------------------------------------
+
+
+@pytest.fixture
+def pipeline(tmp_path):
+    return IngestPipeline(
+        embedder=FakeEmbedder(dim=16),
+        store=FakeVectorStore(),
+        graph=FakeGraphStore(),
+        chunker=Chunker(whitespace_tokens, 20, 4),
+        embed_model="fake@v1",
+        sources=SourceStore(f"sqlite:///{tmp_path}/state.db"),
+    )
+
+
+async def run(pipeline, *raws):
+    results, _ = await apply_events(pipeline, [parse_event(r) for r in raws])
+    return [r.status for r in results]
+
+
+def texts(pipeline, doc_id="d1"):
+    return sorted(c.text for c in pipeline.store.rows.values() if c.doc_id == doc_id)
+
+
+async def test_the_same_event_twice_changes_nothing(pipeline):
+    raw = upsert("d1", "solar panels and batteries", revision=1)
+    assert await run(pipeline, raw) == ["indexed"]
+    rows = dict(pipeline.store.rows)
+    calls = len(pipeline.embedder.calls)
+    assert await run(pipeline, raw, raw) == ["unchanged", "unchanged"]
+    assert pipeline.store.rows == rows and len(pipeline.embedder.calls) == calls
+
+
+async def test_an_older_revision_after_a_newer_one_is_skipped(pipeline):
+    assert await run(pipeline, upsert("d1", "version two", revision=2)) == ["indexed"]
+    assert await run(pipeline, upsert("d1", "version one", revision=1)) == ["skipped_stale"]
+    assert texts(pipeline) == ["version two"]
+    assert pipeline.sources.get((TEAM, "doc", "d1")).version == 2
+
+
+async def test_out_of_order_in_one_batch_the_newest_wins(pipeline):
+    statuses = await run(
+        pipeline,
+        upsert("d1", "version three", revision=3),
+        upsert("d1", "version one", revision=1),
+        upsert("d1", "version two", revision=2),
+    )
+    assert statuses == ["indexed", "skipped_stale", "skipped_stale"]
+    assert texts(pipeline) == ["version three"]
+
+
+async def test_ts_orders_documents_without_a_revision(pipeline):
+    assert await run(pipeline, upsert("d1", "later", ts=2_000_000_000)) == ["indexed"]
+    assert await run(pipeline, upsert("d1", "earlier", ts=1_900_000_000)) == ["skipped_stale"]
+    assert texts(pipeline) == ["later"]
+
+
+async def test_delete_removes_chunks_and_graph_doc_and_tombstones(pipeline):
+    long_text = " ".join(f"word{i}" for i in range(60))
+    await run(pipeline, upsert("d1", long_text, revision=1), upsert("d2", "keep me", revision=1))
+    assert len(texts(pipeline)) > 1 and (TEAM, "d1") in pipeline.graph.docs
+    results, _ = await apply_events(pipeline, [parse_event(delete("d1", 2))])
+    assert results[0].status == "deleted" and results[0].removed_chunks > 1 and results[0].graph
+    assert texts(pipeline) == [] and (TEAM, "d1") not in pipeline.graph.docs
+    assert texts(pipeline, "d2") == ["keep me"] and (TEAM, "d2") in pipeline.graph.docs
+    row = pipeline.sources.get((TEAM, "doc", "d1"))
+    assert row.deleted and row.version == 2
+    # A late older upsert does not resurrect it; the same delete again changes nothing.
+    assert await run(pipeline, upsert("d1", "zombie", revision=1)) == ["skipped_stale"]
+    assert await run(pipeline, delete("d1", 2)) == ["unchanged"]
+    assert texts(pipeline) == []
+    # A newer upsert brings it back.
+    assert await run(pipeline, upsert("d1", "reborn", revision=3)) == ["indexed"]
+    assert texts(pipeline) == ["reborn"] and not pipeline.sources.get((TEAM, "doc", "d1")).deleted
+
+
+async def test_delete_of_an_unknown_document_is_tombstoned(pipeline):
+    assert await run(pipeline, delete("ghost", 5)) == ["deleted"]
+    assert await run(pipeline, upsert("ghost", "late", revision=4)) == ["skipped_stale"]
+
+
+async def test_graph_down_fails_the_delete_without_tombstone_so_it_is_retried(pipeline):
+    await run(pipeline, upsert("d1", "text", revision=1))
+    pipeline.graph.down = True
+    assert await run(pipeline, delete("d1", 2)) == ["failed"]
+    assert not pipeline.sources.get((TEAM, "doc", "d1")).deleted
+    pipeline.graph.down = False
+    assert await run(pipeline, delete("d1", 2)) == ["deleted"]
+
+
+async def test_invalid_events_are_reported_in_place(pipeline):
+    results, _ = await apply_events(
+        pipeline,
+        [
+            parse_event(upsert("a", "x", revision=1)),
+            parse_event({"event_id": "bad"}),
+            parse_event(upsert("b", "y", revision=1)),
+        ],
+    )
+    assert [r.status for r in results] == ["indexed", "invalid", "indexed"]
+    assert results[1].event_id == "bad" and results[1].fields
+
+
+async def test_one_embedding_call_for_a_batch(pipeline):
+    await run(pipeline, *[upsert(f"d{i}", f"text {i}", revision=1) for i in range(5)])
+    assert len(pipeline.embedder.calls) == 1
