@@ -22,7 +22,7 @@ from deployments.protocols import ChunkRecord, Embedder, GraphDocument, GraphSto
 
 logger = logging.getLogger(__name__)
 
-DocStatus = Literal["indexed", "unchanged", "failed"]
+DocStatus = Literal["indexed", "unchanged", "failed", "deleted"]
 
 
 @dataclass
@@ -34,6 +34,7 @@ class DocResult:
     removed_chunks: int = 0
     graph: bool = False
     error: str | None = None
+    doc_type: str = ""
 
 
 @dataclass
@@ -155,7 +156,13 @@ class IngestPipeline:
             if all(found.get(c.chunk_id) == (c.content_hash, c.embed_model) for c in chunks):
                 unchanged.append(doc)
                 report.results.append(
-                    DocResult(doc.doc_id, doc.team_id, "unchanged", chunks=len(chunks))
+                    DocResult(
+                        doc.doc_id,
+                        doc.team_id,
+                        "unchanged",
+                        chunks=len(chunks),
+                        doc_type=doc.doc_type,
+                    )
                 )
             else:
                 planned.append((doc, chunks))
@@ -176,7 +183,9 @@ class IngestPipeline:
         for doc, chunks in planned:
             with_vectors = [_with_vector(c, vectors[offset + i]) for i, c in enumerate(chunks)]
             offset += len(chunks)
-            result = DocResult(doc.doc_id, doc.team_id, "indexed", chunks=len(chunks))
+            result = DocResult(
+                doc.doc_id, doc.team_id, "indexed", chunks=len(chunks), doc_type=doc.doc_type
+            )
             try:
                 await self.store.upsert(with_vectors)
                 # Stale = stored before and no longer produced; deleted by primary key, and
@@ -213,6 +222,61 @@ class IngestPipeline:
             except Exception as exc:  # documents are searchable; say the graph lags
                 logger.warning("graph merge failed: %s", exc)
                 report.degraded.append(f"graph not updated: {exc}")
+        report.took_ms = round((time.perf_counter() - started) * 1000, 1)
+        return report
+
+    async def delete(self, keys: list[Key], versions: dict[Key, int] | None = None) -> IngestReport:
+        """Delete documents by ``(team_id, doc_type, doc_id)``: their chunks from Milvus (by
+        primary key), their ``Doc`` node from the graph (shared entity nodes stay), then a
+        tombstone with the event version in the source registry. A key that was never stored
+        is still tombstoned (a late older upsert must not create it). A document whose chunks
+        or graph node could not be removed is ``failed`` and not tombstoned, so a redelivery
+        retries it; deleting twice is harmless.
+
+        Raises:
+            BackendUnavailable: if Milvus fails before any chunk was removed.
+        """
+        started = time.perf_counter()
+        report = IngestReport()
+        keys = list(dict.fromkeys(keys))
+        stored = await self.store.fingerprints(keys) if keys else {}
+        removed: list[DocResult] = []
+        for team_id, doc_type, doc_id in keys:
+            ids = [cid for cid, _, _ in stored.get((team_id, doc_type, doc_id), [])]
+            result = DocResult(doc_id, team_id, "deleted", doc_type=doc_type)
+            try:
+                result.removed_chunks = await self.store.delete_chunks(team_id, ids) if ids else 0
+                removed.append(result)
+            except GatewayError as exc:
+                if not removed and isinstance(exc, BackendUnavailable):
+                    raise
+                result.status, result.error = "failed", exc.message
+                logger.warning("delete of %s/%s failed: %s", team_id, doc_id, exc)
+            report.results.append(result)
+        if self.graph is not None and removed:
+            by_team: dict[str, list[DocResult]] = {}
+            for r in removed:
+                by_team.setdefault(r.team_id, []).append(r)
+            for team_id, rows in by_team.items():
+                try:
+                    await self.graph.delete_documents(team_id, [r.doc_id for r in rows])
+                    for r in rows:
+                        r.graph = True
+                except Exception as exc:  # chunks are gone; retry the graph on redelivery
+                    logger.warning("graph delete failed: %s", exc)
+                    report.degraded.append(f"graph not updated: {exc}")
+                    for r in rows:
+                        r.status, r.error = "failed", f"graph delete failed: {exc}"
+        if self.sources is not None:
+            for r in report.results:
+                if r.status != "deleted":
+                    continue
+                key = (r.team_id, r.doc_type, r.doc_id)
+                try:
+                    await asyncio.to_thread(self.sources.tombstone, key, (versions or {}).get(key))
+                except Exception as exc:
+                    logger.warning("source registry not updated: %s", exc)
+                    report.degraded.append(f"source registry not updated: {exc}")
         report.took_ms = round((time.perf_counter() - started) * 1000, 1)
         return report
 

@@ -120,6 +120,18 @@ class SourceStore:
                 yield SourceDocument.model_validate_json(document)
                 last = (doc_type, doc_id)
 
+    def changed_since(self, team_id: str, since: datetime) -> list[SourceRow]:
+        """The team's rows (live and tombstones) written at or after ``since``: what a
+        reindex running since then must catch up on."""
+        t = self.table
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t)
+                .where(t.c.team_id == team_id, t.c.updated_at >= since)
+                .order_by(t.c.doc_type, t.c.doc_id)
+            ).all()
+        return [_row(r) for r in rows]
+
     def count(self, team_id: str) -> int:
         t = self.table
         with self.engine.connect() as conn:

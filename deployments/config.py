@@ -329,6 +329,25 @@ class AuditSettings(BaseModel):
     required_for_ready: bool = False
 
 
+class ReindexSettings(BaseModel):
+    """The reindex job (batch_ingest/reindex.py) and who may start it (POST /admin/reindex)."""
+
+    # Embedding actors of the Ray Data pool, logical CPUs each (fractional: whole CPUs can
+    # starve Ray Data's read tasks on a small machine), and documents per map_batches call.
+    actors: int = Field(1, ge=1, le=256)
+    num_cpus_per_actor: float = Field(0.5, gt=0, le=64)
+    batch_size: int = Field(16, ge=1, le=4096)
+    # Keep the replaced collection version for rollback (else it is dropped after the swap).
+    keep_previous: bool = False
+    # Who may start or read a job: a token permission (every team), or one of these roles in
+    # the team (that team only).
+    admin_permission: str = "admin:reindex"
+    admin_roles: list[str] = Field(default_factory=lambda: ["owner"])
+    # How the admin API runs a job: "ray" (a Ray task on the Serve cluster), "subprocess"
+    # (the CLI, for a gateway running without Ray), or "auto" (ray when Ray is initialised).
+    runner: Literal["auto", "ray", "subprocess"] = "auto"
+
+
 class GatewaySettings(BaseSettings):
     """All configuration of the gateway, read from the environment and from app args."""
 
@@ -348,6 +367,7 @@ class GatewaySettings(BaseSettings):
     enrich: EnrichSettings = EnrichSettings()
     auth: AuthSettings = AuthSettings()
     audit: AuditSettings = AuditSettings()
+    reindex: ReindexSettings = ReindexSettings()
 
     @model_validator(mode="after")
     def _no_placeholder_secrets_in_production(self) -> GatewaySettings:

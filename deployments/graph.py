@@ -84,6 +84,14 @@ def schema_statements() -> list[str]:
 # confidential. MERGE on (team_id, id) makes re-ingestion a no-op; a re-sent document first
 # loses the edges it wrote before, so removed tags, links or a changed project leave no trace.
 # Every relationship joins two nodes of the same team (cypher_guard relies on it).
+# Deleting a document (bus event doc.deleted): the Doc node and its edges only.
+DELETE_DOCUMENTS = """
+MATCH (doc:Doc {team_id: $team_id})
+WHERE doc.id IN $ids AND NOT coalesce(doc.stub, false)
+DETACH DELETE doc
+RETURN count(*) AS deleted
+"""
+
 MERGE_DOCUMENTS = """
 UNWIND $docs AS d
 MERGE (dao:MicroDAO {team_id: d.team_id, id: d.team_id})
@@ -481,6 +489,16 @@ class Neo4jGraph:
         rows = await self.run(MERGE_DOCUMENTS, {"docs": payload}, write=True)
         return int(rows[0]["merged"]) if rows else 0
 
+    async def delete_documents(self, team_id: str, doc_ids: list[str]) -> int:
+        """Remove the team's ``Doc`` nodes of ``doc_ids`` with their relationships; the
+        entities they pointed at (Project, Channel, Topic, User, Agent) stay."""
+        if not doc_ids:
+            return 0
+        rows = await self.run(
+            DELETE_DOCUMENTS, {"team_id": team_id, "ids": list(doc_ids)}, write=True
+        )
+        return int(rows[0]["deleted"]) if rows else 0
+
     async def upsert_entities(
         self, team_id: str, nodes: list[dict[str, Any]], relationships: list[dict[str, Any]]
     ) -> dict[str, int]:
@@ -701,6 +719,9 @@ class GraphDeployment:
 
     async def merge_documents(self, docs: list[GraphDocument]) -> int:
         return await self.graph.merge_documents(docs)
+
+    async def delete_documents(self, team_id: str, doc_ids: list[str]) -> int:
+        return await self.graph.delete_documents(team_id, doc_ids)
 
     async def upsert_entities(
         self, team_id: str, nodes: list[dict[str, Any]], relationships: list[dict[str, Any]]

@@ -200,6 +200,11 @@ class VectorStore(Protocol):
 class GraphStore(Protocol):
     async def merge_documents(self, docs: list[GraphDocument]) -> int: ...
 
+    async def delete_documents(self, team_id: str, doc_ids: list[str]) -> int:
+        """DETACH DELETE the team's ``Doc`` nodes of ``doc_ids`` (shared entity nodes such as
+        Project, Channel, Topic, User stay); return how many were deleted."""
+        ...
+
     async def upsert_entities(
         self, team_id: str, nodes: list[dict[str, Any]], relationships: list[dict[str, Any]]
     ) -> dict[str, int]:

@@ -612,6 +612,124 @@ class MilvusStore:
             aliases += [a for a in info.get("aliases", []) if owned(a)]
         return aliases, physical
 
+    # --- versions (reindex: build __v<N+1> beside the live one, then swap the alias) ----
+    def physical_name(self, team_id: str, version: int) -> str:
+        return f"{self.collection_for(team_id)}__v{int(version)}"
+
+    def current_version(self, team_id: str) -> int | None:
+        """The version the team's alias points to; ``None`` when the team has no collection."""
+        alias = self.collection_for(team_id)
+        if not self._call("has collection", "has_collection", alias):
+            return None
+        info = self._call("describe alias", "describe_alias", alias)
+        target = info.get("collection_name", "") if isinstance(info, dict) else ""
+        match = re.fullmatch(re.escape(alias) + r"__v(\d+)", target)
+        if match is None:
+            raise BackendUnavailable(
+                "milvus", f"alias {alias!r} points to {target!r}, not a versioned collection"
+            )
+        return int(match.group(1))
+
+    def versions(self, team_id: str) -> list[int]:
+        """Every physical version of the team's collection that exists, ascending."""
+        pattern = re.compile(re.escape(self.collection_for(team_id)) + r"__v(\d+)")
+        found = []
+        for name in self._call("list collections", "list_collections"):
+            match = pattern.fullmatch(name)
+            if match:
+                found.append(int(match.group(1)))
+        return sorted(found)
+
+    def create_version(self, team_id: str, version: int) -> str:
+        """Create (idempotently) and load the physical collection ``<alias>__v<version>``
+        with the same schema and indexes, without pointing the alias at it."""
+        physical = self.physical_name(team_id, version)
+        if not self._call("has collection", "has_collection", physical):
+            try:
+                self._call("create collection", "create_collection", physical, **self._definition())
+                logger.info("created Milvus collection %s (dim=%d)", physical, self.dim)
+            except BackendUnavailable:
+                if not self._call("has collection", "has_collection", physical):
+                    raise
+        existing = self._collection_dim(physical)
+        if existing is not None and existing != self.dim:
+            raise BackendUnavailable(
+                "milvus", f"{physical!r} holds {existing}-d vectors, expected {self.dim}"
+            )
+        self._call("load", "load_collection", physical)
+        return physical
+
+    def upsert_into(self, physical: str, chunks: list[ChunkRecord]) -> int:
+        """Upsert chunks into one physical collection (a version being built), by pk."""
+        if not chunks:
+            return 0
+        for chunk in chunks:
+            if len(chunk.vector) != self.dim:
+                raise InvalidInput(
+                    f"chunk {chunk.chunk_id} has a {len(chunk.vector)}-d vector, "
+                    f"expected {self.dim}"
+                )
+        self._call("upsert", "upsert", physical, [chunk_to_row(c) for c in chunks])
+        return len(chunks)
+
+    def lookup_in(self, physical: str, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
+        """``chunk_id → (content_hash, embed_model)`` in one physical collection (pk only)."""
+        out: dict[str, tuple[str, str]] = {}
+        for start in range(0, len(chunk_ids), 256):
+            rows = self._call(
+                "lookup",
+                "query",
+                physical,
+                filter=f"chunk_id in {milvus_list(chunk_ids[start : start + 256])}",
+                output_fields=["chunk_id", "content_hash", "embed_model"],
+            )
+            for row in rows:
+                out[row["chunk_id"]] = (row["content_hash"], row["embed_model"])
+        return out
+
+    def delete_in(self, physical: str, chunk_ids: list[str]) -> int:
+        if not chunk_ids:
+            return 0
+        self._call("delete", "delete", physical, ids=list(chunk_ids))
+        return len(chunk_ids)
+
+    def count_in(self, physical: str, expr: str = "") -> int:
+        """Rows of one physical collection matching ``expr`` (all rows when empty)."""
+        rows = self._call("count", "query", physical, filter=expr, output_fields=["count(*)"])
+        return int(rows[0]["count(*)"]) if rows else 0
+
+    def flush_physical(self, physical: str) -> None:
+        self._call("flush", "flush", physical)
+
+    def switch_alias(self, team_id: str, version: int) -> str:
+        """Point the team's alias at ``<alias>__v<version>`` in one ``alter_alias`` call (or
+        create the alias for a team that had none): searches see the old or the new version,
+        never a mix. Returns the physical name."""
+        alias = self.collection_for(team_id)
+        physical = self.physical_name(team_id, version)
+        if not self._call("has collection", "has_collection", physical):
+            raise InvalidInput(f"collection {physical!r} does not exist")
+        if self._call("has collection", "has_collection", alias):
+            self._call("alter alias", "alter_alias", physical, alias)
+        else:
+            self._call("create alias", "create_alias", physical, alias)
+        with self._open_lock:
+            self._open.discard(alias)
+        logger.info("alias %s now points to %s", alias, physical)
+        return physical
+
+    def drop_version(self, team_id: str, version: int) -> bool:
+        """Drop one physical version; refuses the one the alias points to."""
+        if self.current_version(team_id) == version:
+            raise InvalidInput(f"version {version} is live; switch the alias first")
+        physical = self.physical_name(team_id, version)
+        if not self._call("has collection", "has_collection", physical):
+            return False
+        self._call("drop", "drop_collection", physical)
+        self._unflushed.pop(physical, None)
+        logger.info("dropped Milvus collection %s", physical)
+        return True
+
     def drop(self) -> None:
         """Drop every collection and alias of this base name (tests and benchmarks only)."""
         aliases, physical = self.owned_collections()

@@ -15,6 +15,13 @@ from typing import Any
 
 from batch_ingest.chunking import whitespace_tokens
 from batch_ingest.documents import SourceDocument
+from batch_ingest.events import (
+    IngestEventsResponse,
+    InvalidEvent,
+    MappedEvent,
+    apply_events,
+    count_statuses,
+)
 from batch_ingest.pipeline import IngestPipeline, strip_header
 from deployments.config import GatewaySettings
 from deployments.errors import BackendUnavailable, Forbidden, GatewayError, InvalidInput
@@ -553,6 +560,96 @@ class GatewayService(GraphTools):
             trace_id=trace_id,
             **counts,
         )
+
+    async def ingest_events(
+        self, events: list[MappedEvent | InvalidEvent], trace_id: str, principal: Principal
+    ) -> IngestEventsResponse:
+        """Apply bus-event envelopes (``POST /ingest/events``): the write rules of
+        ``ingest_documents`` per event's ``meta.team_id`` (a delete is checked against the
+        stored document's doc type, visibility and project when the registry has it), every
+        allowed event audited; then ``batch_ingest.events.apply_events``.
+
+        Raises:
+            Forbidden: an event the caller may not write; nothing is applied then.
+            InvalidInput: too many events or a document too long.
+        """
+        started = time.perf_counter()
+        valid = [e for e in events if isinstance(e, MappedEvent)]
+        checked: list[tuple[int, MappedEvent, SourceDocument]] = []
+        for i, ev in enumerate(events):
+            if isinstance(ev, MappedEvent):
+                checked.append((i, ev, await self._event_document(ev)))
+        contexts: dict[str, AccessContext] = {}
+        for i, _ev, doc in checked:
+            where = f"events.{i}"
+            try:
+                ctx = contexts.get(doc.team_id)
+                if ctx is None:
+                    ctx = AccessContext.for_team(
+                        principal, doc.team_id, self.policy, field_name=f"{where}.meta.team_id"
+                    )
+                    contexts[doc.team_id] = ctx
+                ctx.check_write(doc, where)
+            except Forbidden as exc:
+                self.audit_error(
+                    exc,
+                    trace_id,
+                    principal,
+                    started,
+                    action="ingest.events",
+                    team_id=doc.team_id,
+                    resource=_doc_resource(doc),
+                    doc_ids=[doc.doc_id],
+                    declared_agent_id="",
+                )
+                raise
+        docs = [ev.document for ev in valid if ev.document is not None]
+        if len(events) > self.settings.ingest.max_documents:
+            raise InvalidInput(
+                f"events: at most {self.settings.ingest.max_documents} per request, "
+                f"got {len(events)}",
+                hint="split the batch into several requests",
+                field="events",
+            )
+        self._check_ingest_limits(docs)
+        for _, ev, doc in checked:
+            self.audit_decision(
+                trace_id,
+                principal,
+                started,
+                action="ingest.events",
+                decision="allow",
+                reason="granted",
+                http_status=200,
+                team_id=doc.team_id,
+                resource=f"{_doc_resource(doc)}/{ev.envelope.type}@{ev.revision}",
+                doc_ids=[doc.doc_id],
+                subject=contexts[doc.team_id].user_id if principal.trusts_body else principal.sub,
+            )
+        results, degraded = await apply_events(self.pipeline, events)
+        counts = count_statuses(results)
+        return IngestEventsResponse(
+            degraded=bool(degraded or counts["failed"]),
+            degraded_reasons=degraded
+            + [f"{r.event_id}: {r.error}" for r in results if r.status == "failed"],
+            counts=counts,
+            events=results,
+            took_ms=round((time.perf_counter() - started) * 1000, 1),
+            trace_id=trace_id,
+        )
+
+    async def _event_document(self, ev: MappedEvent) -> SourceDocument:
+        """The document an event writes; for a delete, the stored one (its real doc type,
+        visibility and project), or a public stand-in when the registry does not know it."""
+        if ev.document is not None:
+            return ev.document
+        sources = self.pipeline.sources
+        if sources is not None:
+            row = await asyncio.to_thread(sources.get, ev.key)
+            if row is not None and row.document is not None:
+                return row.document
+        team_id, doc_type, doc_id = ev.key
+        return SourceDocument(team_id=team_id, doc_type=doc_type, doc_id=doc_id, text="-")
 
     def _check_ingest_limits(self, docs: list[SourceDocument]) -> None:
         limits = self.settings.ingest

@@ -319,6 +319,13 @@ class FakeGraphStore:
             self.docs[(doc.team_id, doc.doc_id)] = doc
         return len(docs)
 
+    async def delete_documents(self, team_id: str, doc_ids: list[str]) -> int:
+        self._check_up()
+        gone = [k for k in self.docs if k[0] == team_id and k[1] in set(doc_ids)]
+        for k in gone:
+            del self.docs[k]
+        return len(gone)
+
     async def upsert_entities(self, team_id, nodes, relationships) -> dict[str, int]:
         self._check_up()
         self.entities.append((team_id, nodes, relationships))

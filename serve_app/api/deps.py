@@ -20,7 +20,9 @@ ACTIONS = {
     "/graph/explain_path": "graph.explain_path",
     "/graph/entities": "graph.upsert",
     "/ingest/documents": "ingest",
+    "/ingest/events": "ingest.events",
     "/audit/decisions": "audit.read",
+    "/admin/reindex": "admin.reindex",
 }
 
 

@@ -1,0 +1,259 @@
+"""Operator endpoints: start a tenant reindex and follow it.
+
+    POST /admin/reindex {"team_id": "dao_x"}  → 202 {"job_id": ..., "status": "queued", ...}
+    GET  /admin/reindex/{job_id}              → the job: status, progress, counts, error
+
+Only callers with the permission ``reindex.admin_permission`` (``admin:reindex``, every team)
+or one of ``reindex.admin_roles`` (``owner``) in the job's team may call them; every decision
+is audited (actions ``admin.reindex`` and ``admin.reindex.status``).
+
+The job runs ``batch_ingest.reindex.run_job`` — on the Serve cluster as a Ray task (the ingress
+replica is a Ray worker; the task drives the Ray Data job on the same cluster, and its actors
+take fractional CPUs beside the Serve replicas), else as a subprocess of the CLI
+(``python -m batch_ingest.reindex --job-id``). Either way the job row in the state database
+(``state.url``) is the record: any ingress replica answers the GET, and a job survives the
+replica that started it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from batch_ingest.reindex import SETTINGS_ENV, run_job
+from batch_ingest.reindex_state import ACTIVE, ReindexJob, ReindexState
+from deployments.config import GatewaySettings
+from deployments.errors import BackendUnavailable, Forbidden, GatewayError, NotFound
+from serve_app.api.deps import CurrentPrincipal, Service, TraceId
+from serve_app.auth import Principal
+from serve_app.service import GatewayService
+
+logger = logging.getLogger(__name__)
+router = APIRouter(tags=["ops"])
+ROOT = Path(__file__).resolve().parents[2]
+# An active job whose row was not updated for this long no longer blocks a new one.
+STALE_AFTER_S = 120.0
+
+
+class Conflict(GatewayError):
+    status_code = 409
+    code = "conflict"
+
+
+class ReindexRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    team_id: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[^\x00-\x1f]+$",
+        validation_alias=AliasChoices("team_id", "dao_id", "microdao_id"),
+    )
+
+
+def reindex_scope(service: GatewayService, principal: Principal, team_id: str) -> str:
+    """Why ``principal`` may reindex ``team_id``.
+
+    Raises:
+        Forbidden: neither the admin permission, nor an admin role in the team, nor a
+            development caller outside production.
+    """
+    cfg = service.settings.reindex
+    if principal.trusts_body:
+        if service.settings.environment == "production":
+            raise Forbidden(
+                "reindex needs a verified identity in production", reason="reindex_not_granted"
+            )
+        return "dev_mode"
+    if cfg.admin_permission in principal.permissions:
+        return "permission_admin_reindex"
+    if set(principal.roles_in(team_id)) & set(cfg.admin_roles):
+        return "team_admin_role"
+    hint = f"a credential with the permission {cfg.admin_permission!r}"
+    if cfg.admin_roles:
+        hint += f", or one of the roles {cfg.admin_roles} in the team"
+    raise Forbidden(
+        "reindexing this team is not granted to this caller",
+        reason="reindex_not_granted",
+        hint=hint,
+    )
+
+
+class ReindexJobs:
+    """Creates job rows and starts their runner; reads them back."""
+
+    def __init__(self, settings: GatewaySettings, state: ReindexState | None = None) -> None:
+        self.settings = settings
+        self._state = state
+        self._tasks: dict[str, Any] = {}  # job_id → Ray ObjectRef or Popen
+
+    @property
+    def state(self) -> ReindexState:
+        if self._state is None:
+            from batch_ingest.source_store import SourceStore
+
+            self._state = ReindexState(SourceStore(self.settings.state.url).engine)
+        return self._state
+
+    def runner(self) -> str:
+        choice = self.settings.reindex.runner
+        if choice != "auto":
+            return choice
+        try:
+            import ray
+
+            return "ray" if ray.is_initialized() else "subprocess"
+        except ImportError:
+            return "subprocess"
+
+    def submit(self, team_id: str, submitted_by: str) -> ReindexJob:
+        now = datetime.now(UTC)
+        for job in self.state.unfinished(team_id):
+            fresh = job.updated_at and (now - job.updated_at).total_seconds() < STALE_AFTER_S
+            if job.status in ACTIVE and fresh:
+                raise Conflict(
+                    f"reindex job {job.job_id} of this team is {job.status}",
+                    hint=f"follow it at GET /admin/reindex/{job.job_id}",
+                )
+        runner = self.runner()
+        job = self.state.create(team_id, {"runner": runner, "submitted_by": submitted_by})
+        try:
+            self._tasks[job.job_id] = self._start(runner, job)
+        except Exception as exc:
+            job.status, job.error = "failed", f"could not start: {type(exc).__name__}: {exc}"
+            job.finished_at = datetime.now(UTC)
+            self.state.save(job)
+            raise BackendUnavailable("reindex", f"the job could not be started: {exc}") from exc
+        return job
+
+    def _start(self, runner: str, job: ReindexJob) -> Any:
+        s = self.settings
+        overrides = {
+            name: getattr(s, name).model_dump()
+            for name in ("embedder", "milvus", "chunking", "state", "reindex")
+        }
+        if runner == "ray":
+            import ray
+
+            # The task only drives the Ray Data job; the embedding actors ask for CPUs.
+            task = ray.remote(run_job).options(num_cpus=0, max_retries=0, name="reindex")
+            return task.remote(job.job_id, job.team_id, overrides)
+        log_dir = ROOT / "var" / "reindex"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "batch_ingest.reindex", "--team", job.team_id]
+        cmd += ["--job-id", job.job_id]
+        env = {**os.environ, SETTINGS_ENV: json.dumps(overrides)}
+        with open(log_dir / f"{job.job_id}.log", "ab") as log:
+            return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def get(self, job_id: str) -> ReindexJob | None:
+        job = self.state.get(job_id)
+        if job is None or job.status not in ACTIVE:
+            return job
+        # A runner that died before it could record its failure.
+        task = self._tasks.get(job_id)
+        error = None
+        if isinstance(task, subprocess.Popen) and task.poll() not in (None, 0):
+            error = f"the reindex process exited with status {task.returncode}"
+        elif task is not None and not isinstance(task, subprocess.Popen):
+            import ray
+
+            ready, _ = ray.wait([task], timeout=0)
+            if ready:
+                try:
+                    ray.get(ready[0])
+                except Exception as exc:
+                    error = f"the reindex task failed: {type(exc).__name__}: {exc}"
+        if error:
+            job = self.state.get(job_id) or job
+            if job.status in ACTIVE:
+                job.error = job.error or error
+        return job
+
+
+def _jobs(request: Request, service: GatewayService) -> ReindexJobs:
+    jobs = getattr(request.app.state, "reindex_jobs", None)
+    if jobs is None:
+        jobs = request.app.state.reindex_jobs = ReindexJobs(service.settings)
+    return jobs
+
+
+@router.post("/admin/reindex", status_code=202)
+async def start_reindex(
+    body: ReindexRequest,
+    request: Request,
+    principal: CurrentPrincipal,
+    service: Service,
+    trace_id: TraceId,
+) -> dict[str, Any]:
+    """Start re-embedding ``team_id`` into a new collection version (swapped in when done)."""
+    started = time.perf_counter()
+    fields = {"action": "admin.reindex", "team_id": body.team_id, "path": request.url.path}
+    try:
+        reason = reindex_scope(service, principal, body.team_id)
+        job = await asyncio.to_thread(
+            _jobs(request, service).submit, body.team_id, principal.sub or "dev"
+        )
+    except GatewayError as exc:
+        service.audit_error(exc, trace_id, principal, started, **fields)
+        raise
+    service.audit_decision(
+        trace_id,
+        principal,
+        started,
+        decision="allow",
+        reason=reason,
+        http_status=202,
+        resource=f"reindex:{job.job_id}",
+        **fields,
+    )
+    return {**job.public(), "trace_id": trace_id}
+
+
+@router.get("/admin/reindex/{job_id}")
+async def reindex_status(
+    job_id: str,
+    request: Request,
+    principal: CurrentPrincipal,
+    service: Service,
+    trace_id: TraceId,
+) -> dict[str, Any]:
+    """A reindex job: status, progress (done/total documents, rate, ETA), counts, error."""
+    started = time.perf_counter()
+    fields = {"action": "admin.reindex.status", "path": request.url.path[:256]}
+    try:
+        job = await asyncio.to_thread(_jobs(request, service).get, job_id[:64])
+        if job is None:
+            # Same answer whoever asks: a missing job says nothing about other teams.
+            if not principal.trusts_body and (
+                service.settings.reindex.admin_permission not in principal.permissions
+            ):
+                raise Forbidden("this reindex job is not visible", reason="reindex_not_granted")
+            raise NotFound(f"no reindex job {job_id!r}")
+        fields["team_id"] = job.team_id
+        reason = reindex_scope(service, principal, job.team_id)
+    except GatewayError as exc:
+        service.audit_error(exc, trace_id, principal, started, **fields)
+        raise
+    service.audit_decision(
+        trace_id,
+        principal,
+        started,
+        decision="allow",
+        reason=reason,
+        http_status=200,
+        resource=f"reindex:{job.job_id}",
+        **fields,
+    )
+    return {**job.public(), "trace_id": trace_id}

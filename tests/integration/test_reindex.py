@@ -1,0 +1,266 @@
+"""``reindex(team_id)`` against the real Milvus Lite server, the real default embedder and a
+local Ray instance (the only Ray in this suite; module-scoped, 2 CPUs).
+
+The team is first ingested with an older model tag and a smaller chunker, so the reindex is a
+real migration: different chunk counts, every row re-embedded under the current tag.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from batch_ingest.chunking import Chunker, embedder_token_counter, tokenizer_counter
+from batch_ingest.documents import SourceDocument
+from batch_ingest.pipeline import IngestPipeline
+from batch_ingest.reindex import (
+    InjectedFailure,
+    Reindexer,
+    ReindexOptions,
+    ReindexWorker,
+    worker_spec,
+)
+from batch_ingest.reindex_state import ReindexState
+from batch_ingest.source_store import SourceStore
+from deployments.embedder import default_model_path
+from deployments.protocols import SearchFilter
+from deployments.retriever import MilvusStore, RetrieverDeployment
+from serve_app.api.admin import ReindexJobs
+
+pytestmark = pytest.mark.integration
+
+OLD_MODEL = "all-MiniLM-L6-v2@v0"
+TOPICS = [
+    "solar panels on the school roof",
+    "tomato harvest of the greenfood cooperative",
+    "bicycle repair workshop schedule",
+    "community library opening hours",
+    "water filter maintenance in the district",
+    "beekeeping course for beginners",
+    "electric bus charging depot",
+    "composting rules for the market",
+]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    tmp = Path(tempfile.mkdtemp(prefix="rag-reindex-ray-"))
+    token = tmp / "ray_token"
+    token.write_text(secrets.token_hex(32))
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+    import ray
+
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        _temp_dir=str(tmp / "ray"),
+        log_to_driver=False,
+        num_cpus=2,
+    )
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def team() -> str:
+    return f"reidx_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def job_settings(settings, tmp_path):
+    return settings.model_copy(
+        update={"state": settings.state.model_copy(update={"url": f"sqlite:///{tmp_path}/s.db"})}
+    )
+
+
+def documents(team: str, n: int) -> list[SourceDocument]:
+    docs = []
+    for i in range(n):
+        topic = TOPICS[i % len(TOPICS)]
+        text = "\n\n".join(
+            f"## Part {p}\n\nNotes {i}.{p} about {topic}: who does what, when and why. "
+            f"The team agreed on item {p} of document {i}, and {topic} stays on the agenda."
+            for p in range(4)
+        )
+        docs.append(SourceDocument(team_id=team, doc_id=f"doc{i:03d}", title=topic, text=text))
+    return docs
+
+
+async def ingest_old(job_settings, store, embedder, docs) -> SourceStore:
+    """The team as an older deployment left it: v1, old model tag, 48-token chunks."""
+    sources = SourceStore(job_settings.state.url)
+    retriever = RetrieverDeployment(job_settings.milvus, 384)
+    retriever.store = store
+    pipeline = IngestPipeline(
+        embedder=embedder,
+        store=retriever,
+        graph=None,
+        chunker=Chunker(tokenizer_counter(default_model_path()), 48, 8),
+        embed_model=OLD_MODEL,
+        sources=sources,
+    )
+    report = await pipeline.ingest(docs)
+    assert not report.failed
+    store.flush(docs[0].team_id)
+    return sources
+
+
+def expected_chunks(job_settings, docs) -> int:
+    builder = IngestPipeline(
+        embedder=None,  # type: ignore[arg-type]
+        store=None,  # type: ignore[arg-type]
+        graph=None,
+        chunker=Chunker(
+            embedder_token_counter(job_settings.embedder),
+            job_settings.chunking.max_tokens,
+            job_settings.chunking.overlap_tokens,
+        ),
+        embed_model=job_settings.embedder.embed_model_tag,
+    )
+    return sum(len(builder.build_chunks(d)) for d in docs)
+
+
+def models_in(store: MilvusStore, team: str) -> dict[str, int]:
+    rows = store._call(
+        "query",
+        "query",
+        store.collection_for(team),
+        filter=f'team_id == "{team}"',
+        output_fields=["chunk_id", "embed_model"],
+        limit=16384,
+    )
+    ids = [r["chunk_id"] for r in rows]
+    assert len(ids) == len(set(ids))
+    out: dict[str, int] = {}
+    for r in rows:
+        out[r["embed_model"]] = out.get(r["embed_model"], 0) + 1
+    return out
+
+
+async def test_reindex_while_searching_swaps_without_a_failed_or_empty_search(
+    ray_local, job_settings, store, embedder, team
+):
+    docs = documents(team, 8)
+    await ingest_old(job_settings, store, embedder, docs)
+    assert store.current_version(team) == 1
+    assert set(models_in(store, team)) == {OLD_MODEL}
+
+    # A second client, as a Serve replica would have, searching in a loop.
+    searcher = MilvusStore(job_settings.milvus, dim=384)
+    queries = [(t, (await embedder.embed([t], "query"))[0].tolist()) for t in TOPICS]
+    flt = SearchFilter(team_id=team)
+    stop = threading.Event()
+    results: list[int] = []
+    errors: list[str] = []
+
+    def search_loop() -> None:
+        i = 0
+        while not stop.is_set():
+            text, vector = queries[i % len(queries)]
+            mode = ("hybrid", "dense", "bm25")[i % 3]
+            try:
+                hits = searcher.search(text, vector, flt, 5, mode)
+                results.append(len(hits))
+                if not hits:
+                    errors.append(f"empty {mode} search for {text!r}")
+            except Exception as exc:  # noqa: BLE001 (the test reports every failure)
+                errors.append(f"{mode}: {type(exc).__name__}: {exc}")
+            i += 1
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=search_loop, daemon=True)
+    thread.start()
+    try:
+        # Submitted as the admin API does on a Serve cluster: a Ray task running run_job.
+        # (The documents are > clock_skew_s old by then: no catch-up pass is needed.)
+        time.sleep(5)
+        pool = job_settings.reindex.model_copy(update={"actors": 2, "batch_size": 2})
+        jobs = ReindexJobs(job_settings.model_copy(update={"reindex": pool}))
+        assert jobs.runner() == "ray"
+        submitted = jobs.submit(team, "test")
+        deadline = time.monotonic() + 300
+        while True:
+            job = jobs.get(submitted.job_id)
+            if job.status in ("succeeded", "failed") or job.error:
+                break
+            assert time.monotonic() < deadline, job
+            time.sleep(1)
+        time.sleep(0.5)  # searches after the old version is dropped
+    finally:
+        stop.set()
+        thread.join(30)
+        searcher.close()
+
+    assert errors == []
+    assert len(results) >= 20 and min(results) > 0
+    assert job.status == "succeeded", job.error
+    assert (job.source_version, job.target_version) == (1, 2)
+    assert job.total_docs == job.done_docs == len(docs)
+    assert job.rate_chunks_s > 0 and job.eta_s == 0
+    assert store.current_version(team) == 2
+    assert store.versions(team) == [2]  # the old version is dropped (no --keep-previous)
+    n = expected_chunks(job_settings, docs)
+    assert job.expected_chunks == job.rows_in_target == n
+    assert store.count(team) == n
+    assert models_in(store, team) == {job_settings.embedder.embed_model_tag: n}
+    # Every document is still found by its own topic.
+    for i, doc in enumerate(docs[: len(TOPICS)]):
+        text, vector = queries[i]
+        hits = store.search(text, vector, flt, 10, "hybrid")
+        assert doc.doc_id in {h.chunk.doc_id for h in hits}
+
+
+async def test_crash_mid_way_then_resume_completes_exactly(
+    ray_local, job_settings, store, embedder, team
+):
+    docs = documents(team, 8)
+    sources = await ingest_old(job_settings, store, embedder, docs)
+    spec = worker_spec(job_settings)
+
+    def local_worker(physical: str, check: bool) -> ReindexWorker:
+        return ReindexWorker(
+            spec,
+            physical,
+            check,
+            store=store,
+            embed=lambda texts: embedder.core.embed(texts, "passage"),
+        )
+
+    # The crash: the in-process engine dies after 4 recorded documents (one more batch of 2
+    # reached Milvus unrecorded).
+    with pytest.raises(InjectedFailure):
+        Reindexer(job_settings, store=store, sources=sources, worker_factory=local_worker).run(
+            ReindexOptions(
+                team_id=team, engine="local", batch_size=2, fail_after_docs=4, clock_skew_s=0
+            )
+        )
+    state = ReindexState(sources.engine)
+    [job] = state.unfinished(team)
+    assert job.status == "failed" and job.target_version == 2
+    assert len(state.done(job.job_id)) == 4
+    physical = store.physical_name(team, 2)
+    assert 0 < store.count_in(physical) < expected_chunks(job_settings, docs)
+    assert store.current_version(team) == 1  # searches still see the complete v1
+
+    result = Reindexer(job_settings, store=store, sources=sources).run(
+        ReindexOptions(
+            team_id=team, engine="ray", actors=1, batch_size=2, resume=True, clock_skew_s=0
+        )
+    )
+    job = result.job
+    assert job.status == "succeeded" and job.target_version == 2
+    n = expected_chunks(job_settings, docs)
+    assert job.rows_in_target == job.expected_chunks == n
+    assert store.current_version(team) == 2 and store.versions(team) == [2]
+    assert models_in(store, team) == {job_settings.embedder.embed_model_tag: n}
+    # The unrecorded batch was found in v2 by chunk id and not embedded again.
+    assert job.skipped_docs == 2
+    assert state.unfinished(team) == []

@@ -1,0 +1,463 @@
+"""Reindex without Ray or Milvus: the job logic (versions, verification, resume, catch-up) over
+an in-memory versioned store, the job records, and the admin API's access rules."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+
+from batch_ingest.chunking import Chunker, whitespace_tokens
+from batch_ingest.documents import SourceDocument
+from batch_ingest.pipeline import IngestPipeline
+from batch_ingest.reindex import (
+    InjectedFailure,
+    Reindexer,
+    ReindexError,
+    ReindexOptions,
+    ReindexWorker,
+    worker_spec,
+)
+from batch_ingest.reindex_state import ReindexState
+from batch_ingest.source_store import SourceStore
+from deployments.config import GatewaySettings
+from deployments.errors import InvalidInput
+from deployments.protocols import ChunkRecord
+from tests.auth_support import build_gateway, claims, mint
+
+TEAM = "dao_re"
+MODEL = "all-MiniLM-L6-v2@v1"
+
+
+class VersionedStore:
+    """The version methods of ``MilvusStore`` over dicts: ``{version: {chunk_id: row}}``."""
+
+    def __init__(self, team: str = TEAM) -> None:
+        self.alias = f"base__{team}"
+        self.collections: dict[str, dict[str, ChunkRecord]] = {}
+        self.live: str | None = None
+        self.switches = 0
+
+    def physical_name(self, team_id: str, version: int) -> str:
+        return f"{self.alias}__v{version}"
+
+    def current_version(self, team_id: str) -> int | None:
+        return int(self.live.rsplit("__v", 1)[1]) if self.live else None
+
+    def versions(self, team_id: str) -> list[int]:
+        return sorted(int(n.rsplit("__v", 1)[1]) for n in self.collections)
+
+    def create_version(self, team_id: str, version: int) -> str:
+        name = self.physical_name(team_id, version)
+        self.collections.setdefault(name, {})
+        return name
+
+    def upsert_into(self, physical: str, chunks: list[ChunkRecord]) -> int:
+        for c in chunks:
+            self.collections[physical][c.chunk_id] = c
+        return len(chunks)
+
+    def lookup_in(self, physical: str, ids: list[str]) -> dict[str, tuple[str, str]]:
+        rows = self.collections[physical]
+        return {i: (rows[i].content_hash, rows[i].embed_model) for i in ids if i in rows}
+
+    def delete_in(self, physical: str, ids: list[str]) -> int:
+        for i in ids:
+            self.collections[physical].pop(i, None)
+        return len(ids)
+
+    def count_in(self, physical: str, expr: str = "") -> int:
+        rows = self.collections[physical].values()
+        if expr.startswith("embed_model != "):
+            tag = json.loads(expr.removeprefix("embed_model != "))
+            return sum(1 for r in rows if r.embed_model != tag)
+        return len(rows)
+
+    def flush_physical(self, physical: str) -> None:
+        pass
+
+    def switch_alias(self, team_id: str, version: int) -> str:
+        self.live = self.physical_name(team_id, version)
+        self.switches += 1
+        return self.live
+
+    def drop_version(self, team_id: str, version: int) -> bool:
+        if version == self.current_version(team_id):
+            raise InvalidInput("live")
+        return self.collections.pop(self.physical_name(team_id, version), None) is not None
+
+    def live_rows(self) -> dict[str, ChunkRecord]:
+        return self.collections[self.live] if self.live else {}
+
+
+class CountingEmbed:
+    def __init__(self) -> None:
+        self.texts = 0
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        self.texts += len(texts)
+        return np.ones((len(texts), 4), dtype=np.float32)
+
+
+def doc(i: int, words: int = 120, **kw: Any) -> SourceDocument:
+    text = " ".join(f"w{i}_{j}" for j in range(words))
+    return SourceDocument(team_id=TEAM, doc_id=f"d{i:03d}", title=f"Doc {i}", text=text, **kw)
+
+
+@pytest.fixture
+def env(tmp_path):
+    settings = GatewaySettings(
+        milvus={"collection": "base"}, state={"url": f"sqlite:///{tmp_path}/state.db"}
+    )
+    sources = SourceStore(settings.state.url)
+    store = VersionedStore()
+    embed = CountingEmbed()
+    builder = IngestPipeline(
+        embedder=None,  # type: ignore[arg-type]
+        store=None,  # type: ignore[arg-type]
+        graph=None,
+        chunker=Chunker(whitespace_tokens, 50, 5),
+        embed_model=MODEL,
+    )
+
+    def make(**kw: Any) -> Reindexer:
+        spec = worker_spec(settings)
+        return Reindexer(
+            settings,
+            store=store,
+            sources=sources,
+            worker_factory=lambda physical, check: ReindexWorker(
+                spec, physical, check, store=store, embed=embed, builder=builder
+            ),
+            **kw,
+        )
+
+    class Env:
+        pass
+
+    e = Env()
+    e.settings, e.sources, e.store, e.embed, e.builder, e.make = (
+        settings,
+        sources,
+        store,
+        embed,
+        builder,
+        make,
+    )
+    return e
+
+
+def options(**kw: Any) -> ReindexOptions:
+    return ReindexOptions(
+        team_id=TEAM,
+        engine="local",
+        batch_size=3,
+        log_every_s=0,
+        clock_skew_s=0,
+        switch_grace_s=0,
+        **kw,
+    )
+
+
+def expected_chunks(env, docs: list[SourceDocument]) -> int:
+    return sum(len(env.builder.build_chunks(d)) for d in docs)
+
+
+def test_reindex_builds_next_version_verifies_and_swaps(env):
+    docs = [doc(i) for i in range(7)]
+    env.sources.put(docs)
+    env.store.create_version(TEAM, 1)
+    env.store.switch_alias(TEAM, 1)
+    result = env.make().run(options())
+    job = result.job
+    assert job.status == "succeeded"
+    assert (job.source_version, job.target_version) == (1, 2)
+    assert env.store.current_version(TEAM) == 2
+    assert env.store.versions(TEAM) == [2]  # the old version is dropped by default
+    assert result.dropped_versions == [1]
+    n = expected_chunks(env, docs)
+    assert job.expected_chunks == job.rows_in_target == len(env.store.live_rows()) == n
+    assert {c.embed_model for c in env.store.live_rows().values()} == {MODEL}
+    assert job.total_docs == job.done_docs == 7
+    assert env.embed.texts == n
+
+
+def test_keep_previous_keeps_exactly_one_version_for_rollback(env):
+    env.sources.put([doc(1)])
+    for _ in range(3):
+        env.make().run(options(keep_previous=True))
+    assert env.store.current_version(TEAM) == 3
+    assert env.store.versions(TEAM) == [2, 3]
+
+
+def test_team_without_a_collection_gets_v1_and_its_alias(env):
+    env.sources.put([doc(1), doc(2)])
+    result = env.make().run(options())
+    assert result.job.target_version == 1
+    assert env.store.current_version(TEAM) == 1
+
+
+def test_crash_then_resume_continues_into_the_same_version_without_duplicates(env):
+    docs = [doc(i) for i in range(10)]
+    env.sources.put(docs)
+    with pytest.raises(InjectedFailure):
+        env.make().run(options(fail_after_docs=6))
+    state = ReindexState(env.sources.engine)
+    [job] = state.unfinished(TEAM)
+    assert job.status == "failed" and "injected" in job.error
+    assert len(state.done(job.job_id)) == 6
+    # The batch after the last recorded one reached Milvus but was not recorded.
+    assert env.store.current_version(TEAM) is None
+    embedded_before = env.embed.texts
+    with pytest.raises(ReindexError):
+        env.make().run(ReindexOptions(team_id="other", resume=True, engine="local"))
+    result = env.make().run(options(resume=True))
+    assert result.job.job_id == job.job_id
+    assert result.job.target_version == job.target_version == 1
+    n = expected_chunks(env, docs)
+    assert len(env.store.live_rows()) == result.job.rows_in_target == n
+    # Recorded documents were skipped; the unrecorded batch was found by pk lookup.
+    assert env.embed.texts - embedded_before == n - expected_chunks(env, docs[:9])
+    assert result.job.skipped_docs == 3
+    assert state.unfinished(TEAM) == []
+
+
+def test_new_run_supersedes_a_dead_job_and_drops_its_half_built_version(env):
+    env.sources.put([doc(i) for i in range(4)])
+    with pytest.raises(InjectedFailure):
+        env.make().run(options(fail_after_docs=2))
+    assert env.store.versions(TEAM) == [1]
+    dropped = []
+    original = env.store.drop_version
+    env.store.drop_version = lambda team, v: dropped.append(v) or original(team, v)
+    result = env.make().run(options())
+    # The never-live v1 was dropped and rebuilt from scratch (its number is free again).
+    assert dropped == [1]
+    assert result.job.target_version == 1
+    assert env.store.versions(TEAM) == [1]
+    assert len(env.store.live_rows()) == result.job.rows_in_target
+    state = ReindexState(env.sources.engine)
+    assert state.unfinished(TEAM) == []
+
+
+def test_a_fresh_running_job_blocks_a_second_one(env):
+    env.sources.put([doc(1)])
+    state = ReindexState(env.sources.engine)
+    job = state.create(TEAM)
+    job.status = "running"
+    state.save(job)
+    with pytest.raises(ReindexError, match="running"):
+        env.make().run(options())
+
+
+def test_documents_changed_or_deleted_during_the_job_are_caught_up(env):
+    docs = [doc(i) for i in range(6)]
+    env.sources.put(docs)
+    reindexer = env.make()
+    real_process = reindexer._process
+    calls = [0]
+
+    def process_then_write(*args, **kw):
+        real_process(*args, **kw)
+        calls[0] += 1
+        if calls[0] == 1:  # live ingestion while the bulk pass ran
+            env.sources.put([doc(1, words=20), doc(99)])  # d001 shrinks, d099 is new
+            env.sources.tombstone((TEAM, "doc", "d002"))
+
+    reindexer._process = process_then_write
+    result = reindexer.run(options())
+    live = env.store.live_rows()
+    final = [doc(0), doc(1, words=20), doc(3), doc(4), doc(5), doc(99)]
+    assert len(live) == result.job.rows_in_target == expected_chunks(env, final)
+    assert {c.doc_id for c in live.values()} == {d.doc_id for d in final}
+
+
+def test_verification_failure_leaves_the_alias_alone(env):
+    env.sources.put([doc(i) for i in range(3)])
+    env.store.create_version(TEAM, 1)
+    env.store.switch_alias(TEAM, 1)
+    original = env.store.upsert_into
+
+    def old_model(physical, chunks):
+        from dataclasses import replace
+
+        return original(physical, [replace(c, embed_model="old@v0") for c in chunks])
+
+    env.store.upsert_into = old_model
+    with pytest.raises(ReindexError, match="verification failed"):
+        env.make().run(options())
+    assert env.store.current_version(TEAM) == 1
+    assert env.store.switches == 1
+
+
+def test_shared_layout_is_refused(env):
+    settings = env.settings.model_copy(
+        update={"milvus": env.settings.milvus.model_copy(update={"layout": "shared"})}
+    )
+    with pytest.raises(ReindexError, match="collection_per_team"):
+        Reindexer(settings, store=env.store, sources=env.sources).run(options())
+
+
+def test_source_store_changed_since_includes_tombstones(tmp_path):
+    sources = SourceStore(f"sqlite:///{tmp_path}/s.db")
+    sources.put([doc(1), doc(2)])
+    mark = datetime.now(UTC)
+    assert sources.changed_since(TEAM, mark) == []
+    sources.put([doc(3)])
+    sources.tombstone((TEAM, "doc", "d001"))
+    rows = sources.changed_since(TEAM, mark)
+    assert [(r.doc_id, r.deleted) for r in rows] == [("d001", True), ("d003", False)]
+    assert len(sources.changed_since(TEAM, mark - timedelta(hours=1))) == 3
+
+
+def test_job_records_round_trip(tmp_path):
+    state = ReindexState(SourceStore(f"sqlite:///{tmp_path}/s.db").engine)
+    job = state.create(TEAM, {"actors": 2})
+    job.status, job.target_version, job.total_docs, job.done_docs = "running", 3, 10, 4
+    state.save(job)
+    state.mark_done(job.job_id, {("doc", "a"): 2, ("doc", "b"): 1})
+    state.mark_done(job.job_id, {("doc", "a"): 5})
+    assert state.done(job.job_id) == {("doc", "a"): 5, ("doc", "b"): 1}
+    state.unmark(job.job_id, [("doc", "b")])
+    got = state.get(job.job_id)
+    assert got.target_version == 3 and got.options == {"actors": 2}
+    assert got.public()["progress"] == 0.4
+    assert [j.job_id for j in state.unfinished(TEAM)] == [job.job_id]
+
+
+# --- admin API ---------------------------------------------------------------------------
+
+
+class FakeJobs:
+    def __init__(self, tmp_path) -> None:
+        self.state = ReindexState(SourceStore(f"sqlite:///{tmp_path}/jobs.db").engine)
+        self.submitted: list[str] = []
+
+    def submit(self, team_id: str, submitted_by: str):
+        self.submitted.append(team_id)
+        return self.state.create(team_id, {"submitted_by": submitted_by})
+
+    def get(self, job_id: str):
+        return self.state.get(job_id)
+
+
+@pytest.fixture
+def admin(tmp_path, clean_gateway_env):
+    gw = build_gateway()
+    gw.client.app.state.reindex_jobs = FakeJobs(tmp_path)
+    audited: list[dict[str, Any]] = []
+    original = gw.service.audit_decision
+
+    def capture(trace_id, principal, started=None, **fields):
+        audited.append(fields)
+        original(trace_id, principal, started, **fields)
+
+    gw.service.audit_decision = capture
+    gw.audited = audited
+    return gw
+
+
+def call(gw, method: str, path: str, token: str, **kw):
+    return gw.client.request(method, path, headers={"authorization": f"Bearer {token}"}, **kw)
+
+
+def test_member_gets_403_and_the_deny_is_audited(admin):
+    member = mint(claims(teams={"dao_a": ["member"]}))
+    response = call(admin, "POST", "/admin/reindex", member, json={"team_id": "dao_a"})
+    assert response.status_code == 403
+    assert response.json()["reason"] == "reindex_not_granted"
+    assert admin.client.app.state.reindex_jobs.submitted == []
+    assert admin.audited[-1]["decision"] == "deny"
+    assert admin.audited[-1]["action"] == "admin.reindex"
+
+
+def test_team_owner_may_reindex_its_own_team_only(admin):
+    owner = mint(claims(sub="olga", teams={"dao_a": ["owner"]}))
+    response = call(admin, "POST", "/admin/reindex", owner, json={"team_id": "dao_a"})
+    assert response.status_code == 202, response.text
+    job_id = response.json()["job_id"]
+    assert response.json()["status"] == "queued"
+    assert admin.audited[-1]["decision"] == "allow"
+    assert admin.audited[-1]["reason"] == "team_admin_role"
+    status = call(admin, "GET", f"/admin/reindex/{job_id}", owner)
+    assert status.status_code == 200
+    assert status.json()["team_id"] == "dao_a"
+    other = call(admin, "POST", "/admin/reindex", owner, json={"dao_id": "dao_b"})
+    assert other.status_code == 403
+    # A job of another team is not readable by this owner.
+    op = mint(claims(sub="op", teams={}, permissions=["admin:reindex"]))
+    b_job = call(admin, "POST", "/admin/reindex", op, json={"team_id": "dao_b"}).json()["job_id"]
+    assert call(admin, "GET", f"/admin/reindex/{b_job}", owner).status_code == 403
+    assert call(admin, "GET", f"/admin/reindex/{b_job}", op).status_code == 200
+
+
+def test_unknown_job_is_404_for_admins_and_403_otherwise(admin):
+    op = mint(claims(sub="op", teams={}, permissions=["admin:reindex"]))
+    owner = mint(claims(teams={"dao_a": ["owner"]}))
+    assert call(admin, "GET", "/admin/reindex/nope", op).status_code == 404
+    assert call(admin, "GET", "/admin/reindex/nope", owner).status_code == 403
+
+
+def test_body_is_validated(admin):
+    op = mint(claims(sub="op", teams={}, permissions=["admin:reindex"]))
+    assert call(admin, "POST", "/admin/reindex", op, json={}).status_code == 422
+    bad = {"team_id": "a", "extra": 1}
+    assert call(admin, "POST", "/admin/reindex", op, json=bad).status_code == 422
+    assert admin.client.post("/admin/reindex", json={"team_id": "a"}).status_code == 401
+
+
+def test_jobs_start_the_cli_as_a_subprocess_and_refuse_a_second_active_job(tmp_path, monkeypatch):
+    import subprocess
+
+    from serve_app.api import admin as admin_api
+
+    started: list[dict[str, Any]] = []
+
+    class FakePopen:
+        returncode = 3
+
+        def __init__(self, cmd, **kw):
+            started.append({"cmd": cmd, **kw})
+
+        def poll(self):
+            return self.returncode
+
+    monkeypatch.setattr(subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(admin_api, "ROOT", tmp_path)  # its log goes to ROOT/var/reindex
+    settings = GatewaySettings(
+        state={"url": f"sqlite:///{tmp_path}/s.db"}, reindex={"runner": "subprocess"}
+    )
+    jobs = admin_api.ReindexJobs(settings)
+    job = jobs.submit("dao_a", "op")
+    [run] = started
+    assert run["cmd"][-4:] == ["--team", "dao_a", "--job-id", job.job_id]
+    assert json.loads(run["env"]["RAG_REINDEX_SETTINGS"])["state"]["url"].endswith("s.db")
+    assert "RAG_REINDEX_SETTINGS" not in " ".join(run["cmd"])
+    with pytest.raises(admin_api.Conflict):
+        jobs.submit("dao_a", "op")
+    # The process died before it wrote anything: the status says so.
+    assert "exited with status 3" in jobs.get(job.job_id).error
+
+
+def test_crash_after_the_switch_resumes_into_the_clean_up(env):
+    env.sources.put([doc(1), doc(2)])
+    env.store.create_version(TEAM, 1)
+    env.store.switch_alias(TEAM, 1)
+    original = env.store.drop_version
+
+    def broken(team, version):
+        raise RuntimeError("milvus went away")
+
+    env.store.drop_version = broken
+    with pytest.raises(RuntimeError):
+        env.make().run(options())
+    assert env.store.current_version(TEAM) == 2 and env.store.versions(TEAM) == [1, 2]
+    env.store.drop_version = original
+    embedded = env.embed.texts
+    result = env.make().run(options(resume=True))
+    assert result.job.status == "succeeded"
+    assert env.store.versions(TEAM) == [2]
+    assert env.embed.texts == embedded  # nothing re-embedded
