@@ -708,9 +708,14 @@ class GraphProbes:
         return self.rng.choice(self.graph_refs)
 
     def graph_identity(
-        self, kind: str, elevated: float = 0.3
+        self, kind: str, elevated: float = 0.3, unrestricted: float = 0.0
     ) -> tuple[dict[str, Any], dict[str, str], Any, Any]:
         identity = self.identity()
+        if self.rng.random() < unrestricted:
+            # Every group and permission the policy asks for: no project or skill policy
+            # hides anything, so caller Cypher runs (403 cypher_restricted_by_policy else).
+            identity["groups"] = {"ops", "board"}
+            identity["permissions"] = set(identity["permissions"]) | {"skill:read"}
         if self.rng.random() < elevated:
             # Owners and guardians see confidential data and may send Cypher: more of them.
             team = self.rng.choice(self.teams)
@@ -832,7 +837,7 @@ class GraphProbes:
         from deployments.graph import NODE_LABELS
 
         rng = self.rng
-        _, headers, expected, gw = self.graph_identity(kind, elevated=0.6)
+        _, headers, expected, gw = self.graph_identity(kind, elevated=0.6, unrestricted=0.6)
         noisy = rng.random() < 0.5
         body = self.graph_body(expected, kind, noisy)
         foreign = rng.choice([t for t in self.teams if t != body["team_id"]] or list(self.teams))

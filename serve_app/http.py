@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from serve_app.api import audit, enrich, graph, health, ingest, search
+from serve_app.api import admin, audit, enrich, events, graph, health, ingest, search, tools
 from serve_app.auth import Authenticator
 from serve_app.errors import install_error_handlers
 from serve_app.service import GatewayService
@@ -33,6 +33,6 @@ def create_app(service: GatewayService, authenticator: Authenticator | None = No
     app.state.service = service
     app.state.authenticator = authenticator or Authenticator.from_settings(service.settings)
     install_error_handlers(app)
-    for module in (search, enrich, graph, ingest, audit, health):
+    for module in (search, enrich, graph, ingest, events, audit, admin, health, tools):
         app.include_router(module.router)
     return app

