@@ -37,6 +37,24 @@ ALLOWED_PROCEDURES = (
     "db.index.fulltext.queryRelationships",
 )
 
+# Operators whose right side only tests a pattern (or its absence): a relationship found
+# there says nothing about the rows that come out.
+EXISTENTIAL = frozenset(
+    {
+        "SemiApply",
+        "AntiSemiApply",
+        "SelectOrSemiApply",
+        "SelectOrAntiSemiApply",
+        "LetSemiApply",
+        "LetAntiSemiApply",
+        "LetSelectOrSemiApply",
+        "LetSelectOrAntiSemiApply",
+        "RollUpApply",
+        "ConditionalApply",
+        "AntiConditionalApply",
+        "Anti",
+    }
+)
 # Operators that bind no new node or relationship (they filter, project, join, sort, page).
 PASS_THROUGH = frozenset(
     {
@@ -57,19 +75,7 @@ PASS_THROUGH = frozenset(
         "OrderedAggregation",
         "Aggregation",
         "Apply",
-        "SemiApply",
-        "AntiSemiApply",
-        "SelectOrSemiApply",
-        "SelectOrAntiSemiApply",
-        "LetSemiApply",
-        "LetAntiSemiApply",
-        "LetSelectOrSemiApply",
-        "LetSelectOrAntiSemiApply",
-        "RollUpApply",
-        "ConditionalApply",
-        "AntiConditionalApply",
         "Optional",
-        "Anti",
         "CartesianProduct",
         "NodeHashJoin",
         "NodeLeftOuterHashJoin",
@@ -91,7 +97,7 @@ PASS_THROUGH = frozenset(
         "NullifyMetadata",
         "ProjectEndpoints",
     }
-)
+) | EXISTENTIAL
 # Leaf operators binding one node (or several, for MultiNodeIndexSeek).
 NODE_SCANS = frozenset(
     {
@@ -136,24 +142,6 @@ VAR_LENGTH = frozenset(
         "ShortestPath",
         "StatefulShortestPath(All)",
         "StatefulShortestPath(Into)",
-    }
-)
-# Operators whose right side only tests a pattern (or its absence): a relationship found
-# there says nothing about the rows that come out.
-EXISTENTIAL = frozenset(
-    {
-        "SemiApply",
-        "AntiSemiApply",
-        "SelectOrSemiApply",
-        "SelectOrAntiSemiApply",
-        "LetSemiApply",
-        "LetAntiSemiApply",
-        "LetSelectOrSemiApply",
-        "LetSelectOrAntiSemiApply",
-        "RollUpApply",
-        "ConditionalApply",
-        "AntiConditionalApply",
-        "Anti",
     }
 )
 WRITE_WORDS = ("Create", "Merge", "Delete", "Set", "Remove", "Foreach", "LoadCSV", "Transaction")

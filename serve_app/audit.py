@@ -28,13 +28,16 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from prometheus_client import Counter
 from sqlalchemy.engine import Engine, make_url
 
 from deployments.config import AuditSettings
+
+if TYPE_CHECKING:
+    from serve_app.auth.principal import Principal
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,25 @@ RECORDS = Counter(
     "dropped (lost: queue full while the database was down)",
     ["outcome"],
 )
+
+
+def request_audit(
+    req: Any, principal: Principal, action: str, resource: str, text: str | None = None
+) -> dict[str, Any]:
+    """The audit fields of one tool request (``req`` has team_id, user_id, agent_id)."""
+    from serve_app.access import DEV_SUBJECT
+
+    fields: dict[str, Any] = {
+        "action": action,
+        "team_id": req.team_id,
+        "resource": resource,
+        "declared_agent_id": req.agent_id if not principal.agent_id else "",
+        # A dev-mode caller has no verified subject; the body's user_id is all there is.
+        "subject": (req.user_id or DEV_SUBJECT) if principal.trusts_body else principal.sub,
+    }
+    if text is not None:
+        fields |= {"query_sha256": sha256_text(text), "query_text": text}
+    return fields
 
 
 def utcnow() -> datetime:

@@ -17,8 +17,8 @@ from pydantic import ValidationError
 from deployments.errors import BackendUnavailable, GatewayError, InvalidInput, NotFound
 from deployments.graph import path_sentence
 from deployments.graph_intents import INTENTS, catalogue
-from serve_app.access import DEV_SUBJECT, AccessContext
-from serve_app.audit import sha256_text
+from serve_app.access import AccessContext
+from serve_app.audit import request_audit
 from serve_app.auth.principal import Principal
 from serve_app.graph_contracts import (
     ExplainPathRequest,
@@ -46,15 +46,6 @@ class GraphTools:
                 hint="document search still works: POST /rag/search_docs",
             )
         return self.graph
-
-    def _graph_audit(self, req: Any, principal: Principal, action: str, resource: str) -> dict:
-        return {
-            "action": action,
-            "team_id": req.team_id,
-            "resource": resource,
-            "declared_agent_id": req.agent_id if not principal.agent_id else "",
-            "subject": (req.user_id or DEV_SUBJECT) if principal.trusts_body else principal.sub,
-        }
 
     async def _audited(self, audit: dict, trace_id: str, principal: Principal, run) -> Any:
         started = time.perf_counter()
@@ -98,9 +89,7 @@ class GraphTools:
             BackendUnavailable: Neo4j is down (503).
         """
         resource = f"team:{req.team_id}/" + (f"intent:{req.intent}" if req.intent else "cypher")
-        audit = self._graph_audit(req, principal, "graph.query", resource)
-        if req.cypher:
-            audit |= {"query_sha256": sha256_text(req.cypher), "query_text": req.cypher}
+        audit = request_audit(req, principal, "graph.query", resource, req.cypher)
 
         async def run(started: float) -> tuple[GraphQueryResponse, dict]:
             ctx = self._context(principal, req)
@@ -154,7 +143,7 @@ class GraphTools:
     ) -> ExplainPathResponse:
         """Shortest paths between two entities, every node and relationship in scope."""
         cfg = self.settings.neo4j
-        audit = self._graph_audit(req, principal, "graph.explain_path", f"team:{req.team_id}/path")
+        audit = request_audit(req, principal, "graph.explain_path", f"team:{req.team_id}/path")
         audit["query_text"] = f"{req.source.ref} -> {req.target.ref}"
 
         async def run(started: float) -> tuple[ExplainPathResponse, dict]:
@@ -221,7 +210,7 @@ class GraphTools:
         self, req: GraphUpsertRequest, trace_id: str, principal: Principal
     ) -> GraphUpsertResponse:
         """MERGE entities and relationships into the caller's team (write roles only)."""
-        audit = self._graph_audit(req, principal, "graph.upsert", f"team:{req.team_id}/entities")
+        audit = request_audit(req, principal, "graph.upsert", f"team:{req.team_id}/entities")
 
         async def run(started: float) -> tuple[GraphUpsertResponse, dict]:
             ctx = self._context(principal, req)

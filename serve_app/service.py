@@ -33,8 +33,8 @@ from deployments.protocols import (
     SearchHit,
     VectorStore,
 )
-from serve_app.access import DEV_SUBJECT, AccessContext, check_ingest
-from serve_app.audit import AuditLog, AuditRecord, sha256_text
+from serve_app.access import AccessContext, check_ingest
+from serve_app.audit import AuditLog, AuditRecord, request_audit
 from serve_app.auth.principal import Principal
 from serve_app.contracts import (
     EnrichAnswerRequest,
@@ -95,19 +95,7 @@ class GatewayService(GraphTools):
             InvalidInput: top_k or the query exceed the configured bounds.
         """
         started = time.perf_counter()
-        resource = f"team:{req.team_id}"
-        if req.filters.project_id:
-            resource += f"/project:{req.filters.project_id}"
-        audit = {
-            "action": "search",
-            "team_id": req.team_id,
-            "resource": resource,
-            "query_sha256": sha256_text(req.query),
-            "query_text": req.query,
-            "declared_agent_id": req.agent_id if not principal.agent_id else "",
-            # A dev-mode caller has no verified subject; the body's user_id is all there is.
-            "subject": (req.user_id or DEV_SUBJECT) if principal.trusts_body else principal.sub,
-        }
+        audit = request_audit(req, principal, "search", _resource(req), req.query)
         try:
             response = await self._search_docs(req, trace_id, principal, started)
         except GatewayError as exc:
@@ -357,18 +345,7 @@ class GatewayService(GraphTools):
             InvalidInput: the draft exceeds ``enrich.max_draft_chars``.
         """
         started = time.perf_counter()
-        resource = f"team:{req.team_id}"
-        if req.filters.project_id:
-            resource += f"/project:{req.filters.project_id}"
-        audit = {
-            "action": "enrich",
-            "team_id": req.team_id,
-            "resource": resource,
-            "query_sha256": sha256_text(req.draft_answer),
-            "query_text": req.draft_answer,
-            "declared_agent_id": req.agent_id if not principal.agent_id else "",
-            "subject": (req.user_id or DEV_SUBJECT) if principal.trusts_body else principal.sub,
-        }
+        audit = request_audit(req, principal, "enrich", _resource(req), req.draft_answer)
         try:
             response = await run_enrich(self, req, trace_id, principal, started)
         except GatewayError as exc:
@@ -706,6 +683,13 @@ class GatewayService(GraphTools):
         if degraded:
             body["degraded"] = degraded
         return not not_ready, body
+
+
+def _resource(req: Any) -> str:
+    resource = f"team:{req.team_id}"
+    if req.filters.project_id:
+        resource += f"/project:{req.filters.project_id}"
+    return resource
 
 
 def _failing_document(exc: Forbidden, docs: list[SourceDocument]) -> SourceDocument | None:
