@@ -36,7 +36,15 @@ def test_a_failing_fulltext_procedure_is_not_a_500(settings):
 
     gw = GraphGateway(jwt_auth(), TENANCY_POLICY, settings.neo4j)
     try:
-        token = mint(claims(sub="alice", teams={"dao_x_probe": ["owner"]}))
+        # Every group and permission of the policy: Cypher is not refused by it.
+        token = mint(
+            claims(
+                sub="alice",
+                teams={"dao_x_probe": ["owner"]},
+                groups=["ops", "board"],
+                permissions=["skill:read"],
+            )
+        )
         response = gw.post(
             "/graph/query",
             {
