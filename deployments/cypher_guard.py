@@ -56,48 +56,51 @@ EXISTENTIAL = frozenset(
     }
 )
 # Operators that bind no new node or relationship (they filter, project, join, sort, page).
-PASS_THROUGH = frozenset(
-    {
-        "ProduceResults",
-        "Filter",
-        "Projection",
-        "Limit",
-        "ExhaustiveLimit",
-        "Skip",
-        "Sort",
-        "Top",
-        "Top1WithTies",
-        "PartialSort",
-        "PartialTop",
-        "Distinct",
-        "OrderedDistinct",
-        "EagerAggregation",
-        "OrderedAggregation",
-        "Aggregation",
-        "Apply",
-        "Optional",
-        "CartesianProduct",
-        "NodeHashJoin",
-        "NodeLeftOuterHashJoin",
-        "NodeRightOuterHashJoin",
-        "ValueHashJoin",
-        "Unwind",
-        "PartitionedUnwind",
-        "Argument",
-        "Union",
-        "OrderedUnion",
-        "Eager",
-        "CacheProperties",
-        "EmptyResult",
-        "EmptyRow",
-        "AssertSameNode",
-        "AssertSameRelationship",
-        "Expand(Into)",
-        "OptionalExpand(Into)",
-        "NullifyMetadata",
-        "ProjectEndpoints",
-    }
-) | EXISTENTIAL
+PASS_THROUGH = (
+    frozenset(
+        {
+            "ProduceResults",
+            "Filter",
+            "Projection",
+            "Limit",
+            "ExhaustiveLimit",
+            "Skip",
+            "Sort",
+            "Top",
+            "Top1WithTies",
+            "PartialSort",
+            "PartialTop",
+            "Distinct",
+            "OrderedDistinct",
+            "EagerAggregation",
+            "OrderedAggregation",
+            "Aggregation",
+            "Apply",
+            "Optional",
+            "CartesianProduct",
+            "NodeHashJoin",
+            "NodeLeftOuterHashJoin",
+            "NodeRightOuterHashJoin",
+            "ValueHashJoin",
+            "Unwind",
+            "PartitionedUnwind",
+            "Argument",
+            "Union",
+            "OrderedUnion",
+            "Eager",
+            "CacheProperties",
+            "EmptyResult",
+            "EmptyRow",
+            "AssertSameNode",
+            "AssertSameRelationship",
+            "Expand(Into)",
+            "OptionalExpand(Into)",
+            "NullifyMetadata",
+            "ProjectEndpoints",
+        }
+    )
+    | EXISTENTIAL
+)
 # Leaf operators binding one node (or several, for MultiNodeIndexSeek).
 NODE_SCANS = frozenset(
     {
