@@ -191,31 +191,11 @@ def _unquote(name: str) -> str:
 def split_conjuncts(text: str) -> list[str]:
     """Top-level AND conjuncts of a predicate as printed in a plan, nested ``(a AND b)``
     groups flattened; ``OR``/``NOT``/``XOR`` groups stay whole (they prove nothing)."""
-    parts: list[str] = []
-    depth, quote, start, i = 0, "", 0, 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "'\"`":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif depth == 0 and text.startswith(" AND ", i):
-            parts.append(text[start:i])
-            start = i + 5
-            i += 5
-            continue
-        i += 1
-    parts.append(text[start:])
     out: list[str] = []
-    for part in (p.strip() for p in parts):
+    for part in _split_top(text, " AND "):
         if part.startswith("(") and part.endswith(")") and _balanced(part[1:-1]):
             out.extend(split_conjuncts(part[1:-1]))
-        elif part:
+        else:
             out.append(part)
     return out
 
@@ -263,8 +243,10 @@ def _ids(op: dict[str, Any]) -> set[str]:
 
 
 def _split_top(text: str, sep: str = ",") -> list[str]:
-    parts, depth, quote, start = [], 0, "", 0
-    for i, ch in enumerate(text):
+    """``text`` split at ``sep`` outside brackets and quotes, parts stripped, empty dropped."""
+    parts, depth, quote, start, i = [], 0, "", 0, 0
+    while i < len(text):
+        ch = text[i]
         if quote:
             if ch == quote:
                 quote = ""
@@ -274,9 +256,11 @@ def _split_top(text: str, sep: str = ",") -> list[str]:
             depth += 1
         elif ch in ")]}":
             depth -= 1
-        elif ch == sep and depth == 0:
+        elif depth == 0 and text.startswith(sep, i):
             parts.append(text[start:i])
-            start = i + 1
+            i = start = i + len(sep)
+            continue
+        i += 1
     parts.append(text[start:])
     return [p.strip() for p in parts if p.strip()]
 
