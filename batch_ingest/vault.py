@@ -1,0 +1,455 @@
+"""Import a Markdown (Obsidian-style) vault into a running gateway over HTTP.
+
+    python -m batch_ingest.vault vault/ --team dao_greenfood --dry-run
+    python -m batch_ingest.vault vault/ --team dao_greenfood --token "$TOKEN" \\
+        --policy-out policy.yaml
+
+Every ``*.md`` note (hidden folders such as ``.obsidian`` and ``.git`` are skipped) becomes
+one ``wiki`` document: ``doc_id`` is its path inside the vault, notes under
+``projects/<name>/`` belong to project ``<name>``, notes under ``shared/skills/<SKILL-id>/``
+carry the tag ``skill:<SKILL-id>``; front matter gives ``title``, ``tags``, ``created``/
+``date`` and ``visibility``. The gateway extracts the ``[[wiki-links]]`` itself and writes them
+to the graph. ``projects/<name>/_access.yaml`` and ``shared/skills/<id>/_access.yaml`` are
+validated as resource policies of the gateway (shared/spec/wiki_graph_rag_and_rbac.md) and,
+with ``--policy-out``, written (merged) into a policy file for ``AUTH__POLICY_FILE``. A bad
+``_access.yaml`` stops the import before anything is sent (exit status 2); a bad note is
+reported and skipped. Re-running is safe (ingestion is idempotent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from pydantic import ValidationError
+
+from batch_ingest.documents import SourceDocument, parse_timestamp
+from batch_ingest.wikilinks import extract_links, wiki_key
+from deployments.retriever import MAX_TITLE
+from serve_app.policy import DEFAULT_POLICY_FILE, SKILL_TAG_PREFIX, Policy, ResourcePolicy
+
+logger = logging.getLogger("batch_ingest.vault")
+
+ACCESS_FILE = "_access.yaml"
+DOC_TYPE = "wiki"
+VISIBILITIES = ("public", "confidential")
+_ID_KEYS = ("id", "project", "skill", "name")
+_FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.S | re.M)
+_HEADING = re.compile(r"^#[ \t]+(.+?)[ \t#]*$", re.M)
+
+
+class AccessFileError(ValueError):
+    """A ``_access.yaml`` that is not a valid resource policy (the message names the file)."""
+
+
+@dataclass
+class VaultPlan:
+    """What one vault holds: the documents to send and the resource policies it declares."""
+
+    team_id: str
+    documents: list[SourceDocument] = field(default_factory=list)
+    # doc_id -> wiki-link keys of its text (what the gateway will write as LINKS_TO).
+    links: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # (path relative to the vault, reason) of every note left out.
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    projects: list[ResourcePolicy] = field(default_factory=list)
+    skills: list[ResourcePolicy] = field(default_factory=list)
+
+    @property
+    def link_count(self) -> int:
+        return sum(len(keys) for keys in self.links.values())
+
+    def resolved_link_count(self) -> int:
+        """Links whose target is a note of this vault (by file name or title)."""
+        known = set()
+        for doc in self.documents:
+            known.add(wiki_key(doc.doc_id))
+            if doc.title:
+                known.add(wiki_key(doc.title))
+        return sum(1 for keys in self.links.values() for key in keys if key in known)
+
+    def per_project(self) -> Counter[str]:
+        return Counter(d.project_id for d in self.documents if d.project_id)
+
+    def per_skill(self) -> Counter[str]:
+        return Counter(
+            t[len(SKILL_TAG_PREFIX) :]
+            for d in self.documents
+            for t in d.tags
+            if t.startswith(SKILL_TAG_PREFIX)
+        )
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+def iter_vault(root: Path) -> list[Path]:
+    """Every file below ``root`` outside hidden folders, in a stable order."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += [Path(folder) / f for f in sorted(files) if not f.startswith(".")]
+    return found
+
+
+def split_front_matter(text: str) -> tuple[dict[str, Any], str]:
+    """``(front matter, body)``; raise ``ValueError`` when the front matter is not a mapping."""
+    text = text.lstrip("\ufeff")
+    match = _FRONT_MATTER.match(text)
+    if not match:
+        return {}, text
+    try:
+        meta = yaml.safe_load(match.group(1))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"front matter is not YAML: {exc}") from exc
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise ValueError("front matter is not a mapping")
+    return meta, text[match.end() :]
+
+
+def _timestamp(value: Any) -> int | None:
+    """Epoch seconds of a front-matter date, or None when it is missing or unparseable."""
+    if isinstance(value, datetime):
+        value = value if value.tzinfo else value.replace(tzinfo=UTC)
+        return int(value.timestamp())
+    if isinstance(value, date):
+        return int(datetime(value.year, value.month, value.day, tzinfo=UTC).timestamp())
+    if value is None or value == "" or isinstance(value, bool):
+        return None
+    try:
+        return parse_timestamp(value) or None
+    except ValueError:
+        return None
+
+
+def _tags(value: Any) -> list[str]:
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list):
+        items = [items]
+    tags = [str(t).strip().lstrip("#").strip() for t in items if t is not None]
+    return [t for t in tags if t]
+
+
+def _title(meta: dict[str, Any], body: str, stem: str) -> str:
+    title = meta.get("title")
+    if title is not None and str(title).strip():
+        return str(title).strip()[:MAX_TITLE]
+    heading = _HEADING.search(body)
+    if heading:
+        return heading.group(1).strip()[:MAX_TITLE]
+    return stem[:MAX_TITLE]
+
+
+def read_note(root: Path, path: Path, team_id: str, visibility: str = "public") -> SourceDocument:
+    """One note as a document; raise ``ValueError`` (or ``OSError``) saying why it is invalid."""
+    rel = path.relative_to(root).as_posix()
+    parts = rel.split("/")
+    raw = path.read_text(encoding="utf-8")
+    meta, body = split_front_matter(raw)
+    tags: list[str] = []
+    project_id = ""
+    if len(parts) >= 3 and parts[0] == "projects":
+        project_id = parts[1]
+    if len(parts) >= 4 and parts[0] == "shared" and parts[1] == "skills":
+        tags.append(SKILL_TAG_PREFIX + parts[2])
+    tags += _tags(meta.get("tags"))
+    created = _timestamp(meta.get("created"))
+    if created is None:
+        created = _timestamp(meta.get("date"))
+    if created is None:
+        created = int(path.stat().st_mtime)
+    chosen = meta.get("visibility")
+    if chosen not in VISIBILITIES:
+        if chosen is not None:
+            logger.warning("%s: visibility %r is not public/confidential; using %s", rel,
+                           chosen, visibility)  # fmt: skip
+        chosen = visibility
+    try:
+        return SourceDocument(
+            team_id=team_id,
+            doc_id=rel,
+            text=body,
+            title=_title(meta, body, path.stem),
+            project_id=project_id,
+            visibility=chosen,
+            doc_type=DOC_TYPE,
+            tags=tags,
+            created_at=created,
+        )
+    except ValidationError as exc:
+        reasons = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'note'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ValueError(reasons) from exc
+
+
+def read_access(path: Path, resource_id: str, team_id: str) -> ResourcePolicy:
+    """A ``_access.yaml`` as the gateway's resource policy of ``resource_id`` in ``team_id``.
+
+    Raises:
+        AccessFileError: naming the file and the field that is wrong.
+    """
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise AccessFileError(f"{path}: {exc}") from exc
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise AccessFileError(f"{path}: expected a mapping of fields, got {type(raw).__name__}")
+    data = dict(raw)
+    for key in _ID_KEYS:
+        if key in data:
+            value = data.pop(key)
+            if value is not None and str(value) != resource_id:
+                raise AccessFileError(
+                    f"{path}: field {key!r} is {value!r} but the folder is {resource_id!r}"
+                )
+    file_team = data.pop("team_id", None)
+    if file_team is not None and str(file_team) != team_id:
+        raise AccessFileError(f"{path}: field 'team_id' is {file_team!r}, importing {team_id!r}")
+    try:
+        return ResourcePolicy.model_validate({**data, "id": resource_id, "team_id": team_id})
+    except ValidationError as exc:
+        reasons = "; ".join(
+            f"field {'.'.join(str(p) for p in e['loc']) or '?'!r}: {e['msg']}" for e in exc.errors()
+        )
+        raise AccessFileError(f"{path}: {reasons}") from exc
+
+
+def scan_vault(root: Path, team_id: str, visibility: str = "public") -> VaultPlan:
+    """Read every note and access file of the vault.
+
+    Raises:
+        AccessFileError: for the first bad ``_access.yaml`` (nothing should be sent then).
+    """
+    root = Path(root)
+    plan = VaultPlan(team_id=team_id)
+    for path in iter_vault(root):
+        rel = path.relative_to(root).as_posix()
+        parts = rel.split("/")
+        if path.name == ACCESS_FILE:
+            if len(parts) == 3 and parts[0] == "projects":
+                plan.projects.append(read_access(path, parts[1], team_id))
+            elif len(parts) == 4 and parts[:2] == ["shared", "skills"]:
+                plan.skills.append(read_access(path, parts[2], team_id))
+            else:
+                logger.warning("%s: not projects/<name>/ or shared/skills/<id>/; ignored", rel)
+            continue
+        if path.suffix.lower() != ".md":
+            continue
+        try:
+            doc = read_note(root, path, team_id, visibility)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            plan.skipped.append((rel, str(exc)))
+            continue
+        plan.documents.append(doc)
+        plan.links[doc.doc_id] = extract_links(doc.text)
+    return plan
+
+
+# --- policy file ---------------------------------------------------------------------------
+
+
+def _entry_key(entry: Any) -> tuple[str | None, str] | None:
+    try:
+        parsed = ResourcePolicy.model_validate(entry)
+    except ValidationError:
+        return None
+    return parsed.team_id, parsed.id
+
+
+def merge_policy(existing: dict[str, Any] | None, plan: VaultPlan) -> dict[str, Any]:
+    """``existing`` (a policy file's YAML, or the packaged default when None) with the
+    vault's project and skill policies: other keys and entries are kept, an entry with the
+    same ``(team_id, id)`` is replaced."""
+    if existing is None:
+        existing = yaml.safe_load(DEFAULT_POLICY_FILE.read_text(encoding="utf-8")) or {}
+    out = dict(existing)
+    for kind, new in (("projects", plan.projects), ("skills", plan.skills)):
+        keys = {(p.team_id, p.id) for p in new}
+        kept = [e for e in (out.get(kind) or []) if _entry_key(e) not in keys]
+        out[kind] = kept + [p.model_dump(exclude_none=True) for p in new]
+    return out
+
+
+def write_policy(path: Path, plan: VaultPlan) -> Policy:
+    """Write (or merge into) the policy file ``path``; return it as the gateway will load it.
+
+    Raises:
+        ValueError: naming the file when the existing one or the result is not a policy.
+    """
+    existing = None
+    if path.exists():
+        try:
+            existing = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"policy file {path}: {exc}") from exc
+        if not isinstance(existing, dict):
+            raise ValueError(f"policy file {path}: not a mapping")
+    merged = merge_policy(existing, plan)
+    try:
+        Policy.model_validate(merged)
+    except (ValidationError, ValueError) as exc:
+        raise ValueError(f"policy file {path}: {exc}") from exc
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(merged, sort_keys=False, allow_unicode=True), "utf-8")
+    tmp.replace(path)
+    return Policy.load(path)
+
+
+# --- sending -------------------------------------------------------------------------------
+
+
+def post_documents(
+    client: httpx.Client, docs: list[SourceDocument], batch_size: int, token: str = ""
+) -> dict[str, int] | None:
+    """POST the documents in batches; the totals, or None when a batch was refused.
+
+    ``client`` is any httpx-style client with a base URL (a FastAPI ``TestClient`` too)."""
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    totals = {"indexed": 0, "unchanged": 0, "failed": 0}
+    started = time.perf_counter()
+    for start in range(0, len(docs), batch_size):
+        batch = docs[start : start + batch_size]
+        payload = {"documents": [d.model_dump(mode="json") for d in batch]}
+        r = client.post("/ingest/documents", json=payload, headers=headers)
+        if r.status_code != 200:
+            logger.error("batch at document %d (%s) refused: HTTP %d %s", start + 1,
+                         batch[0].doc_id, r.status_code, r.text[:2000])  # fmt: skip
+            return None
+        body = r.json()
+        for key in totals:
+            totals[key] += body[key]
+        for result in body.get("documents", []):
+            if result.get("status") == "failed":
+                logger.error("%s failed: %s", result.get("doc_id"), result.get("error"))
+        done = start + len(batch)
+        rate = done / max(time.perf_counter() - started, 1e-9)
+        logger.info("%d/%d documents (%.1f docs/s, ETA %.0fs)%s", done, len(docs), rate,
+                    (len(docs) - done) / rate if rate else 0,
+                    " degraded: " + "; ".join(body["degraded_reasons"]) if body.get("degraded")
+                    else "")  # fmt: skip
+    return totals
+
+
+# --- CLI -----------------------------------------------------------------------------------
+
+
+def describe(plan: VaultPlan) -> list[str]:
+    """The plan as lines: counts per project and skill, links, policies, skipped notes."""
+    lines = [
+        f"vault plan for team {plan.team_id}: {len(plan.documents)} notes, "
+        f"{len(plan.skipped)} skipped, {plan.link_count} wiki-links "
+        f"({plan.resolved_link_count()} to notes of the vault)"
+    ]
+    for project, count in sorted(plan.per_project().items()):
+        lines.append(f"  project {project}: {count} notes")
+    for skill, count in sorted(plan.per_skill().items()):
+        lines.append(f"  skill {skill}: {count} notes")
+    other = sum(1 for d in plan.documents if not d.project_id and not any(
+        t.startswith(SKILL_TAG_PREFIX) for t in d.tags))  # fmt: skip
+    if other:
+        lines.append(f"  outside projects and skills: {other} notes")
+    for kind, entries in (("project", plan.projects), ("skill", plan.skills)):
+        for p in entries:
+            extra = ", ".join(
+                f"{k}={v}"
+                for k, v in (
+                    ("owner_group", p.owner_group),
+                    ("allowed_groups", ",".join(p.allowed_groups)),
+                    ("required_role", p.required_role),
+                    ("required_permission", p.required_permission),
+                )
+                if v
+            )
+            lines.append(
+                f"  policy {kind} {p.id}: {p.access_level}" + (f" ({extra})" * bool(extra))
+            )
+    for rel, reason in plan.skipped:
+        lines.append(f"  skipped {rel}: {reason}")
+    return lines
+
+
+def main(argv: list[str] | None = None, client: httpx.Client | None = None) -> int:
+    """Run the CLI; ``client`` replaces the HTTP client built from ``--url`` (tests)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("vault", type=Path, help="vault folder (the one holding projects/)")
+    parser.add_argument("--team", required=True, help="team_id every note is indexed into")
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="gateway base URL")
+    parser.add_argument("--token", default="", help="bearer token, if the gateway wants one")
+    parser.add_argument("--policy-out", type=Path, help="write/merge the _access.yaml policies")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan, send nothing")
+    parser.add_argument("--visibility", choices=VISIBILITIES, default="public",
+                        help="visibility of notes whose front matter sets none")  # fmt: skip
+    parser.add_argument("--batch-size", "--batch", type=int, default=32, dest="batch_size",
+                        help="documents per request")  # fmt: skip
+    args = parser.parse_args(argv)
+    if not args.vault.is_dir():
+        parser.error(f"{args.vault} is not a folder")
+    if args.batch_size < 1:
+        parser.error("--batch-size must be at least 1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+    try:
+        plan = scan_vault(args.vault, args.team, args.visibility)
+    except AccessFileError as exc:
+        print(f"error: {exc}; nothing was sent", file=sys.stderr)
+        return 2
+    for rel, reason in plan.skipped:
+        logger.warning("skipped %s: %s", rel, reason)
+
+    if args.dry_run:
+        print("\n".join(describe(plan)))
+        if args.policy_out:
+            print(f"dry run: would write {len(plan.projects)} project and {len(plan.skills)} "
+                  f"skill policies to {args.policy_out}")  # fmt: skip
+        return 0
+
+    if args.policy_out:
+        try:
+            write_policy(args.policy_out, plan)
+        except ValueError as exc:
+            print(f"error: {exc}; nothing was sent", file=sys.stderr)
+            return 2
+        print(f"wrote {len(plan.projects)} project and {len(plan.skills)} skill policies to "
+              f"{args.policy_out}; point the gateway at it with:\n"
+              f"  AUTH__POLICY_FILE={args.policy_out.resolve()}")  # fmt: skip
+
+    if not plan.documents:
+        print("no notes to send")
+        return 1 if plan.skipped else 0
+    if client is None:
+        with httpx.Client(base_url=args.url, timeout=300) as http:
+            totals = post_documents(http, plan.documents, args.batch_size, args.token)
+    else:
+        totals = post_documents(client, plan.documents, args.batch_size, args.token)
+    if totals is None:
+        return 1
+    print(
+        f"done: indexed {totals['indexed']}, unchanged {totals['unchanged']}, "
+        f"failed {totals['failed']}, skipped {len(plan.skipped)}; "
+        f"{plan.link_count} wiki-links; projects: "
+        f"{', '.join(sorted(plan.per_project())) or '-'}; skills: "
+        f"{', '.join(sorted(plan.per_skill())) or '-'}"
+    )
+    return 1 if totals["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
