@@ -396,27 +396,11 @@ class MilvusStore:
         """``chunk_id → (content_hash, embed_model)`` of the team's stored chunks among
         ``chunk_ids``; primary-key queries only."""
         name = self._collection(team_id, create=False)
-        out: dict[str, tuple[str, str]] = {}
-        if name is None:
-            return out
-        for start in range(0, len(chunk_ids), 256):
-            rows = self._call(
-                "lookup",
-                "query",
-                name,
-                filter=f"chunk_id in {milvus_list(chunk_ids[start : start + 256])}",
-                output_fields=["chunk_id", "content_hash", "embed_model"],
-            )
-            for row in rows:
-                out[row["chunk_id"]] = (row["content_hash"], row["embed_model"])
-        return out
+        return self.lookup_in(name, chunk_ids) if name is not None else {}
 
     def delete_chunks(self, team_id: str, chunk_ids: list[str]) -> int:
         name = self._collection(team_id, create=False)
-        if not chunk_ids or name is None:
-            return 0
-        self._call("delete", "delete", name, ids=list(chunk_ids))
-        return len(chunk_ids)
+        return self.delete_in(name, chunk_ids) if name is not None else 0
 
     def delete_stale_chunks(self, team_id: str, doc_type: str, doc_id: str, keep: list[str]) -> int:
         name = self._collection(team_id, create=False)
