@@ -84,10 +84,22 @@ def schema_statements() -> list[str]:
 # confidential. MERGE on (team_id, id) makes re-ingestion a no-op; a re-sent document first
 # loses the edges it wrote before, so removed tags, links or a changed project leave no trace.
 # Every relationship joins two nodes of the same team (cypher_guard relies on it).
-# Deleting a document (bus event doc.deleted): the Doc node and its edges only.
+# Deleting a document (bus event doc.deleted): the Doc node and its edges only. Notes that
+# [[link]] to it keep their links, now to a placeholder under the deleted note's key, so a
+# note re-created later (same id or title) takes them back as MERGE_DOCUMENTS hands over.
 DELETE_DOCUMENTS = """
 MATCH (doc:Doc {team_id: $team_id})
 WHERE doc.id IN $ids AND NOT coalesce(doc.stub, false)
+CALL (doc) {
+  WITH doc, coalesce(doc.wiki_id, doc.wiki_title) AS key WHERE key IS NOT NULL
+  MATCH (src:Doc)-[old:LINKS_TO]->(doc) WHERE src <> doc AND NOT src.id IN $ids
+  MERGE (s:Doc {team_id: doc.team_id, id: 'wiki:' + key})
+    ON CREATE SET s.stub = true, s.title = key, s.visibility = old.visibility,
+                  s.doc_type = 'wiki'
+  SET s.visibility = CASE WHEN old.visibility = 'public' THEN 'public' ELSE s.visibility END
+  MERGE (src)-[r:LINKS_TO]->(s)
+  SET r.team_id = old.team_id, r.visibility = old.visibility
+}
 DETACH DELETE doc
 RETURN count(*) AS deleted
 """
@@ -491,7 +503,8 @@ class Neo4jGraph:
 
     async def delete_documents(self, team_id: str, doc_ids: list[str]) -> int:
         """Remove the team's ``Doc`` nodes of ``doc_ids`` with their relationships; the
-        entities they pointed at (Project, Channel, Topic, User, Agent) stay."""
+        entities they pointed at (Project, Channel, Topic, User, Agent) stay, and wiki-links
+        from other notes move to a placeholder of the deleted note."""
         if not doc_ids:
             return 0
         rows = await self.run(

@@ -535,3 +535,38 @@ async def test_intents_apply_doc_type_project_and_skill_policies(graph: Neo4jGra
     assert set(found["docs"]) == {"search.md"}
     with pytest.raises(NotFound):
         await graph.explain_path({"ref": "Kubectl"}, {"ref": "Milvus"}, scope(), 4, 5)
+
+
+async def test_deleting_a_linked_note_leaves_a_placeholder(graph: Neo4jGraph, team):
+    async def links(doc_id):
+        rows = await graph.run(
+            "MATCH (:Doc {team_id: $t, id: $d})-[:LINKS_TO]->(x) "
+            "RETURN x.id AS id, coalesce(x.stub, false) AS stub",
+            {"t": team, "d": doc_id},
+        )
+        return {(r["id"], r["stub"]) for r in rows}
+
+    await graph.merge_documents(
+        [
+            gdoc(team, "notes/source.md", "Source", text="see [[Target Note]]"),
+            gdoc(team, "notes/target-note.md", "Target Note", text="see [[Source]]"),
+        ]
+    )
+    assert await links("notes/source.md") == {("notes/target-note.md", False)}
+    assert await graph.delete_documents(team, ["notes/target-note.md"]) == 1
+    # The incoming link now waits at a placeholder; the deleted note's own links are gone.
+    assert await links("notes/source.md") == {("wiki:target-note", True)}
+    # The note comes back: the placeholder hands the link over and disappears.
+    await graph.merge_documents([gdoc(team, "notes/target-note.md", "Target Note")])
+    assert await links("notes/source.md") == {("notes/target-note.md", False)}
+    stubs = await graph.run(
+        "MATCH (d:Doc {team_id: $t, id: 'wiki:target-note'}) RETURN count(d) AS c", {"t": team}
+    )
+    assert stubs[0]["c"] == 0
+    # Deleting both ends at once leaves no placeholder behind.
+    assert await graph.delete_documents(team, ["notes/source.md", "notes/target-note.md"]) == 2
+    rows = await graph.run(
+        "MATCH (d:Doc {team_id: $t}) WHERE d.id STARTS WITH 'wiki:target' RETURN count(d) AS c",
+        {"t": team},
+    )
+    assert rows[0]["c"] == 0
