@@ -20,6 +20,11 @@ What it does:
   applied / unchanged / stale → ack; invalid envelope → published to ``rag.dlq.<type>`` and
   ``term`` (never redelivered); failed → ``nak`` with the backoff delay of its delivery count,
   and at the N-th delivery published to the dead-letter subject with its error and acked.
+  An upsert whose chunks were written but whose graph write failed counts as failed (the
+  registry keeps its old revision, so the redelivery retries the graph).
+- Several consumers (and gateway replicas) may run at once: each document is leased in the
+  source registry while its events are applied (``SourceStore.claim``), so two writers never
+  interleave one document's revisions.
 - After a document is searchable: ``rag.document.indexed`` (``{team_id, doc_id, doc_type,
   chunks, revision, event_id, event_ts}``), after a delete ``rag.document.deleted``.
 - SIGTERM/SIGINT: stops fetching, finishes and acks the batch in flight, drains, closes.
@@ -257,13 +262,12 @@ class EventConsumer:
         for msg, ev, result in zip(msgs, parsed, results, strict=True):
             self.stats.count(result.status)
             await self._settle(msg, ev, result)
-            if result.status in ("indexed", "deleted"):
-                subject = (
-                    self.cfg.indexed_subject
-                    if result.status == "indexed"
-                    else self.cfg.deleted_subject
-                )
-                notes.append((subject, _note(result, ev)))
+            # Searchable: indexed, or indexed with the graph write still to retry (that
+            # redelivery is then "unchanged" and announces nothing again).
+            if result.searchable:
+                notes.append((self.cfg.indexed_subject, _note(result, ev)))
+            elif result.status == "deleted":
+                notes.append((self.cfg.deleted_subject, _note(result, ev)))
         await self.nc.flush()
         for subject, note in notes:
             await self.nc.publish(subject, json.dumps(note).encode())

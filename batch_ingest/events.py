@@ -47,7 +47,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
+import socket
+import time
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -64,12 +68,16 @@ from pydantic import (
 
 from batch_ingest.documents import Identifier, OptionalId, SourceDocument, Tag
 from batch_ingest.pipeline import IngestPipeline
-from batch_ingest.source_store import Key
+from batch_ingest.source_store import Key, SourceStore
 from deployments.errors import BackendUnavailable
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_MAJOR = 1
+# A writer's lease on a document (seconds): longer than applying one batch can take.
+LEASE_TTL_S = 300.0
+# How long a batch waits for a document another writer is applying before reporting it busy.
+LEASE_WAIT_S = 10.0
 CHAT_MESSAGE_CREATED = "chat.message.created"
 DOC_UPSERTED = "doc.upserted"
 FILE_UPLOADED = "file.uploaded"
@@ -270,6 +278,8 @@ class EventResult(BaseModel):
     chunks: int = 0
     removed_chunks: int = 0
     graph: bool = False
+    # The document's new chunks were written (also on a ``failed`` whose graph write failed).
+    searchable: bool = False
     error: str | None = None
     fields: list[dict[str, Any]] | None = None
 
@@ -397,7 +407,11 @@ def invalid_result(ev: InvalidEvent) -> EventResult:
 
 
 async def apply_events(
-    pipeline: IngestPipeline, events: list[MappedEvent | InvalidEvent]
+    pipeline: IngestPipeline,
+    events: list[MappedEvent | InvalidEvent],
+    *,
+    lease_ttl_s: float = LEASE_TTL_S,
+    lease_wait_s: float = LEASE_WAIT_S,
 ) -> tuple[list[EventResult], list[str]]:
     """Apply a batch in revision order per document; one result per event, in input order,
     and the pipeline's degraded reasons.
@@ -405,6 +419,13 @@ async def apply_events(
     Per document only the newest event of the batch is applied, and only when it is newer
     than the registry's revision (``pipeline.sources``; without a registry every event
     applies). All upserts go through one ``pipeline.ingest`` call (one embedding call).
+
+    With a registry, each document's lease (``SourceStore.claim``) is held from the revision
+    check to the registry write, so two writers of one document apply its events one after
+    the other; a document still leased by another writer after ``lease_wait_s`` is
+    ``failed`` ("busy", retried on redelivery). An upsert whose graph write failed is
+    ``failed`` as well (its chunks are searchable, ``searchable`` says so): the registry keeps
+    the old revision, so the redelivery is applied again and retries the graph.
 
     Raises:
         BackendUnavailable: Milvus or the embedder failed before anything was written.
@@ -426,6 +447,47 @@ async def apply_events(
                 ev, "unchanged" if ev.revision == newest.revision else "skipped_stale"
             )
 
+    sources = pipeline.sources
+    if sources is None or not winners:
+        return await _apply_winners(pipeline, events, winners, results)
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    held = await _claim(sources, list(winners), owner, lease_ttl_s, lease_wait_s)
+    try:
+        for key in [k for k in winners if k not in held]:
+            i = winners.pop(key)
+            ev = events[i]
+            assert isinstance(ev, MappedEvent)
+            results[i] = _result(
+                ev,
+                "failed",
+                error=f"busy: another writer is applying {'/'.join(key)}; retry later",
+            )
+        return await _apply_winners(pipeline, events, winners, results)
+    finally:
+        await asyncio.to_thread(sources.release, list(held), owner)
+
+
+async def _claim(
+    sources: SourceStore, keys: list[Key], owner: str, ttl_s: float, wait_s: float
+) -> set[Key]:
+    """The leases of ``keys`` that could be taken within ``wait_s`` (polling with backoff)."""
+    held = await asyncio.to_thread(sources.claim, keys, owner, ttl_s)
+    deadline = time.monotonic() + wait_s
+    delay = 0.05
+    while len(held) < len(keys) and time.monotonic() < deadline:
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)
+        missing = [k for k in keys if k not in held]
+        held |= await asyncio.to_thread(sources.claim, missing, owner, ttl_s)
+    return held
+
+
+async def _apply_winners(
+    pipeline: IngestPipeline,
+    events: list[MappedEvent | InvalidEvent],
+    winners: dict[Key, int],
+    results: list[EventResult | None],
+) -> tuple[list[EventResult], list[str]]:
     sources = pipeline.sources
     upserts: list[int] = []
     deletes: list[int] = []
@@ -454,6 +516,16 @@ async def apply_events(
             r = by_key.get(ev.key)
             if r is None:
                 results[i] = _result(ev, "failed", error="no result from the pipeline")
+            elif r.status != "failed" and pipeline.graph is not None and not r.graph:
+                results[i] = _result(
+                    ev,
+                    "failed",
+                    chunks=r.chunks,
+                    removed_chunks=r.removed_chunks,
+                    searchable=True,
+                    error="chunks indexed but the graph was not updated; "
+                    "a redelivery retries the graph",
+                )
             else:
                 results[i] = _result(
                     ev,
@@ -461,6 +533,7 @@ async def apply_events(
                     chunks=r.chunks,
                     removed_chunks=r.removed_chunks,
                     graph=r.graph,
+                    searchable=r.status == "indexed",
                     error=r.error,
                 )
     if deletes:

@@ -207,12 +207,7 @@ class IngestPipeline:
         # Unchanged documents are merged too (MERGE is idempotent): a re-send repairs a graph
         # that missed them during an outage.
         to_graph = written + unchanged
-        if to_graph and self.sources is not None:
-            try:
-                await asyncio.to_thread(self.sources.put, to_graph, versions)
-            except Exception as exc:  # searchable already; reindex would miss them
-                logger.warning("source registry not updated: %s", exc)
-                report.degraded.append(f"source registry not updated: {exc}")
+        graph_failed: set[Key] = set()
         if to_graph and self.graph is not None:
             try:
                 await self.graph.merge_documents([_graph_doc(d) for d in to_graph])
@@ -222,6 +217,15 @@ class IngestPipeline:
             except Exception as exc:  # documents are searchable; say the graph lags
                 logger.warning("graph merge failed: %s", exc)
                 report.degraded.append(f"graph not updated: {exc}")
+                graph_failed = {(d.team_id, d.doc_type, d.doc_id) for d in to_graph}
+        # The registry is written last: an event whose graph write failed keeps the version
+        # recorded before it, so its redelivery is applied again (and retries the graph).
+        if to_graph and self.sources is not None:
+            try:
+                await asyncio.to_thread(self.sources.put, to_graph, versions, graph_failed)
+            except Exception as exc:  # searchable already; reindex would miss them
+                logger.warning("source registry not updated: %s", exc)
+                report.degraded.append(f"source registry not updated: {exc}")
         report.took_ms = round((time.perf_counter() - started) * 1000, 1)
         return report
 

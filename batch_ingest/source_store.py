@@ -13,6 +13,14 @@ with SQLAlchemy Core; synchronous (callers run it in a thread).
 Readers: ``batch_ingest.reindex`` (``iter_team``); writers: the ingestion pipeline after a
 document is indexed (``put``) or deleted (``tombstone``). ``should_apply`` is the version check
 of the event consumer.
+
+Several writers (consumer replicas, gateway replicas taking ``POST /ingest/events``) may hold
+events of one document at once. Checking the stored version and writing the new one are two
+steps with the Milvus and graph writes between them, so the event path first takes a *lease*
+on each document (``claim``: a row in ``source_documents_leases``, taken by an INSERT or by a
+conditional UPDATE of an expired one; atomic in SQLite and PostgreSQL alike), checks and
+writes under it, and gives it back (``release``). A crashed writer's lease expires after its
+time to live.
 """
 
 from __future__ import annotations
@@ -20,11 +28,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import IntegrityError
 
 from batch_ingest.documents import SourceDocument
 
@@ -40,6 +49,18 @@ class SourceRow:
     deleted: bool
     document: SourceDocument | None
     updated_at: datetime
+
+
+def build_leases(metadata: sa.MetaData, name: str) -> sa.Table:
+    return sa.Table(
+        name,
+        metadata,
+        sa.Column("team_id", sa.String(128), primary_key=True),
+        sa.Column("doc_type", sa.String(32), primary_key=True),
+        sa.Column("doc_id", sa.String(256), primary_key=True),
+        sa.Column("owner", sa.String(128), nullable=False),
+        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    )
 
 
 def build_table(metadata: sa.MetaData, name: str = "source_documents") -> sa.Table:
@@ -78,6 +99,7 @@ class SourceStore:
         )
         self.metadata = sa.MetaData()
         self.table = build_table(self.metadata, table)
+        self.leases = build_leases(self.metadata, f"{table}_leases")
         self.metadata.create_all(self.engine, checkfirst=True)
 
     # --- reads -------------------------------------------------------------------------------
@@ -143,24 +165,79 @@ class SourceStore:
                 ).scalar_one()
             )
 
+    # --- leases ------------------------------------------------------------------------------
+    def claim(self, keys: list[Key], owner: str, ttl_s: float = 300.0) -> set[Key]:
+        """Take the lease of each key that is free, expired or already ``owner``'s; returns
+        the keys now held. Each key is one atomic statement: an INSERT (the primary key
+        refuses a second holder) or an UPDATE conditional on expiry or ownership."""
+        now = datetime.now(UTC)
+        until = now + timedelta(seconds=ttl_s)
+        t = self.leases
+        held: set[Key] = set()
+        for key in dict.fromkeys(keys):
+            row = {"team_id": key[0], "doc_type": key[1], "doc_id": key[2]}
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(sa.insert(t).values(**row, owner=owner, expires_at=until))
+                held.add(key)
+                continue
+            except IntegrityError:
+                pass
+            with self.engine.begin() as conn:
+                taken = conn.execute(
+                    sa.update(t)
+                    .where(
+                        t.c.team_id == key[0],
+                        t.c.doc_type == key[1],
+                        t.c.doc_id == key[2],
+                        (t.c.expires_at < now) | (t.c.owner == owner),
+                    )
+                    .values(owner=owner, expires_at=until)
+                ).rowcount
+            if taken:
+                held.add(key)
+        return held
+
+    def release(self, keys: list[Key], owner: str) -> None:
+        """Give back the leases ``owner`` holds on ``keys`` (others' are left alone)."""
+        t = self.leases
+        with self.engine.begin() as conn:
+            for key in dict.fromkeys(keys):
+                conn.execute(
+                    sa.delete(t).where(
+                        t.c.team_id == key[0],
+                        t.c.doc_type == key[1],
+                        t.c.doc_id == key[2],
+                        t.c.owner == owner,
+                    )
+                )
+
     # --- writes ------------------------------------------------------------------------------
-    def put(self, docs: list[SourceDocument], versions: dict[Key, int] | None = None) -> None:
+    def put(
+        self,
+        docs: list[SourceDocument],
+        versions: dict[Key, int] | None = None,
+        keep_version: frozenset[Key] | set[Key] = frozenset(),
+    ) -> None:
         """Record indexed documents (upsert; clears a tombstone), with the event version of
-        each where one came (``versions`` by key)."""
+        each where one came (``versions`` by key). A key in ``keep_version`` stores its text
+        but keeps the version already recorded: the event was not fully applied (its graph
+        write failed) and its redelivery must not look like a duplicate."""
         versions = versions or {}
-        self._write(
-            [
-                {
-                    "team_id": d.team_id,
-                    "doc_type": d.doc_type,
-                    "doc_id": d.doc_id,
-                    "version": versions.get((d.team_id, d.doc_type, d.doc_id)),
-                    "deleted": False,
-                    "document": d.model_dump_json(),
-                }
-                for d in docs
-            ]
-        )
+        rows = []
+        for d in docs:
+            key = (d.team_id, d.doc_type, d.doc_id)
+            row: dict[str, Any] = {
+                "team_id": d.team_id,
+                "doc_type": d.doc_type,
+                "doc_id": d.doc_id,
+                "deleted": False,
+                "document": d.model_dump_json(),
+            }
+            if key not in keep_version:
+                row["version"] = versions.get(key)
+            rows.append(row)
+        self._write(rows)
 
     def tombstone(self, key: Key, version: int | None = None) -> None:
         """Record that ``key`` was deleted (its text is dropped, its version kept)."""
@@ -192,11 +269,12 @@ class SourceStore:
                 )
                 updated = conn.execute(sa.update(t).where(key).values(**values)).rowcount
                 if not updated:
-                    conn.execute(sa.insert(t).values(**values))
+                    conn.execute(sa.insert(t).values(**{"version": None, **values}))
 
     def drop_team(self, team_id: str) -> int:
         t = self.table
         with self.engine.begin() as conn:
+            conn.execute(sa.delete(self.leases).where(self.leases.c.team_id == team_id))
             return conn.execute(sa.delete(t).where(t.c.team_id == team_id)).rowcount
 
     def close(self) -> None:

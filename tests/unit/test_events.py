@@ -252,3 +252,81 @@ async def test_invalid_events_are_reported_in_place(pipeline):
 async def test_one_embedding_call_for_a_batch(pipeline):
     await run(pipeline, *[upsert(f"d{i}", f"text {i}", revision=1) for i in range(5)])
     assert len(pipeline.embedder.calls) == 1
+
+
+async def test_graph_down_fails_the_upsert_and_the_redelivery_retries_the_graph(pipeline):
+    key = (TEAM, "doc", "d1")
+    await run(pipeline, upsert("d1", "first", revision=1))
+    pipeline.graph.down = True
+    results, _ = await apply_events(pipeline, [parse_event(upsert("d1", "second", revision=2))])
+    r = results[0]
+    assert r.status == "failed" and r.searchable and not r.graph and "graph" in r.error
+    assert texts(pipeline) == ["second"]  # searchable already
+    row = pipeline.sources.get(key)
+    assert row.version == 1 and row.document.text == "second"  # old revision kept
+    pipeline.graph.down = False
+    calls = len(pipeline.embedder.calls)
+    results, _ = await apply_events(pipeline, [parse_event(upsert("d1", "second", revision=2))])
+    assert results[0].status == "unchanged" and results[0].graph and not results[0].searchable
+    assert len(pipeline.embedder.calls) == calls  # not embedded again
+    assert pipeline.sources.get(key).version == 2
+    assert await run(pipeline, upsert("d1", "second", revision=2)) == ["unchanged"]
+
+
+async def test_a_document_leased_by_another_writer_is_reported_busy(pipeline):
+    key = (TEAM, "doc", "d1")
+    assert pipeline.sources.claim([key], "someone-else", ttl_s=60) == {key}
+    results, _ = await apply_events(
+        pipeline,
+        [parse_event(upsert("d1", "blocked", revision=1)), parse_event(upsert("d2", "free", 1))],
+        lease_wait_s=0.2,
+    )
+    assert [r.status for r in results] == ["failed", "indexed"]
+    assert results[0].error.startswith("busy") and texts(pipeline) == []
+    pipeline.sources.release([key], "someone-else")
+    assert await run(pipeline, upsert("d1", "blocked", revision=1)) == ["indexed"]
+    # Leases are given back after each batch.
+    assert pipeline.sources.claim([key, (TEAM, "doc", "d2")], "next", ttl_s=60) == {
+        key,
+        (TEAM, "doc", "d2"),
+    }
+
+
+async def test_two_writers_of_one_document_apply_its_revisions_in_turn(tmp_path):
+    """Two pipelines (as two consumer replicas) share a registry; the older revision's writer
+    is slow to embed. Without the lease both pass the revision check and the older one's
+    chunks land last; with it the newest revision wins whatever the timing."""
+    import asyncio
+
+    sources = SourceStore(f"sqlite:///{tmp_path}/state.db")
+    store, graph = FakeVectorStore(), FakeGraphStore()
+
+    class SlowEmbedder(FakeEmbedder):
+        async def embed(self, texts, kind):
+            await asyncio.sleep(0.3)
+            return await super().embed(texts, kind)
+
+    def writer(embedder):
+        return IngestPipeline(
+            embedder=embedder,
+            store=store,
+            graph=graph,
+            chunker=Chunker(whitespace_tokens, 20, 4),
+            embed_model="fake@v1",
+            sources=sources,
+        )
+
+    slow, fast = writer(SlowEmbedder(dim=16)), writer(FakeEmbedder(dim=16))
+
+    async def late_newer():
+        await asyncio.sleep(0.05)  # the slow writer holds the lease by now
+        return await apply_events(fast, [parse_event(upsert("d1", "revision two", revision=2))])
+
+    (old, _), (new, _) = await asyncio.gather(
+        apply_events(slow, [parse_event(upsert("d1", "revision one", revision=1))]),
+        late_newer(),
+    )
+    assert old[0].status == "indexed" and new[0].status == "indexed"
+    assert sorted(c.text for c in store.rows.values()) == ["revision two"]
+    assert sources.get((TEAM, "doc", "d1")).version == 2
+    sources.close()

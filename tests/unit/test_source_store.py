@@ -73,3 +73,26 @@ async def test_the_pipeline_records_indexed_documents_with_their_versions(store)
     with pytest.raises(BackendUnavailable):
         await pipeline.ingest([doc("c")])
     assert store.get(("t1", "doc", "c")) is None
+
+
+def test_a_lease_has_one_holder_until_released_or_expired(store):
+    a, b = ("t1", "doc", "a"), ("t1", "doc", "b")
+    assert store.claim([a, b], "w1", ttl_s=60) == {a, b}
+    assert store.claim([a, b], "w2", ttl_s=60) == set()
+    assert store.claim([a], "w1", ttl_s=60) == {a}  # the holder may extend it
+    store.release([a], "w2")  # not w2's: nothing happens
+    assert store.claim([a], "w2", ttl_s=60) == set()
+    store.release([a], "w1")
+    assert store.claim([a], "w2", ttl_s=60) == {a}
+    # An expired lease (a crashed writer) is taken over.
+    assert store.claim([("t1", "doc", "c")], "crashed", ttl_s=-1) == {("t1", "doc", "c")}
+    assert store.claim([("t1", "doc", "c")], "w2", ttl_s=60) == {("t1", "doc", "c")}
+
+
+def test_racing_writers_get_a_lease_exactly_once(store):
+    from concurrent.futures import ThreadPoolExecutor
+
+    key = ("t1", "doc", "hot")
+    with ThreadPoolExecutor(8) as pool:
+        won = list(pool.map(lambda i: bool(store.claim([key], f"w{i}", 60)), range(16)))
+    assert sum(won) == 1
