@@ -330,3 +330,86 @@ def test_graph_tools_end_to_end(client: httpx.Client, teams):
     assert body["graph"]["applied"] is True
     assert {e["id"] for e in body["graph"]["entities"]} & {"milvus", "wiki/hybrid-retrieval.md"}
     assert all(m["source_ref"]["team_id"] == a for m in body["matches"])
+
+
+def test_admin_reindex_swaps_the_team_while_it_is_searched(client: httpx.Client):
+    """POST /admin/reindex runs the Ray Data job on the Serve cluster (a Ray task); searches
+    of the team keep answering during the job and the alias swap, and find the same
+    documents afterwards."""
+    import time
+
+    team = f"dao_reidx_{uuid.uuid4().hex[:6]}"
+    docs = [
+        {
+            "team_id": team,
+            "doc_id": f"note{i}",
+            "title": f"Greenhouse note {i}",
+            "text": f"Greenhouse {i} grows tomatoes with drip irrigation and solar pumps. "
+            + " ".join(f"detail{i}_{j}" for j in range(40)),
+        }
+        for i in range(6)
+    ]
+    r = client.post("/ingest/documents", json={"documents": docs})
+    assert r.status_code == 200 and r.json()["indexed"] == 6, r.text
+    query = {"team_id": team, "query": "drip irrigation tomatoes", "top_k": 6}
+    before = {m["source_ref"]["id"] for m in search(client, **query).json()["matches"]}
+    assert len(before) == 6
+
+    r = client.post("/admin/reindex", json={})
+    assert r.status_code == 422 and "team_id" in r.text
+    assert client.get("/admin/reindex/no-such-job").status_code == 404
+    r = client.post("/admin/reindex", json={"team_id": team})
+    assert r.status_code == 202, r.text
+    job_id = r.json()["job_id"]
+    searches, deadline = 0, time.monotonic() + 420
+    while True:
+        r = search(client, **query)
+        assert r.status_code == 200, r.text
+        assert {m["source_ref"]["id"] for m in r.json()["matches"]} == before
+        searches += 1
+        job = client.get(f"/admin/reindex/{job_id}").json()
+        if job["status"] not in ("queued", "running", "switching"):
+            break
+        assert time.monotonic() < deadline, f"reindex still {job['status']}: {job}"
+        time.sleep(1)
+    assert job["status"] == "succeeded", job
+    assert job["target_version"] == (job["source_version"] or 0) + 1
+    assert job["rows_in_target"] == job["expected_chunks"] > 0
+    assert searches > 1
+    after = search(client, **query, explain=True).json()["matches"]
+    assert {m["source_ref"]["id"] for m in after} == before
+
+
+def test_vault_cli_imports_over_http(gateway: str, client: httpx.Client, tmp_path, capsys):
+    """python -m batch_ingest.vault with its own HTTP client against the running gateway:
+    notes become searchable wiki documents and their [[links]] graph edges."""
+    from batch_ingest.vault import main
+
+    team = f"dao_vault_{uuid.uuid4().hex[:6]}"
+    root = tmp_path / "vault"
+    (root / "ops").mkdir(parents=True)
+    (root / "ops" / "runbook.md").write_text(
+        "---\ntitle: Night runbook\ntags: [oncall]\n---\n# Night runbook\n\n"
+        "When the greenhouse pump alarm fires, follow [[Pump reset]].\n",
+        encoding="utf-8",
+    )
+    (root / "ops" / "pump-reset.md").write_text(
+        "# Pump reset\n\nCut power for ten seconds, then restart the pump controller.\n",
+        encoding="utf-8",
+    )
+    assert main([str(root), "--team", team, "--url", gateway]) == 0
+    assert "done: indexed 2, unchanged 0, failed 0" in capsys.readouterr().out
+    r = search(client, team_id=team, query="restart the pump controller", top_k=2)
+    assert r.status_code == 200, r.text
+    assert r.json()["matches"][0]["source_ref"]["id"] == "ops/pump-reset.md"
+    r = client.post(
+        "/graph/query",
+        json={"team_id": team, "intent": "LINKED_DOCS", "args": {"doc": "Night runbook"}},
+    )
+    assert r.status_code == 200, r.text
+    assert [(x["direction"], x["doc"]["id"]) for x in r.json()["rows"]] == [
+        ("links_to", "ops/pump-reset.md")
+    ]
+    # A second run changes nothing.
+    assert main([str(root), "--team", team, "--url", gateway]) == 0
+    assert "indexed 0, unchanged 2, failed 0" in capsys.readouterr().out
