@@ -51,13 +51,20 @@ class SourceRow:
     updated_at: datetime
 
 
+def key_columns() -> list[sa.Column]:
+    """The document key, the primary key of both tables."""
+    return [
+        sa.Column("team_id", sa.String(128), primary_key=True),
+        sa.Column("doc_type", sa.String(32), primary_key=True),
+        sa.Column("doc_id", sa.String(256), primary_key=True),
+    ]
+
+
 def build_leases(metadata: sa.MetaData, name: str) -> sa.Table:
     return sa.Table(
         name,
         metadata,
-        sa.Column("team_id", sa.String(128), primary_key=True),
-        sa.Column("doc_type", sa.String(32), primary_key=True),
-        sa.Column("doc_id", sa.String(256), primary_key=True),
+        *key_columns(),
         sa.Column("owner", sa.String(128), nullable=False),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
     )
@@ -67,9 +74,7 @@ def build_table(metadata: sa.MetaData, name: str = "source_documents") -> sa.Tab
     return sa.Table(
         name,
         metadata,
-        sa.Column("team_id", sa.String(128), primary_key=True),
-        sa.Column("doc_type", sa.String(32), primary_key=True),
-        sa.Column("doc_id", sa.String(256), primary_key=True),
+        *key_columns(),
         sa.Column("version", sa.BigInteger, nullable=True),
         sa.Column("deleted", sa.Boolean, nullable=False, default=False),
         sa.Column("document", sa.Text, nullable=True),

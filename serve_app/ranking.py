@@ -71,6 +71,48 @@ def fuse_weighted(
     return _ranked(first, fused, per_method, "weighted")
 
 
+def list_confidence(hits: list[SearchHit], k: int = 10, measure: str = "peak") -> float:
+    """How clearly a method's best candidate stands out of its own list, in 0..1.
+
+    Scores are min-max normalised over the method's candidates (so cosine and BM25 compare);
+    ``peak`` is 1 − the mean normalised score of ranks 2..k (a flat list, where the method
+    cannot tell its candidates apart, gives ~0; one clear winner ~1); ``margin`` is the
+    normalised gap between ranks 1 and 2. Fewer than two candidates: 1 (nothing to doubt)."""
+    if len(hits) < 2:
+        return 1.0
+    scores = [h.score for h in hits]
+    high, low = max(scores), min(scores)
+    span = high - low
+    if span <= 0:
+        return 0.0
+    ranked = sorted(((x - low) / span for x in scores), reverse=True)
+    if measure == "margin":
+        return ranked[0] - ranked[1]
+    rest = ranked[1:k]
+    return 1.0 - sum(rest) / len(rest)
+
+
+def adaptive_weights(
+    lists: dict[str, list[SearchHit]],
+    weights: dict[str, float],
+    gamma: float = 1.0,
+    k: int = 10,
+    measure: str = "peak",
+) -> dict[str, float]:
+    """Per-query weights: each method's base weight times its list's confidence
+    (``list_confidence``) to the power ``gamma``, rescaled to the base weights' sum. A method
+    whose candidates all look alike for this query (a weak embedder on a foreign script or an
+    archaic text; BM25 when no query term is rare) gives way to the one that is sure.
+    ``gamma`` 0 returns the base weights."""
+    conf = {m: list_confidence(h, k, measure) for m, h in lists.items() if m in weights}
+    raw = {m: weights[m] * (conf.get(m, 1.0) ** gamma) for m in weights}
+    total_raw = sum(raw.values())
+    total = sum(weights.values())
+    if total_raw <= 0:
+        return dict(weights)
+    return {m: w * total / total_raw for m, w in raw.items()}
+
+
 def _ranked(
     first: dict[str, SearchHit],
     fused: dict[str, float],

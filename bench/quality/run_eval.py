@@ -109,6 +109,21 @@ async def evaluate_configs(
     return rows
 
 
+def build_sets(args: argparse.Namespace, team: str) -> list[LabeledSet]:
+    """The labeled sets of ``--dataset``: one per ``--query-words`` window for the Bible
+    (sharing its documents), one for AppStream."""
+    if args.dataset == "appstream":
+        from bench.quality import appstream_set
+
+        lang = "uk" if args.queries == "uk" else "en"
+        return [appstream_set.build(args.n_queries, args.n_dev, team, lang=lang)]
+    books = tuple(BOOKS) if args.books == "all" else tuple(args.books.split(","))
+    windows = [int(w) for w in str(args.query_words).split(",")]
+    return [
+        build(args.queries, books, args.n_queries, args.n_dev, team, query_words=w) for w in windows
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -145,18 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.serve_harness import ServeHarness
 
     team = "bench_quality_t0"
-    books = tuple(BOOKS) if args.books == "all" else tuple(args.books.split(","))
-    windows = [int(w) for w in str(args.query_words).split(",")]
-    if args.dataset == "appstream":
-        from bench.quality import appstream_set
-
-        lang = "uk" if args.queries == "uk" else "en"
-        sets = [appstream_set.build(args.n_queries, args.n_dev, team, lang=lang)]
-    else:
-        sets = [
-            build(args.queries, books, args.n_queries, args.n_dev, team, query_words=w)
-            for w in windows
-        ]
+    sets = build_sets(args, team)
     documents = sets[0].documents
     for data in sets:
         logger.info(

@@ -6,9 +6,11 @@ import pytest
 
 from deployments.protocols import ChunkRecord, SearchHit
 from serve_app.ranking import (
+    adaptive_weights,
     drop_near_duplicates,
     fuse_rrf,
     fuse_weighted,
+    list_confidence,
     shingles,
     within_budget,
 )
@@ -113,3 +115,34 @@ def test_near_duplicate_removal_stops_at_the_limit_and_still_skips_copies():
         "c",
         "d",
     ]
+
+
+def test_list_confidence_tells_a_clear_winner_from_a_flat_list():
+    peaked = [hit("a", 9.0)] + [hit(f"x{i}", 1.0 + i * 0.01) for i in range(20)]
+    # Ten candidates the method cannot tell apart above a tail.
+    flat = [hit(f"y{i}", 0.50 - i * 0.0001) for i in range(10)]
+    flat += [hit(f"z{i}", 0.30 - i * 0.01) for i in range(10)]
+    assert list_confidence(peaked) > 0.9
+    assert list_confidence(flat) < 0.2
+    assert list_confidence(peaked, measure="margin") > 0.9
+    assert list_confidence([hit("a", 1.0)]) == 1.0
+    assert list_confidence([hit("a", 1.0), hit("b", 1.0)]) == 0.0
+    # Negative scores (Milvus Lite's BM25) normalise the same way.
+    assert list_confidence([hit("a", -1.0), hit("b", -9.0), hit("c", -9.5)]) > 0.9
+
+
+def test_adaptive_weights_shift_towards_the_confident_method():
+    peaked = [hit("a", 9.0)] + [hit(f"x{i}", 1.0 + i * 0.01) for i in range(20)]
+    # Ten candidates the method cannot tell apart above a tail.
+    flat = [hit(f"y{i}", 0.50 - i * 0.0001) for i in range(10)]
+    flat += [hit(f"z{i}", 0.30 - i * 0.01) for i in range(10)]
+    base = {"dense": 0.5, "bm25": 0.5}
+    w = adaptive_weights({"dense": flat, "bm25": peaked}, base)
+    assert w["bm25"] > 0.8 and abs(sum(w.values()) - 1.0) < 1e-9
+    w = adaptive_weights({"dense": peaked, "bm25": flat}, base)
+    assert w["dense"] > 0.8
+    assert adaptive_weights({"dense": flat, "bm25": peaked}, base, gamma=0) == base
+    # A method without candidates keeps its base weight; all-flat lists keep the base.
+    assert adaptive_weights({"dense": [], "bm25": peaked}, base)["dense"] > 0
+    same = [hit("z", 1.0), hit("w", 1.0)]
+    assert adaptive_weights({"dense": same, "bm25": same}, base) == base
