@@ -135,7 +135,7 @@ class SearchSettings(BaseModel):
     # Default weighted 0.3 dense / 0.7 BM25, min-max: chosen on the dev queries of the labeled
     # sets in bench/quality (bench/README.md, "Retrieval quality"), where equal-weight RRF fell
     # below BM25 alone whenever the dense model was much weaker than BM25.
-    fusion: Literal["rrf", "weighted"] = "weighted"
+    fusion: Literal["rrf", "weighted", "adaptive"] = "weighted"
     # Graph boost fetches the linked documents' own best chunks too when there are at most
     # this many (a doc_id filter per search); more only reorder the candidates found.
     graph_fetch_max_docs: int = Field(200, ge=0, le=5000)
@@ -143,6 +143,11 @@ class SearchSettings(BaseModel):
     rrf_k: int = Field(60, ge=1)
     dense_weight: float = Field(0.3, ge=0.0)
     bm25_weight: float = Field(0.7, ge=0.0)
+    # fusion "adaptive": per query, each method's weight × (confidence of its candidate list,
+    # serve_app.ranking.list_confidence over the first adaptive_k) ** adaptive_gamma.
+    adaptive_gamma: float = Field(1.0, ge=0.0, le=10.0)
+    adaptive_k: int = Field(10, ge=2, le=100)
+    adaptive_measure: Literal["peak", "margin"] = "peak"
     # Word-4-gram Jaccard at or above which two passages count as near-duplicates.
     near_duplicate_threshold: float = Field(0.8, gt=0.0, le=1.0)
     # Drop matches scoring below this (in the final score's scale); None keeps all.

@@ -120,7 +120,7 @@ class SearchDocsRequest(BaseModel):
         "public", validation_alias=AliasChoices("visibility", "mode")
     )
     search_mode: Literal["hybrid", "dense", "bm25"] | None = None
-    fusion: Literal["rrf", "weighted"] | None = None
+    fusion: Literal["rrf", "weighted", "adaptive"] | None = None
     weights: FusionWeights | None = None
     min_score: float | None = None
     max_context_tokens: int | None = Field(None, ge=1, le=1_000_000)

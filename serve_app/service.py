@@ -50,7 +50,13 @@ from serve_app.contracts import (
 from serve_app.enrich import enrich_answer as run_enrich
 from serve_app.graph_tools import GraphTools
 from serve_app.policy import Policy
-from serve_app.ranking import drop_near_duplicates, fuse_rrf, fuse_weighted, within_budget
+from serve_app.ranking import (
+    adaptive_weights,
+    drop_near_duplicates,
+    fuse_rrf,
+    fuse_weighted,
+    within_budget,
+)
 from serve_app.snippets import best_snippet
 
 logger = logging.getLogger(__name__)
@@ -418,14 +424,22 @@ class GatewayService(GraphTools):
         req: SearchDocsRequest,
         extra: dict[str, float] | None = None,
     ) -> list[SearchHit]:
-        """Hybrid fusion of ``lists`` (dense, BM25 and any ``extra`` weighted list)."""
+        """Hybrid fusion of ``lists`` (dense, BM25 and any ``extra`` weighted list).
+        ``adaptive`` is weighted fusion whose dense/BM25 weights are set per query from the
+        confidence of each method's candidate list (``ranking.adaptive_weights``)."""
         cfg = self.settings.search
         weights = (
             req.weights.model_dump()
             if req.weights is not None
             else {"dense": cfg.dense_weight, "bm25": cfg.bm25_weight}
         )
-        if (req.fusion or cfg.fusion) == "weighted":
+        fusion = req.fusion or cfg.fusion
+        if fusion == "adaptive":
+            methods = {m: lists[m] for m in weights if m in lists}
+            weights = adaptive_weights(
+                methods, weights, cfg.adaptive_gamma, cfg.adaptive_k, cfg.adaptive_measure
+            )
+        if fusion in ("weighted", "adaptive"):
             return fuse_weighted(lists, {**weights, **(extra or {})}, cfg.fusion_normalisation)
         # RRF is unweighted unless the caller sends weights (or an extra list comes in).
         if req.weights is None and not extra:

@@ -269,6 +269,13 @@ def test_weighted_fusion_selectable_per_request(gateway):
     assert [m["score"] for m in matches] == sorted((m["score"] for m in matches), reverse=True)
 
 
+def test_adaptive_fusion_selectable_per_request(gateway):
+    body = SPEC_EXAMPLE | {"explain": True, "fusion": "adaptive"}
+    matches = gateway.search(body).json()["matches"]
+    assert matches and all("weighted" in m["scores"] for m in matches)
+    assert [m["score"] for m in matches] == sorted((m["score"] for m in matches), reverse=True)
+
+
 def test_unknown_weight_key_is_422(gateway):
     response = gateway.search(SPEC_EXAMPLE | {"weights": {"dense": 1, "colbert": 1}})
     assert response.status_code == 422
@@ -732,7 +739,7 @@ def test_wrong_enum_value_lists_the_allowed_values(gateway):
     assert "public" in item["allowed"] and "confidential" in item["allowed"]
     response = gateway.search(SPEC_EXAMPLE | {"fusion": "borda"})
     item = item_for(response, "fusion")
-    assert "rrf" in item["allowed"] and "weighted" in item["allowed"]
+    assert all(f"'{v}'" in item["allowed"] for v in ("rrf", "weighted", "adaptive"))
 
 
 def test_unknown_key_inside_an_ingested_document_lists_document_keys(gateway):
