@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deployments.errors import BackendUnavailable, GatewayError, InvalidInput, NotFound
+from deployments.errors import BackendUnavailable, InvalidInput, NotFound
 from deployments.graph import path_sentence
 from deployments.graph_intents import INTENTS, catalogue
 from serve_app.access import AccessContext
@@ -49,21 +49,8 @@ class GraphTools:
 
     async def _audited(self, audit: dict, trace_id: str, principal: Principal, run) -> Any:
         started = time.perf_counter()
-        try:
-            response, extra = await run(started)
-        except GatewayError as exc:
-            self.audit_error(exc, trace_id, principal, started, **audit)  # type: ignore[attr-defined]
-            raise
-        self.audit_decision(  # type: ignore[attr-defined]
-            trace_id,
-            principal,
-            started,
-            decision="allow",
-            reason="granted",
-            http_status=200,
-            **audit,
-            **extra,
-        )
+        with self.audited(trace_id, principal, audit, started) as allowed:  # type: ignore[attr-defined]
+            response, allowed.fields = await run(started)
         return response
 
     def _context(self, principal: Principal, req: Any) -> AccessContext:

@@ -7,10 +7,11 @@ thin and call one method each.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from batch_ingest.chunking import whitespace_tokens
@@ -62,6 +63,15 @@ from serve_app.snippets import best_snippet
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class Allowed:
+    """What an allowed request's audit record says (``GatewayService.audited``)."""
+
+    reason: str = "granted"
+    http_status: int = 200
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
 class GatewayService(GraphTools):
     def __init__(
         self,
@@ -102,22 +112,12 @@ class GatewayService(GraphTools):
         """
         started = time.perf_counter()
         audit = request_audit(req, principal, "search", _resource(req), req.query)
-        try:
+        with self.audited(trace_id, principal, audit, started) as allowed:
             response = await self._search_docs(req, trace_id, principal, started)
-        except GatewayError as exc:
-            self.audit_error(exc, trace_id, principal, started, **audit)
-            raise
-        self.audit_decision(
-            trace_id,
-            principal,
-            started,
-            decision="allow",
-            reason="granted",
-            http_status=200,
-            chunk_ids=[m.chunk_id for m in response.matches],
-            doc_ids=list(dict.fromkeys(m.source_ref.id for m in response.matches)),
-            **audit,
-        )
+            allowed.fields = {
+                "chunk_ids": [m.chunk_id for m in response.matches],
+                "doc_ids": list(dict.fromkeys(m.source_ref.id for m in response.matches)),
+            }
         return response
 
     async def _search_docs(
@@ -352,25 +352,45 @@ class GatewayService(GraphTools):
         """
         started = time.perf_counter()
         audit = request_audit(req, principal, "enrich", _resource(req), req.draft_answer)
-        try:
+        with self.audited(trace_id, principal, audit, started) as allowed:
             response = await run_enrich(self, req, trace_id, principal, started)
+            allowed.fields = {
+                "chunk_ids": [s.chunk_id for s in response.sources],
+                "doc_ids": [s.id for s in response.sources],
+            }
+        return response
+
+    # --- audit --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def audited(
+        self,
+        trace_id: str,
+        principal: Principal | None,
+        fields: dict[str, Any],
+        started: float | None = None,
+    ) -> Iterator[Allowed]:
+        """Audit the request run inside the block: a ``GatewayError`` raised there is
+        audited (``audit_error``) and re-raised; otherwise one allow record is written with
+        ``fields`` (read at the end, so the block may add to it) and what the block set on
+        the yielded ``Allowed`` (reason, status, extra fields such as the returned ids)."""
+        started = time.perf_counter() if started is None else started
+        allowed = Allowed()
+        try:
+            yield allowed
         except GatewayError as exc:
-            self.audit_error(exc, trace_id, principal, started, **audit)
+            self.audit_error(exc, trace_id, principal, started, **fields)
             raise
         self.audit_decision(
             trace_id,
             principal,
             started,
             decision="allow",
-            reason="granted",
-            http_status=200,
-            chunk_ids=[s.chunk_id for s in response.sources],
-            doc_ids=[s.id for s in response.sources],
-            **audit,
+            reason=allowed.reason,
+            http_status=allowed.http_status,
+            **fields,
+            **allowed.fields,
         )
-        return response
 
-    # --- audit --------------------------------------------------------------------------
     def audit_decision(
         self,
         trace_id: str,

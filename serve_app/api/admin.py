@@ -200,24 +200,12 @@ async def start_reindex(
     """Start re-embedding ``team_id`` into a new collection version (swapped in when done)."""
     started = time.perf_counter()
     fields = {"action": "admin.reindex", "team_id": body.team_id, "path": request.url.path}
-    try:
-        reason = reindex_scope(service, principal, body.team_id)
+    with service.audited(trace_id, principal, fields, started) as allowed:
+        allowed.reason = reindex_scope(service, principal, body.team_id)
         job = await asyncio.to_thread(
             _jobs(request, service).submit, body.team_id, principal.sub or "dev"
         )
-    except GatewayError as exc:
-        service.audit_error(exc, trace_id, principal, started, **fields)
-        raise
-    service.audit_decision(
-        trace_id,
-        principal,
-        started,
-        decision="allow",
-        reason=reason,
-        http_status=202,
-        resource=f"reindex:{job.job_id}",
-        **fields,
-    )
+        allowed.http_status, allowed.fields = 202, {"resource": f"reindex:{job.job_id}"}
     return {**job.public(), "trace_id": trace_id}
 
 
@@ -232,7 +220,7 @@ async def reindex_status(
     """A reindex job: status, progress (done/total documents, rate, ETA), counts, error."""
     started = time.perf_counter()
     fields = {"action": "admin.reindex.status", "path": request.url.path[:256]}
-    try:
+    with service.audited(trace_id, principal, fields, started) as allowed:
         job = await asyncio.to_thread(_jobs(request, service).get, job_id[:64])
         if job is None:
             # Same answer whoever asks: a missing job says nothing about other teams.
@@ -242,18 +230,6 @@ async def reindex_status(
                 raise Forbidden("this reindex job is not visible", reason="reindex_not_granted")
             raise NotFound(f"no reindex job {job_id!r}")
         fields["team_id"] = job.team_id
-        reason = reindex_scope(service, principal, job.team_id)
-    except GatewayError as exc:
-        service.audit_error(exc, trace_id, principal, started, **fields)
-        raise
-    service.audit_decision(
-        trace_id,
-        principal,
-        started,
-        decision="allow",
-        reason=reason,
-        http_status=200,
-        resource=f"reindex:{job.job_id}",
-        **fields,
-    )
+        allowed.reason = reindex_scope(service, principal, job.team_id)
+        allowed.fields = {"resource": f"reindex:{job.job_id}"}
     return {**job.public(), "trace_id": trace_id}

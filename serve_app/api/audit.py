@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 
 from serve_app.api.deps import CurrentPrincipal, Service, TraceId
 from serve_app.auth import Principal
-from serve_app.errors import BackendUnavailable, Forbidden, GatewayError, InvalidInput
+from serve_app.errors import BackendUnavailable, Forbidden, InvalidInput
 from serve_app.service import GatewayService
 
 router = APIRouter(tags=["ops"])
@@ -63,8 +63,9 @@ async def audit_decisions(
     a reader role (``audit.reader_roles``) in the ``team_id`` asked for."""
     started = time.perf_counter()
     fields = {"action": "audit.read", "team_id": team_id or "", "path": request.url.path}
-    try:
-        reason = audit_scope(service, principal, team_id)
+    with service.audited(trace_id, principal, fields, started) as allowed:
+        allowed.reason = audit_scope(service, principal, team_id)
+        allowed.fields = {"resource": f"audit:{team_id or '*'}"}
         cfg = service.settings.audit
         if limit > cfg.max_query_limit:
             raise InvalidInput(
@@ -83,19 +84,6 @@ async def audit_decisions(
                 f"audit database unavailable: {type(exc).__name__}",
                 hint="see /readyz (component audit)",
             ) from exc
-    except GatewayError as exc:
-        service.audit_error(exc, trace_id, principal, started, **fields)
-        raise
-    service.audit_decision(
-        trace_id,
-        principal,
-        started,
-        decision="allow",
-        reason=reason,
-        http_status=200,
-        resource=f"audit:{team_id or '*'}",
-        **fields,
-    )
     return {
         "decisions": [
             {k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()}
