@@ -344,3 +344,41 @@ def test_source_document_of_a_file_event_is_a_file(team):
         event(team, "file.uploaded", {"file_id": "f", "text": "t", "filename": "a.pdf"})
     )
     assert isinstance(ev.document, SourceDocument) and ev.document.doc_type == "file"
+
+
+async def test_graph_outage_during_an_upsert_is_retried_on_redelivery(
+    cfg, nc, pipeline, graph, store, settings, team
+):
+    """Neo4j unreachable at the first delivery (a real refused connection): the chunks are
+    written and announced, the event is nak'ed with the registry's revision unchanged, and
+    the redelivery after Neo4j is back writes the graph without embedding again."""
+    from deployments.graph import Neo4jGraph
+
+    pipeline.graph = Neo4jGraph(
+        settings.neo4j.model_copy(update={"uri": "bolt://127.0.0.1:1", "timeout_s": 2.0})
+    )
+    indexed: list[dict] = []
+    sub = await nc.subscribe(cfg.indexed_subject, cb=collector(indexed))
+    raw = event(team, "doc.upserted", {"doc_id": "d1", "text": text_of(1), "revision": 5})
+    await publish(nc, cfg, raw)
+    consumer = EventConsumer(nc, pipeline, cfg)
+    await consume_until(consumer, lambda: _count(consumer, "failed", 1))
+    assert len(await stored(store, team, ["d1"], "doc")) >= 1  # searchable already
+    assert pipeline.sources.get((team, "doc", "d1")).version is None
+    q = "MATCH (d:Doc {team_id: $t, id: 'd1'}) RETURN count(d) AS n"
+    assert (await graph.run(q, {"t": team}))[0]["n"] == 0
+
+    pipeline.graph = graph  # Neo4j is back
+    await consume_until(consumer, lambda: _none_pending(nc, cfg))
+    await nc.flush()
+    await asyncio.sleep(0.2)
+    await sub.unsubscribe()
+    assert (await graph.run(q, {"t": team}))[0]["n"] == 1
+    assert pipeline.sources.get((team, "doc", "d1")).version == 5
+    assert consumer.stats.statuses.get("unchanged") == 1  # chunks not embedded again
+    assert [n["doc_id"] for n in indexed] == ["d1"]  # announced once
+    await graph.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True)
+
+
+async def _count(consumer: EventConsumer, status: str, n: int) -> bool:
+    return consumer.stats.statuses.get(status, 0) >= n
