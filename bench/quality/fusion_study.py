@@ -25,7 +25,7 @@ import httpx
 
 from bench.common import markdown_table, setup_logging
 from bench.quality.bible_set import DEFAULT_BOOKS
-from bench.quality.metrics import evaluate
+from bench.quality.metrics import distinct, evaluate
 from deployments.protocols import ChunkRecord, SearchHit
 from serve_app.ranking import adaptive_weights, fuse_rrf, fuse_weighted
 
@@ -50,7 +50,7 @@ async def collect_lists(base: str, team: str, queries: dict[str, str]) -> dict[s
                 r = await client.post("/rag/search_docs", json=body)
                 r.raise_for_status()
                 out.setdefault(qid, {})[mode] = [
-                    [m["source_ref"]["id"], m["score"]] for m in r.json()["matches"]
+                    [m["chunk_id"], m["source_ref"]["id"], m["score"]] for m in r.json()["matches"]
                 ]
 
         await asyncio.gather(*(one(q, m) for q in queries for m in ("dense", "bm25")))
@@ -98,12 +98,13 @@ def collect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _hits(pairs: list[list[Any]]) -> list[SearchHit]:
+def _hits(rows: list[list[Any]]) -> list[SearchHit]:
+    """Candidates as ``[chunk_id, doc_id, score]`` (older files: ``[doc_id, score]``)."""
     return [
         SearchHit(
             chunk=ChunkRecord(
-                chunk_id=doc_id,
-                doc_id=doc_id,
+                chunk_id=row[0],
+                doc_id=row[-2],
                 team_id="t",
                 chunk_index=0,
                 text="",
@@ -111,18 +112,19 @@ def _hits(pairs: list[list[Any]]) -> list[SearchHit]:
                 content_hash="",
                 embed_model="",
             ),
-            score=float(score),
+            score=float(row[-1]),
         )
-        for doc_id, score in pairs
+        for row in rows
     ]
 
 
 def fused_runs(lists: dict[str, Any], qids: list[str], fuse, depth: int) -> dict[str, list[str]]:
-    """Top 10 doc ids per query after fusing the first ``depth`` candidates of each method."""
+    """Top 10 distinct doc ids per query after fusing the first ``depth`` candidates (chunks)
+    of each method; a document counts at the rank of its best chunk."""
     runs = {}
     for qid in qids:
         per = {m: _hits(lists[qid][m][:depth]) for m in ("dense", "bm25")}
-        runs[qid] = [h.chunk.doc_id for h in fuse(per)][:10]
+        runs[qid] = distinct([h.chunk.doc_id for h in fuse(per)])[:10]
     return runs
 
 

@@ -29,7 +29,7 @@ import httpx
 
 from bench.common import markdown_table, setup_logging, write_result
 from bench.quality.bible_set import KJV_MODULE, WEB_MODULE, doc_id, export_module
-from bench.quality.metrics import evaluate
+from bench.quality.metrics import distinct, evaluate
 
 logger = logging.getLogger("bench.quality.graph")
 
@@ -114,7 +114,7 @@ async def run(
             r.raise_for_status()
             answer = r.json()
             applied += bool((answer.get("graph") or {}).get("applied"))
-            out[qid] = [m["source_ref"]["id"] for m in answer["matches"]]
+            out[qid] = distinct([m["source_ref"]["id"] for m in answer["matches"]])
     return out, latencies, applied
 
 

@@ -6,6 +6,12 @@ import math
 from collections.abc import Sequence
 
 
+def distinct(ranked: Sequence[str]) -> list[str]:
+    """Document ids in first-seen order: a document found by several of its chunks counts
+    once, at the rank of its best chunk (metrics are per document)."""
+    return list(dict.fromkeys(ranked))
+
+
 def ndcg_at_k(ranked: Sequence[str], qrels: dict[str, int], k: int = 10) -> float:
     dcg = sum((2 ** qrels.get(d, 0) - 1) / math.log2(i + 2) for i, d in enumerate(ranked[:k]))
     ideal = sorted(qrels.values(), reverse=True)[:k]

@@ -23,7 +23,7 @@ import httpx
 
 from bench.common import markdown_table, setup_logging, write_result
 from bench.quality.bible_set import BOOKS, DEFAULT_BOOKS, LabeledSet, build
-from bench.quality.metrics import evaluate
+from bench.quality.metrics import distinct, evaluate
 
 logger = logging.getLogger("bench.quality")
 
@@ -46,7 +46,7 @@ async def run_queries(
                 body = {"team_id": team, "query": queries[qid], "top_k": 10, **options}
                 r = await client.post("/rag/search_docs", json=body)
                 r.raise_for_status()
-                out[qid] = [m["source_ref"]["id"] for m in r.json()["matches"]]
+                out[qid] = distinct([m["source_ref"]["id"] for m in r.json()["matches"]])
 
         await asyncio.gather(*(one(q) for q in ids))
     return out
