@@ -147,7 +147,7 @@ class SearchSettings(BaseModel):
     # serve_app.ranking.list_confidence over the first adaptive_k) ** adaptive_gamma.
     adaptive_gamma: float = Field(1.0, ge=0.0, le=10.0)
     adaptive_k: int = Field(10, ge=2, le=100)
-    adaptive_measure: Literal["peak", "margin"] = "peak"
+    adaptive_measure: Literal["relgap", "peak", "margin"] = "peak"
     # Word-4-gram Jaccard at or above which two passages count as near-duplicates.
     near_duplicate_threshold: float = Field(0.8, gt=0.0, le=1.0)
     # Drop matches scoring below this (in the final score's scale); None keeps all.

@@ -134,10 +134,10 @@ def variants() -> list[tuple[str, Any]]:
         ("BM25 only", lambda per: per["bm25"]),
         ("RRF k=60", lambda per: fuse_rrf(per, 60)),
     ]
-    for w in (0.3, 0.4, 0.5, 0.6):
+    for w in (0.3, 0.4, 0.5, 0.6, 0.7):
         weights = {"dense": w, "bm25": round(1 - w, 2)}
-        for measure in ("peak", "margin"):
-            for gamma in (0.5, 1.0, 2.0):
+        for measure in ("relgap", "peak"):
+            for gamma in (0.5, 1.0, 2.0, 3.0):
                 out.append(
                     (
                         f"adaptive {measure} γ={gamma:g} base {w:.1f}",

@@ -146,3 +146,12 @@ def test_adaptive_weights_shift_towards_the_confident_method():
     assert adaptive_weights({"dense": [], "bm25": peaked}, base)["dense"] > 0
     same = [hit("z", 1.0), hit("w", 1.0)]
     assert adaptive_weights({"dense": same, "bm25": same}, base) == base
+
+
+def test_relgap_confidence_is_the_relative_drop_to_the_kth_score():
+    hits = [hit(f"c{i}", s) for i, s in enumerate([0.8, 0.7, 0.6, 0.4])]
+    assert list_confidence(hits, k=4, measure="relgap") == pytest.approx(0.5)
+    assert list_confidence(hits, k=2, measure="relgap") == pytest.approx(0.125)
+    # Clipped to 0..1; a zero top score says nothing.
+    assert list_confidence([hit("a", 1.0), hit("b", -3.0)], measure="relgap") == 1.0
+    assert list_confidence([hit("a", 0.0), hit("b", 0.0)], measure="relgap") == 0.0
