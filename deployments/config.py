@@ -131,23 +131,31 @@ class SearchSettings(BaseModel):
     # Candidates fetched from each method before fusion.
     candidate_multiplier: int = Field(4, ge=1, le=50)
     mode: Literal["hybrid", "dense", "bm25"] = "hybrid"
-    # How hybrid candidates are combined: weighted normalised scores or reciprocal-rank fusion.
-    # Default weighted 0.3 dense / 0.7 BM25, min-max: chosen on the dev queries of the labeled
-    # sets in bench/quality (bench/README.md, "Retrieval quality"), where equal-weight RRF fell
-    # below BM25 alone whenever the dense model was much weaker than BM25.
-    fusion: Literal["rrf", "weighted", "adaptive"] = "weighted"
+    # How hybrid candidates are combined: min-max-normalised scores with weights ("weighted"),
+    # the same with per-query weights ("adaptive"), or reciprocal-rank fusion ("rrf").
+    # Default adaptive: each method's base weight (dense_weight, bm25_weight, 0.5/0.5) times
+    # the relative drop of its scores from rank 1 to rank adaptive_k ("relgap", a method that
+    # cannot tell its candidates apart gives way), to the power adaptive_gamma. Chosen on the
+    # dev queries of five labeled sets in bench/quality (bench/README.md, "Retrieval
+    # quality"): the largest gain on AppStream (where dense and BM25 complement each other)
+    # among the variants no worse than the fixed 0.3/0.7 on the Bible sets, where MiniLM is
+    # far behind BM25 (short archaic windows, Ukrainian). Fixed 0.5/0.5 fell 0.04 below BM25
+    # on 8-word Bible windows and 0.12 on Ukrainian; equal-weight RRF fell further.
+    fusion: Literal["rrf", "weighted", "adaptive"] = "adaptive"
     # Graph boost fetches the linked documents' own best chunks too when there are at most
     # this many (a doc_id filter per search); more only reorder the candidates found.
     graph_fetch_max_docs: int = Field(200, ge=0, le=5000)
     fusion_normalisation: Literal["minmax", "theoretical"] = "minmax"
     rrf_k: int = Field(60, ge=1)
-    dense_weight: float = Field(0.3, ge=0.0)
-    bm25_weight: float = Field(0.7, ge=0.0)
+    # Base weights of weighted and adaptive fusion (a request's "weights" replace them). With
+    # SEARCH__FUSION=weighted and an embedder weak on the corpus, 0.3/0.7 is the safer pair.
+    dense_weight: float = Field(0.5, ge=0.0)
+    bm25_weight: float = Field(0.5, ge=0.0)
     # fusion "adaptive": per query, each method's weight × (confidence of its candidate list,
     # serve_app.ranking.list_confidence over the first adaptive_k) ** adaptive_gamma.
     adaptive_gamma: float = Field(1.0, ge=0.0, le=10.0)
     adaptive_k: int = Field(10, ge=2, le=100)
-    adaptive_measure: Literal["relgap", "peak", "margin"] = "peak"
+    adaptive_measure: Literal["relgap", "peak", "margin"] = "relgap"
     # Word-4-gram Jaccard at or above which two passages count as near-duplicates.
     near_duplicate_threshold: float = Field(0.8, gt=0.0, le=1.0)
     # Drop matches scoring below this (in the final score's scale); None keeps all.

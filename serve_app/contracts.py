@@ -85,7 +85,7 @@ class GraphOption(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mode: Literal["boost", "scope"] = "boost"
-    # Weight of the graph signal beside dense and BM25 (fusion weights are 0.3 / 0.7).
+    # Weight of the graph signal beside dense and BM25 (their base weights sum to 1).
     weight: float = Field(0.3, ge=0.0, le=10.0)
     max_entities: int = Field(5, ge=1, le=50)
     max_docs: int = Field(200, ge=1, le=5000)

@@ -247,8 +247,9 @@ def test_conflicting_team_id_and_dao_id_rejected(gateway):
 
 
 def test_explain_adds_per_method_scores(gateway):
-    # The default fusion is weighted (deployments/config.py); RRF on request.
-    assert gateway.settings.search.fusion == "weighted"
+    # The default fusion is adaptive (weighted scores, per-query weights; deployments/config.py);
+    # RRF on request.
+    assert gateway.settings.search.fusion == "adaptive"
     response = gateway.search(SPEC_EXAMPLE | {"explain": True})
     for match in response.json()["matches"]:
         assert match["scores"]["weighted"] == pytest.approx(match["score"], abs=1e-6)
