@@ -222,15 +222,14 @@ def main(argv: list[str] | None = None) -> int:
         settings=settings,
     ) as harness:
         search = harness.settings.search
-        default_label = (
-            f"hybrid, server default ({search.fusion}"
-            + (
-                f" {search.fusion_normalisation} {search.dense_weight:g}/{search.bm25_weight:g}"
-                if search.fusion == "weighted"
-                else f" k={search.rrf_k}"
-            )
-            + ")"
-        )
+        detail = {
+            "rrf": f"k={search.rrf_k}",
+            "weighted": f"{search.fusion_normalisation} "
+            f"{search.dense_weight:g}/{search.bm25_weight:g}",
+            "adaptive": f"{search.adaptive_measure} γ={search.adaptive_gamma:g} base "
+            f"{search.dense_weight:g}/{search.bm25_weight:g}",
+        }[search.fusion]
+        default_label = f"hybrid, server default ({search.fusion} {detail})"
         progress = Progress("ingest", len(documents), "chunks", every_s=20.0)
         ingest = asyncio.run(
             http_ingest(
