@@ -522,7 +522,8 @@ async def _apply_winners(
                     "failed",
                     chunks=r.chunks,
                     removed_chunks=r.removed_chunks,
-                    searchable=True,
+                    # Announced once: not again when a redelivery's graph write fails too.
+                    searchable=r.status == "indexed",
                     error="chunks indexed but the graph was not updated; "
                     "a redelivery retries the graph",
                 )

@@ -264,6 +264,9 @@ async def test_graph_down_fails_the_upsert_and_the_redelivery_retries_the_graph(
     assert texts(pipeline) == ["second"]  # searchable already
     row = pipeline.sources.get(key)
     assert row.version == 1 and row.document.text == "second"  # old revision kept
+    # Still down at the redelivery: failed again, but not announced as searchable again.
+    results, _ = await apply_events(pipeline, [parse_event(upsert("d1", "second", revision=2))])
+    assert results[0].status == "failed" and not results[0].searchable
     pipeline.graph.down = False
     calls = len(pipeline.embedder.calls)
     results, _ = await apply_events(pipeline, [parse_event(upsert("d1", "second", revision=2))])
