@@ -60,13 +60,15 @@ def gateway(run_id: str):
 
     collection = f"serve_{run_id}"
     port = free_port()
-    # Logical CPUs: the second app (reranker on) needs its own Embedder replica (1 CPU).
+    # Logical CPUs: the second app (reranker on) needs its own Embedder replica (1 CPU), and
+    # a reindex job submitted through /admin/reindex needs room for its Ray Data tasks and
+    # embedding actor beside the Serve replicas (with none free it waits for CPUs).
     ray.init(
         address="local",
         include_dashboard=False,
         _temp_dir=str(tmp / "ray"),
         log_to_driver=False,
-        num_cpus=4,
+        num_cpus=6,
     )
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     app = build_app(AppArgs(settings={"milvus": {"collection": collection}}))
