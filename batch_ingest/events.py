@@ -464,7 +464,12 @@ async def apply_events(
             )
         return await _apply_winners(pipeline, events, winners, results)
     finally:
-        await asyncio.to_thread(sources.release, list(held), owner)
+        # Synchronous on purpose: a cancelled batch (consumer stopped or killed mid-batch)
+        # must still give its leases back, or its documents would wait out the lease TTL.
+        try:
+            sources.release(list(held), owner)
+        except Exception as exc:  # expires after lease_ttl_s anyway
+            logger.warning("leases not released (they expire): %s", exc)
 
 
 async def _claim(
