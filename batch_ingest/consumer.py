@@ -212,6 +212,7 @@ class EventConsumer:
         if self._sub is None:
             await self.setup()
         while not stop.is_set():
+            _raise_if_cancelled()
             # Wait for one message, then take what else is there: a single fetch of B waits
             # for B messages or the whole timeout (nats-server 2.9), which would add up to
             # fetch_timeout_s of latency to every event of a trickle.
@@ -231,6 +232,10 @@ class EventConsumer:
                     pass
                 except Exception as exc:  # the first message is still handled
                     logger.warning("fetch failed: %s: %s", type(exc).__name__, exc)
+            # nats-py waits with asyncio.wait_for, which on Python 3.11 drops a cancellation
+            # that lands as a message arrives; the task still counts it, so honour it here
+            # (the fetched messages are not acked and are redelivered).
+            _raise_if_cancelled()
             if msgs:
                 await self.handle(msgs)
 
@@ -356,6 +361,12 @@ class EventConsumer:
             result.error,
         )
         return True
+
+
+def _raise_if_cancelled() -> None:
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError("cancelled while fetching")
 
 
 def _delivered(msg: Any) -> int:
