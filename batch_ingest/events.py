@@ -45,6 +45,7 @@ endpoint ``POST /ingest/events`` and the bus consumer (``batch_ingest.consumer``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -451,25 +452,51 @@ async def apply_events(
     if sources is None or not winners:
         return await _apply_winners(pipeline, events, winners, results)
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-    held = await _claim(sources, list(winners), owner, lease_ttl_s, lease_wait_s)
+    keys = list(winners)
+    work = asyncio.ensure_future(
+        _leased_apply(pipeline, events, winners, results, owner, lease_ttl_s, lease_wait_s)
+    )
     try:
-        for key in [k for k in winners if k not in held]:
-            i = winners.pop(key)
-            ev = events[i]
-            assert isinstance(ev, MappedEvent)
-            results[i] = _result(
-                ev,
-                "failed",
-                error=f"busy: another writer is applying {'/'.join(key)}; retry later",
-            )
-        return await _apply_winners(pipeline, events, winners, results)
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        # Cancelled mid-batch (consumer stopped or killed): its claims and writes run on in
+        # threads that cannot be stopped, so let them end before the leases are given back
+        # (a lease released under a running claim or write would not protect anything). The
+        # batch is not acked; its redelivery finds what was written.
+        with contextlib.suppress(Exception):
+            await work
+        raise
     finally:
-        # Synchronous on purpose: a cancelled batch (consumer stopped or killed mid-batch)
-        # must still give its leases back, or its documents would wait out the lease TTL.
+        # Synchronous on purpose: a cancelled batch must still give its leases back, or its
+        # documents would wait out the lease TTL. Only this batch's (owner's) rows go.
         try:
-            sources.release(list(held), owner)
+            sources.release(keys, owner)
         except Exception as exc:  # expires after lease_ttl_s anyway
             logger.warning("leases not released (they expire): %s", exc)
+
+
+async def _leased_apply(
+    pipeline: IngestPipeline,
+    events: list[MappedEvent | InvalidEvent],
+    winners: dict[Key, int],
+    results: list[EventResult | None],
+    owner: str,
+    ttl_s: float,
+    wait_s: float,
+) -> tuple[list[EventResult], list[str]]:
+    """Claim the winners' leases, fail the documents still busy, apply the rest."""
+    assert pipeline.sources is not None
+    held = await _claim(pipeline.sources, list(winners), owner, ttl_s, wait_s)
+    for key in [k for k in winners if k not in held]:
+        i = winners.pop(key)
+        ev = events[i]
+        assert isinstance(ev, MappedEvent)
+        results[i] = _result(
+            ev,
+            "failed",
+            error=f"busy: another writer is applying {'/'.join(key)}; retry later",
+        )
+    return await _apply_winners(pipeline, events, winners, results)
 
 
 async def _claim(

@@ -138,7 +138,8 @@ async def consume_until(consumer: EventConsumer, done, timeout: float = 60.0) ->
                 await asyncio.sleep(0.2)
     finally:
         stop.set()
-        await task
+        # The batch in flight is finished first; a consumer stuck in one fails the test.
+        await asyncio.wait_for(task, timeout=120)
 
 
 async def pending(nc, cfg) -> tuple[int, int]:
@@ -184,7 +185,7 @@ async def test_kill_mid_stream_and_restart_leaves_exact_chunks(cfg, nc, pipeline
             await asyncio.sleep(0.05)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await task
+        await asyncio.wait_for(task, timeout=120)
     await conn1.close()
     acked_before = first.stats.acked
     assert acked_before < len(raws)
