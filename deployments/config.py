@@ -117,6 +117,9 @@ class Neo4jSettings(BaseModel):
     # Graph queries (intents, caller Cypher, explain_path): transaction timeout and the most
     # rows one answer may carry; a caller's Cypher over either gets 422.
     query_timeout_s: float = Field(5.0, gt=0, le=300)
+    # The gateway's own statements (ingest MERGE, deletes): transaction timeout, so a writer
+    # waiting on a lock that is never released fails (and is retried) instead of hanging.
+    write_timeout_s: float = Field(120.0, gt=0)
     max_rows: int = Field(1000, ge=1, le=100_000)
     # explain_path bounds.
     max_path_hops: int = Field(6, ge=1, le=10)

@@ -426,10 +426,12 @@ class Neo4jGraph:
         self, query: str, params: dict[str, Any] | None = None, *, write: bool = False
     ) -> list[dict[str, Any]]:
         """Run one trusted parameterised statement and return its records as dicts."""
+        from neo4j import Query
+
         await self.start()
         try:
             records, _, _ = await self._driver.execute_query(
-                query,
+                Query(query, timeout=self.settings.write_timeout_s),  # type: ignore[arg-type]
                 params or {},
                 database_=self.settings.database,
                 routing_="w" if write else "r",
