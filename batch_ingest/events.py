@@ -75,8 +75,10 @@ from deployments.errors import BackendUnavailable
 logger = logging.getLogger(__name__)
 
 SUPPORTED_MAJOR = 1
-# A writer's lease on a document (seconds): longer than applying one batch can take.
-LEASE_TTL_S = 300.0
+# A writer's lease on a document (seconds), renewed every third of it while its batch runs:
+# a writer that dies holds its documents this long at most (the consumer's redelivery
+# backoff, 5+15+30+60 s by default, spans it).
+LEASE_TTL_S = 60.0
 # How long a batch waits for a document another writer is applying before reporting it busy.
 LEASE_WAIT_S = 10.0
 CHAT_MESSAGE_CREATED = "chat.message.created"
@@ -484,9 +486,11 @@ async def _leased_apply(
     ttl_s: float,
     wait_s: float,
 ) -> tuple[list[EventResult], list[str]]:
-    """Claim the winners' leases, fail the documents still busy, apply the rest."""
-    assert pipeline.sources is not None
-    held = await _claim(pipeline.sources, list(winners), owner, ttl_s, wait_s)
+    """Claim the winners' leases, fail the documents still busy, apply the rest while the
+    held leases are renewed."""
+    sources = pipeline.sources
+    assert sources is not None
+    held = await _claim(sources, list(winners), owner, ttl_s, wait_s)
     for key in [k for k in winners if k not in held]:
         i = winners.pop(key)
         ev = events[i]
@@ -496,21 +500,52 @@ async def _leased_apply(
             "failed",
             error=f"busy: another writer is applying {'/'.join(key)}; retry later",
         )
-    return await _apply_winners(pipeline, events, winners, results)
+    renew = asyncio.ensure_future(_renew(sources, list(held), owner, ttl_s))
+    try:
+        return await _apply_winners(pipeline, events, winners, results)
+    finally:
+        renew.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renew  # its claim thread, if one runs, ends first
+
+
+async def _renew(sources: SourceStore, keys: list[Key], owner: str, ttl_s: float) -> None:
+    """Extend ``owner``'s leases on ``keys`` every third of ``ttl_s`` until cancelled."""
+    while keys:
+        await asyncio.sleep(ttl_s / 3)
+        try:
+            await _in_thread(sources.claim, keys, owner, ttl_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the leases may lapse; the revision check still holds
+            logger.warning("leases not renewed: %s", exc)
+
+
+async def _in_thread(fn: Any, *args: Any) -> Any:
+    """``asyncio.to_thread`` whose thread has ended when this returns, cancelled or not (a
+    lease claimed by a thread still running after its batch gave the leases back would be
+    held until it expires)."""
+    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await fut
+        raise
 
 
 async def _claim(
     sources: SourceStore, keys: list[Key], owner: str, ttl_s: float, wait_s: float
 ) -> set[Key]:
     """The leases of ``keys`` that could be taken within ``wait_s`` (polling with backoff)."""
-    held = await asyncio.to_thread(sources.claim, keys, owner, ttl_s)
+    held: set[Key] = await _in_thread(sources.claim, keys, owner, ttl_s)
     deadline = time.monotonic() + wait_s
     delay = 0.05
     while len(held) < len(keys) and time.monotonic() < deadline:
         await asyncio.sleep(delay)
         delay = min(delay * 2, 1.0)
         missing = [k for k in keys if k not in held]
-        held |= await asyncio.to_thread(sources.claim, missing, owner, ttl_s)
+        held |= await _in_thread(sources.claim, missing, owner, ttl_s)
     return held
 
 

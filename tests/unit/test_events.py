@@ -333,3 +333,32 @@ async def test_two_writers_of_one_document_apply_its_revisions_in_turn(tmp_path)
     assert sorted(c.text for c in store.rows.values()) == ["revision two"]
     assert sources.get((TEAM, "doc", "d1")).version == 2
     sources.close()
+
+
+async def test_a_lease_is_renewed_while_its_batch_runs_and_lapses_after(pipeline):
+    """A batch longer than the lease's time to live keeps its documents: the lease is renewed
+    every third of it. Once given back (or, for a dead writer, expired) another takes it."""
+    import asyncio
+
+    key = (TEAM, "doc", "d1")
+    slow = pipeline.embedder.embed
+
+    async def slow_embed(texts, kind):
+        await asyncio.sleep(1.0)  # several times the lease's 0.3 s
+        return await slow(texts, kind)
+
+    pipeline.embedder.embed = slow_embed
+
+    async def intruder() -> set:
+        await asyncio.sleep(0.7)  # the first lease alone would have expired by now
+        return pipeline.sources.claim([key], "intruder", ttl_s=60)
+
+    (results, _), taken = await asyncio.gather(
+        apply_events(pipeline, [parse_event(upsert("d1", "long", 1))], lease_ttl_s=0.3),
+        intruder(),
+    )
+    assert results[0].status == "indexed"
+    assert taken == set()  # still held by the running batch
+    assert pipeline.sources.claim([key], "intruder", ttl_s=0.1) == {key}  # given back
+    await asyncio.sleep(0.15)
+    assert pipeline.sources.claim([key], "next", ttl_s=60) == {key}  # expired, taken over
