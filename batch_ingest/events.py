@@ -455,19 +455,14 @@ async def apply_events(
         return await _apply_winners(pipeline, events, winners, results)
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
     keys = list(winners)
-    work = asyncio.ensure_future(
-        _leased_apply(pipeline, events, winners, results, owner, lease_ttl_s, lease_wait_s)
-    )
     try:
-        return await asyncio.shield(work)
-    except asyncio.CancelledError:
-        # Cancelled mid-batch (consumer stopped or killed): its claims and writes run on in
-        # threads that cannot be stopped, so let them end before the leases are given back
-        # (a lease released under a running claim or write would not protect anything). The
+        # Cancelled mid-batch (consumer stopped or killed), its claims and writes still run
+        # on in threads that cannot be stopped: they end before the leases are given back (a
+        # lease released under a running claim or write would not protect anything). The
         # batch is not acked; its redelivery finds what was written.
-        with contextlib.suppress(Exception):
-            await work
-        raise
+        return await _to_the_end(
+            _leased_apply(pipeline, events, winners, results, owner, lease_ttl_s, lease_wait_s)
+        )
     finally:
         # Synchronous on purpose: a cancelled batch must still give its leases back, or its
         # documents would wait out the lease TTL. Only this batch's (owner's) rows go.
@@ -521,17 +516,23 @@ async def _renew(sources: SourceStore, keys: list[Key], owner: str, ttl_s: float
             logger.warning("leases not renewed: %s", exc)
 
 
-async def _in_thread(fn: Any, *args: Any) -> Any:
-    """``asyncio.to_thread`` whose thread has ended when this returns, cancelled or not (a
-    lease claimed by a thread still running after its batch gave the leases back would be
-    held until it expires)."""
-    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+async def _to_the_end(aw: Any) -> Any:
+    """Await ``aw``; when cancelled, let it end first (threads cannot be stopped), then
+    re-raise the cancellation."""
+    fut = asyncio.ensure_future(aw)
     try:
         return await asyncio.shield(fut)
     except asyncio.CancelledError:
         with contextlib.suppress(Exception):
             await fut
         raise
+
+
+async def _in_thread(fn: Any, *args: Any) -> Any:
+    """``asyncio.to_thread`` whose thread has ended when this returns, cancelled or not (a
+    lease claimed by a thread still running after its batch gave the leases back would be
+    held until it expires)."""
+    return await _to_the_end(asyncio.to_thread(fn, *args))
 
 
 async def _claim(
