@@ -54,7 +54,11 @@ def build(
     team_id: str = "bench_quality_t0",
     seed: int = 13,
     lang: str = "en",
+    extra_test: bool = False,
 ) -> LabeledSet:
+    """``n_queries`` summaries drawn with ``seed``, the first ``n_dev`` of them dev. With
+    ``extra_test`` every other component that has a summary is a test query too: the dev
+    queries stay exactly those of the default draw (nothing tuned on them leaks into test)."""
     out = LabeledSet(name=f"appstream-summary-{lang}")
     by_text: dict[str, list[str]] = {}
     summaries: dict[str, str] = {}
@@ -89,6 +93,9 @@ def build(
     candidates = sorted(summaries)
     rng = random.Random(seed)
     picked = rng.sample(candidates, min(n_queries, len(candidates)))
+    if extra_test:
+        drawn = set(picked)
+        picked += [c for c in candidates if c not in drawn]
     for i, doc_id in enumerate(picked):
         qid = f"q{i:04d}"
         out.queries[qid] = summaries[doc_id]

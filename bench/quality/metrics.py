@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 
 
@@ -43,3 +44,24 @@ def evaluate(
         f"mrr@{k}": sum(mrr_at_k(r, qrels[q], k) for q, r in runs.items()) / n,
         f"recall@{k}": sum(recall_at_k(r, qrels[q], k) for q, r in runs.items()) / n,
     }
+
+
+def per_query_ndcg(
+    runs: dict[str, list[str]], qrels: dict[str, dict[str, int]], k: int = 10
+) -> dict[str, float]:
+    return {q: ndcg_at_k(r, qrels[q], k) for q, r in runs.items()}
+
+
+def paired_bootstrap(
+    a: dict[str, float], b: dict[str, float], samples: int = 10_000, seed: int = 7
+) -> tuple[float, float, float]:
+    """Mean of ``a − b`` over the queries both score, with a 95 % percentile interval from
+    resampling those queries with replacement (the paired bootstrap of IR evaluation)."""
+    queries = sorted(set(a) & set(b))
+    if not queries:
+        return 0.0, 0.0, 0.0
+    diffs = [a[q] - b[q] for q in queries]
+    n = len(diffs)
+    rng = random.Random(seed)
+    means = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(samples))
+    return sum(diffs) / n, means[int(0.025 * samples)], means[int(0.975 * samples) - 1]

