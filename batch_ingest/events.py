@@ -510,8 +510,6 @@ async def _renew(sources: SourceStore, keys: list[Key], owner: str, ttl_s: float
         await asyncio.sleep(ttl_s / 3)
         try:
             await _in_thread(sources.claim, keys, owner, ttl_s)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # the leases may lapse; the revision check still holds
             logger.warning("leases not renewed: %s", exc)
 

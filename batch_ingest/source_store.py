@@ -111,11 +111,7 @@ class SourceStore:
     def get(self, key: Key) -> SourceRow | None:
         t = self.table
         with self.engine.connect() as conn:
-            row = conn.execute(
-                sa.select(t).where(
-                    t.c.team_id == key[0], t.c.doc_type == key[1], t.c.doc_id == key[2]
-                )
-            ).first()
+            row = conn.execute(sa.select(t).where(_is_key(t, key))).first()
         return _row(row) if row is not None else None
 
     def should_apply(self, key: Key, version: int | None) -> bool:
@@ -191,12 +187,7 @@ class SourceStore:
             with self.engine.begin() as conn:
                 taken = conn.execute(
                     sa.update(t)
-                    .where(
-                        t.c.team_id == key[0],
-                        t.c.doc_type == key[1],
-                        t.c.doc_id == key[2],
-                        (t.c.expires_at < now) | (t.c.owner == owner),
-                    )
+                    .where(_is_key(t, key), (t.c.expires_at < now) | (t.c.owner == owner))
                     .values(owner=owner, expires_at=until)
                 ).rowcount
             if taken:
@@ -208,14 +199,7 @@ class SourceStore:
         t = self.leases
         with self.engine.begin() as conn:
             for key in dict.fromkeys(keys):
-                conn.execute(
-                    sa.delete(t).where(
-                        t.c.team_id == key[0],
-                        t.c.doc_type == key[1],
-                        t.c.doc_id == key[2],
-                        t.c.owner == owner,
-                    )
-                )
+                conn.execute(sa.delete(t).where(_is_key(t, key), t.c.owner == owner))
 
     # --- writes ------------------------------------------------------------------------------
     def put(
@@ -267,11 +251,7 @@ class SourceStore:
         with self.engine.begin() as conn:
             for row in rows:
                 values = {**row, "updated_at": now}
-                key = (
-                    (t.c.team_id == row["team_id"])
-                    & (t.c.doc_type == row["doc_type"])
-                    & (t.c.doc_id == row["doc_id"])
-                )
+                key = _is_key(t, (row["team_id"], row["doc_type"], row["doc_id"]))
                 updated = conn.execute(sa.update(t).where(key).values(**values)).rowcount
                 if not updated:
                     conn.execute(sa.insert(t).values(**{"version": None, **values}))
@@ -284,6 +264,11 @@ class SourceStore:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _is_key(table: sa.Table, key: Key) -> sa.ColumnElement[bool]:
+    """The row (document or lease) of ``key`` = (team_id, doc_type, doc_id), values bound."""
+    return sa.and_(table.c.team_id == key[0], table.c.doc_type == key[1], table.c.doc_id == key[2])
 
 
 def _row(row: Any) -> SourceRow:
