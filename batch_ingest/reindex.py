@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -212,6 +213,23 @@ def run_local(worker: ReindexWorker, documents: list[str], batch_size: int, sink
         sink(worker.process(documents[start : start + batch_size]))
 
 
+def cpu_shortage(needed: float, free: float, total: float) -> str | None:
+    """Why an actor pool needing ``needed`` CPUs cannot start now, or ``None`` if it can."""
+    if free + 1e-9 >= needed:
+        return None
+    if total + 1e-9 < needed:
+        return (
+            f"waiting for CPUs: the actor pool needs {needed:g} and the whole cluster has "
+            f"{total:g}; it starts only when nodes join (lower reindex.actors or "
+            f"reindex.num_cpus_per_actor)"
+        )
+    return (
+        f"waiting for CPUs: the actor pool needs {needed:g}, {free:g} of the cluster's "
+        f"{total:g} are free (Serve replicas or other jobs hold the rest); it starts when they "
+        f"are released (or lower reindex.actors or reindex.num_cpus_per_actor)"
+    )
+
+
 def run_ray(
     spec: dict[str, Any],
     physical: str,
@@ -219,11 +237,15 @@ def run_ray(
     documents: list[str],
     options: ReindexOptions,
     sink: BatchSink,
+    on_note: Callable[[str | None], None] | None = None,
 ) -> None:
     """The Ray Data job: ``from_items → repartition → map_batches(actor pool)``; results
-    stream back to the driver, which records them."""
+    stream back to the driver, which records them.
+
+    Before the pool exists it checks the cluster's free CPUs: if the actors cannot be
+    placed, ``on_note`` gets the reason (the job row shows it) and a log line repeats it every
+    ``options.log_every_s`` until the first batch arrives, when ``on_note(None)`` clears it."""
     import ray
-    from ray.data import ActorPoolStrategy, DataContext
 
     if not ray.is_initialized():
         # On a cluster RAY_ADDRESS names it; on a laptop a local instance starts.
@@ -232,6 +254,47 @@ def run_ray(
             include_dashboard=False,
             log_to_driver=False,
         )
+    needed = options.actors * options.num_cpus_per_actor
+    note = cpu_shortage(
+        needed,
+        float(ray.available_resources().get("CPU", 0.0)),
+        float(ray.cluster_resources().get("CPU", 0.0)),
+    )
+    if note is not None:
+        logger.warning("reindex: %s", note)
+        if on_note is not None:
+            on_note(note)
+    first = threading.Event()
+    started = time.perf_counter()
+
+    def remind() -> None:
+        while not first.wait(options.log_every_s):
+            logger.info(
+                "reindex: no batch yet after %.0fs%s",
+                time.perf_counter() - started,
+                f" ({note})" if note else " (actors loading the model)",
+            )
+
+    threading.Thread(target=remind, name="reindex-wait", daemon=True).start()
+    try:
+        _iterate_ray(spec, physical, check_existing, documents, options, sink, first, on_note)
+    finally:
+        first.set()
+
+
+def _iterate_ray(
+    spec: dict[str, Any],
+    physical: str,
+    check_existing: bool,
+    documents: list[str],
+    options: ReindexOptions,
+    sink: BatchSink,
+    first: threading.Event,
+    on_note: Callable[[str | None], None] | None,
+) -> None:
+    import ray
+    from ray.data import ActorPoolStrategy, DataContext
+
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.execution_options.preserve_order = False
@@ -252,6 +315,10 @@ def run_ray(
         )
     )
     for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        if not first.is_set():
+            first.set()
+            if on_note is not None:
+                on_note(None)
         n = len(batch["doc_id"])
         sink(
             [
@@ -446,7 +513,14 @@ class Reindexer:
         progress = _Progress(job, self.state, options.log_every_s)
         progress.report()
         sink = self._sink(job, done, progress, options)
-        self._process([d.model_dump_json() for d in pending], physical, resuming, options, sink)
+        self._process(
+            [d.model_dump_json() for d in pending],
+            physical,
+            resuming,
+            options,
+            sink,
+            self._noter(job),
+        )
         progress.report()
 
         # Documents written or deleted while the bulk pass ran.
@@ -543,6 +617,16 @@ class Reindexer:
 
         return sink
 
+    def _noter(self, job: ReindexJob) -> Callable[[str | None], None]:
+        """Records what ``job`` waits on (``None``: nothing) in its row at once."""
+
+        def note(text: str | None) -> None:
+            if job.note != text:
+                job.note = text
+                self.state.save(job)
+
+        return note
+
     def _process(
         self,
         documents: list[str],
@@ -550,11 +634,12 @@ class Reindexer:
         check_existing: bool,
         options: ReindexOptions,
         sink: BatchSink,
+        on_note: Callable[[str | None], None] | None = None,
     ) -> None:
         if not documents:
             return
         if options.engine == "ray":
-            run_ray(self.spec, physical, check_existing, documents, options, sink)
+            run_ray(self.spec, physical, check_existing, documents, options, sink, on_note)
             return
         cached = self._local_worker
         if cached is None or cached[:2] != (physical, check_existing):
@@ -591,7 +676,14 @@ class Reindexer:
             job.total_docs = job.total_docs + sum(
                 1 for d in live if (d.doc_type, d.doc_id) not in done
             )
-            self._process([d.model_dump_json() for d in live], physical, False, options, sink)
+            self._process(
+                [d.model_dump_json() for d in live],
+                physical,
+                False,
+                options,
+                sink,
+                self._noter(job),
+            )
         if rows:
             logger.info(
                 "reindex %s: caught up on %d changed and %d deleted documents",

@@ -44,6 +44,9 @@ class ReindexJob:
     rate_chunks_s: float = 0.0
     eta_s: float | None = None
     error: str | None = None
+    # What a running job waits on before its first batch (e.g. CPUs held by Serve replicas);
+    # None while it makes progress.
+    note: str | None = None
     snapshot_at: datetime | None = None
     options: dict[str, Any] = field(default_factory=dict)
     created_at: datetime | None = None
@@ -79,6 +82,7 @@ def _tables(metadata: sa.MetaData) -> tuple[sa.Table, sa.Table]:
         sa.Column("rate_chunks_s", sa.Float, nullable=False, default=0.0),
         sa.Column("eta_s", sa.Float, nullable=True),
         sa.Column("error", sa.Text, nullable=True),
+        sa.Column("note", sa.Text, nullable=True),
         sa.Column("snapshot_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("options", sa.Text, nullable=False, default="{}"),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
@@ -110,6 +114,19 @@ class ReindexState:
         self.metadata = sa.MetaData()
         self.jobs, self.docs = _tables(self.metadata)
         self.metadata.create_all(engine, checkfirst=True)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """Columns added after a database was created (``note``) are added to it: nullable,
+        so the rows already there stay valid."""
+        present = {c["name"] for c in sa.inspect(self.engine).get_columns(self.jobs.name)}
+        with self.engine.begin() as conn:
+            for column in self.jobs.columns:
+                if column.name not in present and column.nullable:
+                    kind = column.type.compile(dialect=self.engine.dialect)
+                    conn.execute(
+                        sa.text(f"ALTER TABLE {self.jobs.name} ADD COLUMN {column.name} {kind}")
+                    )
 
     # --- jobs ----------------------------------------------------------------------------
     def create(self, team_id: str, options: dict[str, Any] | None = None) -> ReindexJob:

@@ -264,3 +264,57 @@ async def test_crash_mid_way_then_resume_completes_exactly(
     # The unrecorded batch was found in v2 by chunk id and not embedded again.
     assert job.skipped_docs == 2
     assert state.unfinished(team) == []
+
+
+async def test_a_job_waiting_for_cpus_says_so_and_runs_once_they_are_free(
+    ray_local, job_settings, store, embedder, team
+):
+    import ray
+
+    docs = documents(team, 4)
+    sources = await ingest_old(job_settings, store, embedder, docs)
+
+    # A Serve replica's part: an actor holding every free CPU of the cluster.
+    @ray.remote
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    free = ray.available_resources().get("CPU", 0.0)
+    holder = Holder.options(num_cpus=free).remote()
+    ray.get(holder.ready.remote(), timeout=60)
+    state = ReindexState(sources.engine)
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = Reindexer(job_settings, store=store, sources=sources).run(
+                ReindexOptions(
+                    team_id=team, engine="ray", batch_size=2, clock_skew_s=0, log_every_s=0.5
+                )
+            )
+        except Exception as exc:  # noqa: BLE001 (reported by the assertions below)
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            jobs = state.unfinished(team)
+            if jobs and jobs[0].note:
+                break
+            assert time.monotonic() < deadline and thread.is_alive(), (jobs, outcome)
+            time.sleep(0.2)
+        [job] = jobs
+        assert job.status == "running" and job.done_docs == 0
+        assert "waiting for CPUs" in job.note
+        assert "are free (Serve replicas or other jobs hold the rest)" in job.note
+    finally:
+        ray.kill(holder)
+    thread.join(300)
+    assert not thread.is_alive() and "error" not in outcome, outcome
+    done = outcome["result"].job  # type: ignore[attr-defined]
+    assert done.status == "succeeded" and done.note is None
+    assert state.get(done.job_id).note is None
+    assert done.total_docs == done.done_docs == len(docs)

@@ -19,6 +19,7 @@ from batch_ingest.reindex import (
     ReindexError,
     ReindexOptions,
     ReindexWorker,
+    cpu_shortage,
     worker_spec,
 )
 from batch_ingest.reindex_state import ReindexState
@@ -326,6 +327,30 @@ def test_job_records_round_trip(tmp_path):
     assert got.target_version == 3 and got.options == {"actors": 2}
     assert got.public()["progress"] == 0.4
     assert [j.job_id for j in state.unfinished(TEAM)] == [job.job_id]
+
+
+def test_a_database_made_before_the_note_column_gets_it(tmp_path):
+    import sqlalchemy as sa
+
+    engine = SourceStore(f"sqlite:///{tmp_path}/old.db").engine
+    ReindexState(engine).create(TEAM)
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE reindex_jobs DROP COLUMN note"))
+    assert "note" not in {c["name"] for c in sa.inspect(engine).get_columns("reindex_jobs")}
+    state = ReindexState(engine)  # an upgraded gateway opens the old database
+    [job] = state.unfinished(TEAM)
+    assert job.note is None
+    job.note = "waiting for CPUs"
+    state.save(job)
+    assert state.get(job.job_id).note == "waiting for CPUs"
+
+
+def test_cpu_shortage_names_what_the_pool_needs_and_what_is_free():
+    assert cpu_shortage(1.0, 1.0, 2.0) is None
+    busy = cpu_shortage(1.0, 0.5, 2.0)
+    assert busy is not None and "needs 1" in busy and "0.5 of the cluster's 2 are free" in busy
+    never = cpu_shortage(4.0, 2.0, 2.0)
+    assert never is not None and "whole cluster has 2" in never
 
 
 # --- admin API ---------------------------------------------------------------------------
