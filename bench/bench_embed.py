@@ -171,7 +171,7 @@ async def serve_part(args: argparse.Namespace, h: ServeHarness, texts: list[str]
                 tenant_prefix=prefix,
                 doc_prefix=f"http-r{rep}",
             )
-            progress = Progress(f"HTTP ingest rep {rep + 1}/{args.reps}", len(docs), "chunks")
+            progress = Progress(f"HTTP ingest rep {rep + 1}/{args.reps}", len(docs), "documents")
             result = await http_ingest(
                 h.base_url,
                 docs,

@@ -232,7 +232,7 @@ async def run(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
         args.ingest_concurrency,
     )
     # Progress counts chunks; with the default word range a document is one chunk.
-    progress = Progress("ingest", len(docs), "chunks", every_s=10.0)
+    progress = Progress("ingest", len(docs), "documents", every_s=10.0)
     ingest = await http_ingest(
         h.base_url,
         docs,

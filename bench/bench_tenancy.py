@@ -114,7 +114,7 @@ async def run(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
 
     result: dict[str, Any] = {}
     docs = generate_corpus(args.tenant_docs, 1, args.seed, tenant_prefix=tenant_prefix(args))
-    progress = Progress("ingest tenant A", len(docs), "chunks", every_s=15.0)
+    progress = Progress("ingest tenant A", len(docs), "documents", every_s=15.0)
     ingest = await http_ingest(
         h.base_url,
         docs,

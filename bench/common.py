@@ -272,7 +272,7 @@ async def http_ingest(
             totals["chunks"] += chunks
             totals["degraded"] += bool(body.get("degraded"))
             if progress is not None:
-                progress.add(chunks)
+                progress.add(len(batch))  # documents answered (a document may make several chunks)
             return body
 
         wall, latencies, _, errors = await closed_loop(batches, concurrency, post)

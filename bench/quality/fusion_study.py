@@ -77,7 +77,7 @@ def collect(args: argparse.Namespace) -> int:
         graph_enabled=False,
         settings=settings,
     ) as harness:
-        progress = Progress("ingest", len(first.documents), "chunks", every_s=20.0)
+        progress = Progress("ingest", len(first.documents), "documents", every_s=20.0)
         asyncio.run(
             http_ingest(
                 harness.base_url, first.documents, batch_size=64, concurrency=2, progress=progress

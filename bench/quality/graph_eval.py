@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         settings={"embedder": {"torch_threads": args.threads}},
     ) as harness:
         base = harness.base_url
-        progress = Progress("ingest", len(data["documents"]), "chunks", every_s=20.0)
+        progress = Progress("ingest", len(data["documents"]), "documents", every_s=20.0)
         ingest = asyncio.run(
             http_ingest(base, data["documents"], batch_size=64, concurrency=2, progress=progress)
         )

@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{search.dense_weight:g}/{search.bm25_weight:g}",
         }[search.fusion]
         default_label = f"hybrid, server default ({search.fusion} {detail})"
-        progress = Progress("ingest", len(documents), "chunks", every_s=20.0)
+        progress = Progress("ingest", len(documents), "documents", every_s=20.0)
         ingest = asyncio.run(
             http_ingest(
                 harness.base_url, documents, batch_size=64, concurrency=2, progress=progress
