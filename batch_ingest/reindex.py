@@ -246,6 +246,7 @@ def run_ray(
     placed, ``on_note`` gets the reason (the job row shows it) and a log line repeats it every
     ``options.log_every_s`` until the first batch arrives, when ``on_note(None)`` clears it."""
     import ray
+    from ray.data import ActorPoolStrategy, DataContext
 
     if not ray.is_initialized():
         # On a cluster RAY_ADDRESS names it; on a laptop a local instance starts.
@@ -275,26 +276,6 @@ def run_ray(
                 f" ({note})" if note else " (actors loading the model)",
             )
 
-    threading.Thread(target=remind, name="reindex-wait", daemon=True).start()
-    try:
-        _iterate_ray(spec, physical, check_existing, documents, options, sink, first, on_note)
-    finally:
-        first.set()
-
-
-def _iterate_ray(
-    spec: dict[str, Any],
-    physical: str,
-    check_existing: bool,
-    documents: list[str],
-    options: ReindexOptions,
-    sink: BatchSink,
-    first: threading.Event,
-    on_note: Callable[[str | None], None] | None,
-) -> None:
-    import ray
-    from ray.data import ActorPoolStrategy, DataContext
-
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.execution_options.preserve_order = False
@@ -314,6 +295,18 @@ def _iterate_ray(
             num_cpus=options.num_cpus_per_actor,
         )
     )
+    threading.Thread(target=remind, name="reindex-wait", daemon=True).start()
+    try:
+        _drain(ds, sink, first, on_note)
+    finally:
+        first.set()
+
+
+def _drain(
+    ds: Any, sink: BatchSink, first: threading.Event, on_note: Callable[[str | None], None] | None
+) -> None:
+    """Hand each result batch of ``ds`` to ``sink``; the first one sets ``first`` and clears
+    the job's note."""
     for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
         if not first.is_set():
             first.set()
