@@ -52,7 +52,9 @@ def eval_milvus_expr(expr: str, row: ChunkRecord) -> bool:
     Python literals and the operators used are Python's too."""
     env = {
         "array_contains_any": lambda values, wanted: bool(set(values) & set(wanted)),
+        "array_contains_all": lambda values, wanted: set(wanted) <= set(values),
         "team_id": row.team_id,
+        "doc_id": row.doc_id,
         "visibility": row.visibility,
         "project_id": row.project_id,
         "channel_id": row.channel_id,
