@@ -1032,7 +1032,7 @@ def foreign_of(teams: tuple[str, ...], team: Any) -> str:
 class Prober(GraphProbes):
     """Builds the gateways once and sends probes; counts per endpoint and category."""
 
-    def __init__(self, seed: int, workdir: Path, neo4j: Any = None) -> None:
+    def __init__(self, seed: int, workdir: Path, neo4j: Any = None, store: Any = None) -> None:
         from tests.auth_support import (
             PEPPER,
             TEAMS,
@@ -1086,11 +1086,19 @@ class Prober(GraphProbes):
         ]
         auth = jwt_auth(api_keys_file=str(workdir / "api_keys.yaml"), api_key_pepper=PEPPER)
         corpus = self.corpus
-        self.search_gw = build_gateway(auth=auth, policy=TENANCY_POLICY, corpus=corpus)
-        self.ingest_gw = build_gateway(auth=auth, policy=TENANCY_POLICY, corpus=corpus)
-        self.dev_gw = build_gateway(auth={"mode": "dev"}, policy=TENANCY_POLICY, corpus=corpus)
+        # store: a factory of the vector store fake each gateway gets (default FakeVectorStore).
+        new_store = store or (lambda: None)
+        self.search_gw = build_gateway(
+            auth=auth, policy=TENANCY_POLICY, corpus=corpus, store=new_store()
+        )
+        self.ingest_gw = build_gateway(
+            auth=auth, policy=TENANCY_POLICY, corpus=corpus, store=new_store()
+        )
+        self.dev_gw = build_gateway(
+            auth={"mode": "dev"}, policy=TENANCY_POLICY, corpus=corpus, store=new_store()
+        )
         self.dev_ingest_gw = build_gateway(
-            auth={"mode": "dev"}, policy=TENANCY_POLICY, corpus=corpus
+            auth={"mode": "dev"}, policy=TENANCY_POLICY, corpus=corpus, store=new_store()
         )
         self.runs: Counter[tuple[str, str]] = Counter()
         self.statuses: Counter[tuple[str, int]] = Counter()
@@ -1517,7 +1525,7 @@ class Prober(GraphProbes):
 
 
 def run_probes(
-    probes: int, seed: int = 0, graph: bool = False, neo4j: Any = None
+    probes: int, seed: int = 0, graph: bool = False, neo4j: Any = None, store: Any = None
 ) -> dict[str, Any]:
     """Build the gateways, send ``probes`` probes; the counts, leaks and server errors.
 
@@ -1534,7 +1542,7 @@ def run_probes(
 
             neo4j = GatewaySettings(environment="test").neo4j
         setup_started = time.perf_counter()
-        prober = Prober(seed, Path(tmp), neo4j if graph else None)
+        prober = Prober(seed, Path(tmp), neo4j if graph else None, store)
         setup_s = time.perf_counter() - setup_started
         try:
             try:

@@ -55,9 +55,12 @@ class EmbedderSettings(BaseModel):
     torch_threads: int = Field(1, ge=1, le=64)
     # Texts per forward pass inside one batch.
     forward_batch_size: int = Field(32, ge=1, le=1024)
-    # Requests per @serve.batch call, and how long to wait to fill one.
+    # Requests per @serve.batch call, and how long to wait to fill one: passages wait
+    # batch_wait_timeout_s; queries do not wait (0), a query batch is whatever queued while
+    # the previous one ran, so a lone search pays no wait and busy searches still batch.
     max_batch_size: int = Field(32, ge=1, le=1024)
     batch_wait_timeout_s: float = Field(0.005, ge=0.0, le=1.0)
+    query_batch_wait_timeout_s: float = Field(0.0, ge=0.0, le=1.0)
 
     @property
     def embed_model_tag(self) -> str:
@@ -85,6 +88,26 @@ class RerankerSettings(BaseModel):
     candidates: int = Field(30, ge=1, le=500)
 
 
+class MemoryIndexSettings(BaseModel):
+    """The Retriever's exact in-memory index of the teams it searches (deployments/memindex).
+
+    Milvus stays the system of record: a team is loaded from it in the background on its first
+    search (searched in Milvus meanwhile), every search first checks the team's change-log
+    heads in Milvus (one primary-key read) and applies what other writers recorded, and a
+    reindex swap reloads the team. Off: every search goes to Milvus.
+    """
+
+    enabled: bool = True
+    # All teams together, estimated; the least recently searched team is evicted first, and a
+    # team larger than this alone is always searched in Milvus.
+    max_mb: float = Field(1024.0, gt=0)
+    # Re-read the change log this far before the newest change applied: more than one Milvus
+    # call timeout plus the clock skew between writers.
+    lookback_s: float = Field(30.0, ge=1.0)
+    # Change rows older than this are pruned; a team not searched for longer is reloaded.
+    retention_s: float = Field(3600.0, ge=120.0)
+
+
 class MilvusSettings(BaseModel):
     """Where the chunks live. The default is the local Milvus Lite server of scripts/services.py."""
 
@@ -104,6 +127,13 @@ class MilvusSettings(BaseModel):
     # Flush after this many upserted rows (0 = never): Milvus Lite searches and filtered
     # queries slow down as unflushed rows pile up during a bulk load.
     auto_flush_rows: int = Field(2000, ge=0)
+    # BM25 of the collections' sparse index (set when a collection is created) and of the
+    # in-memory index. k1 1.5 is what Milvus Lite always uses (it does not read the index's
+    # bm25_k1; a Milvus server does, and defaults to 1.2), so both paths score alike; the
+    # retrieval-quality figures of bench/README.md were measured with it.
+    bm25_k1: float = Field(1.5, gt=0.0, le=10.0)
+    bm25_b: float = Field(0.75, ge=0.0, le=1.0)
+    memory_index: MemoryIndexSettings = MemoryIndexSettings()
 
 
 class Neo4jSettings(BaseModel):

@@ -187,8 +187,12 @@ class VectorStore(Protocol):
         flt: SearchFilter,
         limit: int,
         methods: tuple[str, ...],
+        read_id: str = "",
     ) -> dict[str, list[SearchHit]]:
-        """Top ``limit`` chunks of each single method (``dense``, ``bm25``), for fusion."""
+        """Top ``limit`` chunks of each single method (``dense``, ``bm25``), for fusion.
+
+        Calls with the same non-empty ``read_id`` belong to one search (BM25 while the query
+        is embedded, then dense): a store that must check it is up to date may check once."""
         ...
 
     async def count(self, team_id: str) -> int: ...

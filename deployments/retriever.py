@@ -2,25 +2,33 @@
 
 ``MilvusStore`` is the core class (sync pymilvus client run in threads); ``RetrieverDeployment``
 is its Serve shell. The same code talks to the local Milvus Lite server and a Milvus cluster.
-Every filter value is written as an escaped JSON string literal (``milvus_literal``): Milvus
-Lite does not support ``filter_params`` templates, and an id or tag containing quotes or
-operators must never change the expression.
+Filters come compiled from ``deployments.search_filter`` (escaped literals, tenant terms
+always present).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import re
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from deployments.config import MilvusSettings
 from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.memindex.cache import HotIndex
+from deployments.memindex.changes import ChangeLog
 from deployments.protocols import ChunkRecord, SearchFilter, SearchHit
+from deployments.search_filter import (  # noqa: F401  (re-exported: the store's filter API)
+    build_filter_expr,
+    compile_filter,
+    milvus_list,
+    milvus_literal,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -52,56 +60,6 @@ OUTPUT_FIELDS = [
     "content_hash",
     "embed_model",
 ]
-
-
-def milvus_literal(value: str | int | float | bool) -> str:
-    """A Milvus expression literal for ``value`` that cannot break out of its quotes."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if not isinstance(value, str):
-        raise InvalidInput(f"filter value must be a string, got {type(value).__name__}")
-    if any(ord(ch) < 32 for ch in value):
-        raise InvalidInput("filter values may not contain control characters")
-    return json.dumps(value, ensure_ascii=False)
-
-
-def milvus_list(values: list[str] | tuple[str, ...]) -> str:
-    return "[" + ", ".join(milvus_literal(v) for v in values) + "]"
-
-
-def build_filter_expr(flt: SearchFilter) -> str:
-    """Compile a ``SearchFilter`` into one Milvus boolean expression.
-
-    The tenant and visibility terms are always present, so no caller can search without them.
-    """
-    if not flt.team_id:
-        raise InvalidInput("a search needs a team_id")
-    if not flt.visibilities:
-        raise InvalidInput("a search needs at least one allowed visibility")
-    terms = [f"team_id == {milvus_literal(flt.team_id)}"]
-    if len(flt.visibilities) == 1:
-        terms.append(f"visibility == {milvus_literal(flt.visibilities[0])}")
-    else:
-        terms.append(f"visibility in {milvus_list(flt.visibilities)}")
-    for name in ("project_id", "channel_id", "agent_id"):
-        value = getattr(flt, name)
-        if value is not None:
-            terms.append(f"{name} == {milvus_literal(value)}")
-    if flt.doc_types:
-        terms.append(f"doc_type in {milvus_list(flt.doc_types)}")
-    if flt.tags_any:
-        terms.append(f"array_contains_any(tags, {milvus_list(flt.tags_any)})")
-    if flt.tags_all:
-        terms.append(f"array_contains_all(tags, {milvus_list(flt.tags_all)})")
-    if flt.created_from is not None:
-        terms.append(f"created_at >= {int(flt.created_from)}")
-    if flt.created_to is not None:
-        terms.append(f"created_at <= {int(flt.created_to)}")
-    if flt.doc_ids:
-        terms.append(f"doc_id in {milvus_list(flt.doc_ids)}")
-    return " and ".join(terms)
 
 
 def _doc_expr(team_id: str, doc_type: str, doc_id: str) -> str:
@@ -156,6 +114,10 @@ def row_to_chunk(row: dict[str, Any]) -> ChunkRecord:
     )
 
 
+def _with_dense(row: dict[str, Any]) -> ChunkRecord:
+    return replace(row_to_chunk(row), vector=[float(x) for x in row["dense"]])
+
+
 def team_slug(team_id: str) -> str:
     """A collection-name-safe, collision-free token for ``team_id``: readable prefix + hash."""
     readable = re.sub(r"[^a-z0-9]+", "_", team_id.lower()).strip("_")[:32]
@@ -192,6 +154,11 @@ class MilvusStore:
         self._unflushed: dict[str, int] = {}
         self._lock = threading.Lock()
         self._open_lock = threading.Lock()
+        # Every write of a live collection is recorded here, so the in-memory indexes of all
+        # Retriever replicas see it (deployments/memindex/changes.py).
+        self.changes = ChangeLog(
+            settings.collection, self._call, retention_s=settings.memory_index.retention_s
+        )
 
     @property
     def collection(self) -> str:
@@ -325,7 +292,13 @@ class MilvusStore:
             metric_type=self.settings.metric_type,
             params=dense_params,
         )
-        index.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
+        # k1 and b explicit: the in-memory index scores with the same ones.
+        index.add_index(
+            "sparse",
+            index_type="SPARSE_INVERTED_INDEX",
+            metric_type="BM25",
+            params={"bm25_k1": self.settings.bm25_k1, "bm25_b": self.settings.bm25_b},
+        )
         for scalar in ("doc_id", "visibility", "doc_type"):
             index.add_index(scalar, index_type="INVERTED")
         # One team per collection needs no partition-key buckets (a Milvus cluster honours
@@ -364,6 +337,7 @@ class MilvusStore:
             client, self._client, self._ready = self._client, None, False
             # A new connection may face a restarted server: load collections again.
             self._open = set()
+            self.changes.reset()
         if client is not None:
             try:
                 client.close()
@@ -386,6 +360,7 @@ class MilvusStore:
             name = self._collection(team_id, create=True)
             # Always upsert: a plain insert of an existing pk duplicates rows in real Milvus.
             self._call("upsert", "upsert", name, rows)
+            self.changes.record(name, [row["chunk_id"] for row in rows])
             self._unflushed[name] = self._unflushed.get(name, 0) + len(rows)
             limit = self.settings.auto_flush_rows
             if limit and self._unflushed[name] >= limit:
@@ -400,7 +375,11 @@ class MilvusStore:
 
     def delete_chunks(self, team_id: str, chunk_ids: list[str]) -> int:
         name = self._collection(team_id, create=False)
-        return self.delete_in(name, chunk_ids) if name is not None else 0
+        if name is None or not chunk_ids:
+            return 0
+        self._call("delete", "delete", name, ids=list(chunk_ids))
+        self.changes.record(name, list(chunk_ids))
+        return len(chunk_ids)
 
     def delete_stale_chunks(self, team_id: str, doc_type: str, doc_id: str, keep: list[str]) -> int:
         name = self._collection(team_id, create=False)
@@ -409,8 +388,9 @@ class MilvusStore:
         expr = _doc_expr(team_id, doc_type, doc_id)
         if keep:
             expr += f" and chunk_id not in {milvus_list(keep)}"
-        result = self._call("delete", "delete", name, filter=expr)
-        return _deleted_count(result)
+        # By primary key, so the change log can name what went.
+        rows = self._call("query", "query", name, filter=expr, output_fields=["chunk_id"])
+        return self.delete_chunks(team_id, [row["chunk_id"] for row in rows])
 
     def flush(self, team_id: str | None = None) -> None:
         """Flush one team's collection, or every collection of this base name."""
@@ -487,6 +467,48 @@ class MilvusStore:
             output_fields=["count(*)"],
         )
         return int(rows[0]["count(*)"]) if rows else 0
+
+    # --- reads of the in-memory index (deployments/memindex) -----------------------------
+    def live_physical(self, team_id: str) -> str | None:
+        """The physical collection the team's alias names now; ``None`` without one."""
+        version = self.current_version(team_id)
+        return None if version is None else self.physical_name(team_id, version)
+
+    def count_team(self, physical: str, team_id: str) -> int:
+        return self.count_in(physical, f"team_id == {milvus_literal(team_id)}")
+
+    def iter_rows(
+        self, physical: str, team_id: str, batch: int = 1000
+    ) -> Iterator[list[ChunkRecord]]:
+        """Every chunk of ``team_id`` in ``physical``, with its vector, ``batch`` at a time."""
+        self.start()
+        try:
+            iterator = self._client.query_iterator(
+                physical,
+                batch_size=batch,
+                filter=f"team_id == {milvus_literal(team_id)}",
+                output_fields=[*OUTPUT_FIELDS, "dense"],
+            )
+            while rows := iterator.next():
+                yield [_with_dense(row) for row in rows]
+            iterator.close()
+        except Exception as exc:
+            raise BackendUnavailable("milvus", f"reading {physical} failed: {exc}") from exc
+
+    def fetch_rows(self, physical: str, chunk_ids: list[str]) -> list[ChunkRecord]:
+        """The stored chunks (with vectors) among ``chunk_ids``; primary-key reads."""
+        out: list[ChunkRecord] = []
+        for start in range(0, len(chunk_ids), 256):
+            rows = self._call(
+                "fetch",
+                "get",
+                physical,
+                ids=chunk_ids[start : start + 256],
+                output_fields=[*OUTPUT_FIELDS, "dense"],
+                consistency_level="Strong",
+            )
+            out += [_with_dense(row) for row in rows]
+        return out
 
     def count_all(self) -> int:
         """Rows in every collection of this base name (benchmarks, operators)."""
@@ -583,11 +605,12 @@ class MilvusStore:
         }
 
     def owned_collections(self) -> tuple[list[str], list[str]]:
-        """``(aliases, physical collections)`` that belong to this base name."""
+        """``(aliases, physical collections)`` of chunks that belong to this base name (the
+        change log beside them is not one)."""
         base = self.collection
 
         def owned(name: str) -> bool:
-            return name == base or name.startswith(base + "__")
+            return name != self.changes.name and (name == base or name.startswith(base + "__"))
 
         physical = [c for c in self._call("list collections", "list_collections") if owned(c)]
         aliases: list[str] = []
@@ -654,6 +677,7 @@ class MilvusStore:
                     f"expected {self.dim}"
                 )
         self._call("upsert", "upsert", physical, [chunk_to_row(c) for c in chunks])
+        self._record_if_live(physical, [c.chunk_id for c in chunks])
         return len(chunks)
 
     def lookup_in(self, physical: str, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
@@ -675,7 +699,18 @@ class MilvusStore:
         if not chunk_ids:
             return 0
         self._call("delete", "delete", physical, ids=list(chunk_ids))
+        self._record_if_live(physical, list(chunk_ids))
         return len(chunk_ids)
+
+    def _record_if_live(self, physical: str, chunk_ids: list[str]) -> None:
+        """Record a write of one physical version in the change log when its alias names it
+        (a reindex catching up after the swap); a version being built is nobody's to see."""
+        alias, _, version = physical.rpartition("__v")
+        if not version.isdigit() or not self._call("has collection", "has_collection", alias):
+            return
+        info = self._call("describe alias", "describe_alias", alias)
+        if isinstance(info, dict) and info.get("collection_name") == physical:
+            self.changes.record(alias, chunk_ids)
 
     def count_in(self, physical: str, expr: str = "") -> int:
         """Rows of one physical collection matching ``expr`` (all rows when empty)."""
@@ -699,6 +734,7 @@ class MilvusStore:
             self._call("create alias", "create_alias", physical, alias)
         with self._open_lock:
             self._open.discard(alias)
+        self.changes.record_swap(alias)
         logger.info("alias %s now points to %s", alias, physical)
         return physical
 
@@ -721,6 +757,9 @@ class MilvusStore:
             self._call("drop alias", "drop_alias", alias)
         for name in physical:
             self._call("drop", "drop_collection", name)
+        if self._call("has collection", "has_collection", self.changes.name):
+            self._call("drop", "drop_collection", self.changes.name)
+        self.changes.reset()
         self._open = set()
         self._unflushed = {}
 
@@ -747,11 +786,26 @@ def _deleted_count(result: Any) -> int:
 
 
 class RetrieverDeployment:
-    """Serve shell over ``MilvusStore``; every blocking client call runs in a thread."""
+    """Serve shell over ``MilvusStore`` and its in-memory ``HotIndex`` (when enabled): a
+    search is answered from memory when the team is loaded and in sync, else by Milvus.
+    Every blocking call runs in a thread."""
 
     def __init__(self, settings: MilvusSettings, dim: int, rrf_k: int = 60) -> None:
         self.store = MilvusStore(settings, dim=dim)
         self.rrf_k = rrf_k
+        mem = settings.memory_index
+        self.hot = (
+            HotIndex(
+                self.store,
+                metric=settings.metric_type,
+                max_mb=mem.max_mb,
+                lookback_s=mem.lookback_s,
+                k1=settings.bm25_k1,
+                b=settings.bm25_b,
+            )
+            if mem.enabled
+            else None
+        )
 
     async def upsert(self, chunks: list[ChunkRecord]) -> int:
         return await asyncio.to_thread(self.store.upsert, chunks)
@@ -796,7 +850,20 @@ class RetrieverDeployment:
         flt: SearchFilter,
         limit: int,
         methods: tuple[str, ...],
+        read_id: str = "",
     ) -> dict[str, list[SearchHit]]:
+        if self.hot is not None:
+            found = await asyncio.to_thread(
+                self.hot.candidates,
+                query_text,
+                query_vector,
+                compile_filter(flt),
+                limit,
+                methods,
+                read_id,
+            )
+            if found is not None:
+                return found
         # The single-method searches run concurrently; fusion happens in the ingress.
         results = await asyncio.gather(
             *(
@@ -813,7 +880,8 @@ class RetrieverDeployment:
         await asyncio.to_thread(self.store.flush, team_id)
 
     async def status(self) -> dict[str, Any]:
+        memory = self.hot.status() if self.hot is not None else {"enabled": False}
         try:
-            return await asyncio.to_thread(self.store.ping)
+            return {**await asyncio.to_thread(self.store.ping), "memory_index": memory}
         except Exception as exc:
             return {"ready": False, "uri": self.store.settings.uri, "error": str(exc)}

@@ -184,10 +184,13 @@ def build_gateway(
     policy: Policy | None = None,
     corpus: list[dict[str, Any]] = (),
     environment: str = "test",
+    store: FakeVectorStore | None = None,
 ) -> AuthGateway:
-    """An in-process gateway over fakes; ``corpus`` is indexed directly (no HTTP, no auth)."""
+    """An in-process gateway over fakes; ``corpus`` is indexed directly (no HTTP, no auth).
+    ``store``: another vector store fake (e.g. ``MemoryIndexStore``)."""
     settings = GatewaySettings(environment=environment, auth=auth or jwt_auth())
-    embedder, graph, store = FakeEmbedder(dim=32), FakeGraphStore(), FakeVectorStore()
+    embedder, graph = FakeEmbedder(dim=32), FakeGraphStore()
+    store = store if store is not None else FakeVectorStore()
     pipeline = IngestPipeline(
         embedder=embedder,
         store=store,

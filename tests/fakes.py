@@ -18,6 +18,7 @@ from typing import Any
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.protocols import ChunkRecord, GraphDocument, GraphScope, SearchFilter, SearchHit
 from deployments.retriever import SEARCH_MODES, build_filter_expr
+from deployments.search_filter import compile_filter
 
 WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -241,6 +242,7 @@ class FakeVectorStore:
         flt: SearchFilter,
         limit: int,
         methods: tuple[str, ...],
+        read_id: str = "",
     ) -> dict[str, list[SearchHit]]:
         return {m: await self.search(query_text, query_vector, flt, limit, m) for m in methods}
 
@@ -358,3 +360,62 @@ class FakeGraphStore:
         if self.down:
             return {"ready": False, "error": "fake graph is down"}
         return {"ready": True, "nodes": len(self.docs)}
+
+
+class MemoryIndexStore(FakeVectorStore):
+    """``FakeVectorStore`` whose dense and BM25 searches run on the Retriever's real
+    in-memory index (``deployments.memindex.team.TeamIndex``) holding the rows of *every*
+    team, so only the compiled filter keeps a search inside its tenant — what the leak
+    probes and tenancy tests check of the memory-index path."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.version = 0
+        self._index: Any = None
+        self._indexed = -1
+
+    async def upsert(self, chunks: list[ChunkRecord]) -> int:
+        self.version += 1
+        return await super().upsert(chunks)
+
+    async def delete_chunks(self, team_id: str, chunk_ids: list[str]) -> int:
+        self.version += 1
+        return await super().delete_chunks(team_id, chunk_ids)
+
+    async def delete_stale_chunks(
+        self, team_id: str, doc_type: str, doc_id: str, keep: list[str]
+    ) -> int:
+        self.version += 1
+        return await super().delete_stale_chunks(team_id, doc_type, doc_id, keep)
+
+    def _current(self) -> Any:
+        from deployments.memindex.team import TeamIndex
+
+        if self._indexed != self.version:
+            rows = [c for c in self.rows.values() if c.vector]
+            dim = len(rows[0].vector) if rows else 1
+            self._index = TeamIndex(dim=dim)
+            self._index.upsert(rows)
+            self._indexed = self.version
+        return self._index
+
+    async def search(
+        self,
+        query_text: str,
+        query_vector: list[float] | None,
+        flt: SearchFilter,
+        limit: int,
+        mode: str,
+    ) -> list[SearchHit]:
+        if mode == "hybrid":
+            return await super().search(query_text, query_vector, flt, limit, mode)
+        self._check_up("search")
+        if mode not in SEARCH_MODES:
+            raise InvalidInput(f"mode must be one of {', '.join(SEARCH_MODES)}, got {mode!r}")
+        if mode == "dense" and query_vector is None:
+            raise InvalidInput("mode 'dense' needs a query vector")
+        compiled = compile_filter(flt)
+        self.searches.append((query_text, flt, limit, mode))
+        return self._current().search(
+            mode, compiled, limit, query_text=query_text, query_vector=query_vector
+        )

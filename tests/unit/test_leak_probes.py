@@ -10,12 +10,19 @@ import pytest
 from bench.leak_probes import ENDPOINTS, render_tables, run_probes
 from serve_app import access
 from serve_app.access import AccessContext
+from tests.fakes import MemoryIndexStore
 
 pytestmark = pytest.mark.usefixtures("clean_gateway_env")
 
 
-def test_probes_find_no_leak_and_no_server_error():
-    result = run_probes(200, seed=1)
+# The search path over Milvus (the fake store evaluates the filter term by term) and over the
+# Retriever's in-memory index (the real TeamIndex over every team's rows, the compiled filter).
+STORES = {"milvus": None, "memory_index": MemoryIndexStore}
+
+
+@pytest.mark.parametrize("store", STORES.values(), ids=STORES.keys())
+def test_probes_find_no_leak_and_no_server_error(store):
+    result = run_probes(200, seed=1, store=store)
     assert result["leaks_found"] == 0, result["leaks"]
     assert result["server_errors"] == 0, result["server_error_samples"]
     assert sum(sum(c.values()) for c in result["runs"].values()) == 200
@@ -50,10 +57,11 @@ def _other_team_in_the_filter(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(AccessContext, "may_see", lambda self, chunk: True)
 
 
+@pytest.mark.parametrize("store", STORES.values(), ids=STORES.keys())
 @pytest.mark.parametrize("breakage", [_confidential_in_public_mode, _other_team_in_the_filter])
-def test_a_broken_access_path_is_reported_as_a_leak(monkeypatch, breakage):
+def test_a_broken_access_path_is_reported_as_a_leak(monkeypatch, breakage, store):
     breakage(monkeypatch)
-    result = run_probes(100, seed=2)
+    result = run_probes(100, seed=2, store=store)
     assert result["leaks_found"] > 0
     assert any(leak["endpoint"] == ENDPOINTS[0] for leak in result["leaks"])
     # The sources of rag.enrich_answer go through the same access path.

@@ -1,0 +1,238 @@
+"""The Retriever's in-memory index against the real Milvus Lite server: it answers like Milvus,
+and a search after an acknowledged write, delete or reindex swap by *another* writer (its own
+client, as the bus consumer or a reindex job has) sees it."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+
+import pytest
+
+from deployments.config import GatewaySettings
+from deployments.memindex.cache import HotIndex
+from deployments.protocols import SearchFilter
+from deployments.retriever import MilvusStore, RetrieverDeployment
+from deployments.search_filter import compile_filter
+from tests.integration.test_milvus_store import chunk, vec
+
+pytestmark = pytest.mark.integration
+
+WORDS = ["milvus", "graph", "tenant", "vector", "search", "agent", "ray", "neo4j", "chunk"]
+
+
+def corpus(team: str, n: int = 40):
+    """``n`` chunks of distinct texts (distinct vectors: no ties between the two paths)."""
+    return [
+        chunk(
+            team,
+            f"doc{i}",
+            0,
+            text=" ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 1 + i % 7 + 2))
+            + f" item{i}",
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def stores(settings: GatewaySettings):
+    """A writer and a reader on their own connections, one base collection per test."""
+    milvus = settings.milvus.model_copy(update={"collection": f"mi_{uuid.uuid4().hex[:10]}"})
+    writer, reader = MilvusStore(milvus, dim=384), MilvusStore(milvus, dim=384)
+    writer.start()
+    reader.start()
+    yield writer, reader
+    writer.drop()
+    writer.close()
+    reader.close()
+
+
+@pytest.fixture
+def team() -> str:
+    return f"team_{uuid.uuid4().hex[:8]}"
+
+
+def hot_over(reader: MilvusStore) -> HotIndex:
+    s = reader.settings
+    return HotIndex(reader, metric=s.metric_type, k1=s.bm25_k1, b=s.bm25_b)
+
+
+def ids(found, method: str = "dense") -> list[str]:
+    return [h.chunk.chunk_id for h in found[method]]
+
+
+def test_change_log_heads_and_rows_round_trip(stores):
+    writer, _ = stores
+    log = writer.changes
+    alias = writer.collection_for("t")
+    empty = log.heads(alias)
+    log.record(alias, ["a", "b"])
+    after = log.heads(alias)
+    assert after.rows and after.rows != empty.rows and after.swap == empty.swap
+    log.record_swap(alias)
+    assert log.heads(alias).swap != after.swap
+    changes = log.since(alias, 0)
+    assert [c.chunk_ids for c in changes] == [("a", "b")]
+    assert log.since(alias, changes[0].at_ms + 1) == []
+
+
+def test_memory_index_scores_equal_milvus_on_a_flushed_collection(stores, team):
+    writer, reader = stores
+    rows = corpus(team)
+    writer.upsert(rows)
+    writer.flush(team)
+    hot = hot_over(reader)
+    assert hot.wait_loaded(team, timeout_s=60)
+    flt = SearchFilter(team_id=team)
+    for query in ("milvus graph", "tenant vector agent", "ray"):
+        vector = vec(query)
+        found = hot.candidates(query, vector, compile_filter(flt), 10, ("dense", "bm25"))
+        dense = reader.search(query, vector, flt, 10, "dense")
+        bm25 = reader.search(query, None, flt, 10, "bm25")
+        assert ids(found) == [h.chunk.chunk_id for h in dense]
+        assert [h.score for h in found["dense"]] == pytest.approx(
+            [h.score for h in dense], abs=1e-5
+        )
+        # Same BM25 function and parameters (k1, b set on the collection); ties may order
+        # differently, so compare the scores rank by rank and the sets of ids.
+        assert [h.score for h in found["bm25"]] == pytest.approx([h.score for h in bm25], rel=1e-4)
+        assert set(ids(found, "bm25")) == {h.chunk.chunk_id for h in bm25} or len(bm25) == 10
+    hot.close()
+
+
+def test_search_after_acknowledged_upsert_delete_and_rewrite_by_another_writer(stores, team):
+    writer, reader = stores
+    writer.upsert(corpus(team, 10))
+    hot = hot_over(reader)
+    assert hot.wait_loaded(team, timeout_s=60)
+    flt = compile_filter(SearchFilter(team_id=team))
+
+    new = chunk(team, "fresh", 0, text="zebra quagga okapi")
+    writer.upsert([new])
+    found = hot.candidates("zebra", vec("zebra"), flt, 5, ("bm25",))
+    assert ids(found, "bm25") == [new.chunk_id]
+
+    writer.upsert([chunk(team, "fresh", 0, text="rewritten without animals")])
+    assert hot.candidates("zebra", None, flt, 5, ("bm25",))["bm25"] == []
+
+    writer.delete_chunks(team, [new.chunk_id])
+    assert new.chunk_id not in ids(hot.candidates("x", vec("x"), flt, 100, ("dense",)))
+    assert hot.stats["hits"] == 3 and hot.stats["misses"] == 0
+    hot.close()
+
+
+def test_reindex_swap_is_seen_by_the_next_search(stores, team):
+    writer, reader = stores
+    writer.upsert(corpus(team, 10))
+    hot = hot_over(reader)
+    assert hot.wait_loaded(team, timeout_s=60)
+    flt = compile_filter(SearchFilter(team_id=team))
+
+    physical = writer.create_version(team, 2)
+    only = chunk(team, "v2only", 0, text="only in version two")
+    writer.upsert_into(physical, [only])  # not live yet: nobody's to see
+    assert only.chunk_id not in ids(hot.candidates("two", vec("two"), flt, 100, ("dense",)))
+    writer.flush_physical(physical)
+    writer.switch_alias(team, 2)
+    # Never the old copy: Milvus answers until the team is loaded again.
+    assert hot.candidates("two", vec("two"), flt, 100, ("dense",)) is None
+    assert hot.wait_loaded(team, timeout_s=60)
+    assert ids(hot.candidates("two", vec("two"), flt, 100, ("dense",))) == [only.chunk_id]
+
+    # A reindex catching up after the swap writes the now-live version directly.
+    late = chunk(team, "late", 0, text="caught up after the swap")
+    writer.upsert_into(physical, [late])
+    assert late.chunk_id in ids(hot.candidates("x", vec("x"), flt, 100, ("dense",)))
+    writer.delete_in(physical, [late.chunk_id])
+    assert late.chunk_id not in ids(hot.candidates("x", vec("x"), flt, 100, ("dense",)))
+    hot.close()
+
+
+def test_every_acknowledged_write_is_found_by_a_search_right_after_it(stores, team):
+    """A writer thread acknowledges documents one by one; after each acknowledgement the
+    reader searches for it at once. Every one must be found (no window of staleness)."""
+    writer, reader = stores
+    writer.upsert(corpus(team, 5))
+    hot = hot_over(reader)
+    assert hot.wait_loaded(team, timeout_s=60)
+    flt = compile_filter(SearchFilter(team_id=team))
+    acked: queue.Queue = queue.Queue()
+
+    def write() -> None:
+        for i in range(25):
+            c = chunk(team, f"live{i}", 0, text=f"unique{i}word appears here")
+            writer.upsert([c])
+            acked.put((f"unique{i}word", c.chunk_id))
+        acked.put(None)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    missed = []
+    while (item := acked.get(timeout=60)) is not None:
+        word, chunk_id = item
+        found = hot.candidates(word, None, flt, 5, ("bm25",))
+        if found is None or ids(found, "bm25")[:1] != [chunk_id]:
+            missed.append(word)
+    thread.join()
+    assert missed == []
+    hot.close()
+
+
+def test_shared_collection_memory_index_keeps_teams_apart(settings: GatewaySettings):
+    milvus = settings.milvus.model_copy(
+        update={"collection": f"mis_{uuid.uuid4().hex[:10]}", "layout": "shared"}
+    )
+    writer, reader = MilvusStore(milvus, dim=384), MilvusStore(milvus, dim=384)
+    writer.start()
+    reader.start()
+    try:
+        a, b = "team_a_" + uuid.uuid4().hex[:6], "team_b_" + uuid.uuid4().hex[:6]
+        writer.upsert(corpus(a, 8) + corpus(b, 8))
+        hot = hot_over(reader)
+        assert hot.wait_loaded(a, timeout_s=60)
+        writer.upsert([chunk(b, "bonly", 0, text="milvus graph tenant")])  # another team's write
+        for team in (a,):
+            found = hot.candidates(
+                "milvus graph",
+                vec("milvus"),
+                compile_filter(SearchFilter(team_id=team)),
+                100,
+                ("dense", "bm25"),
+            )
+            assert found is not None
+            assert {h.chunk.team_id for m in found.values() for h in m} == {team}
+        hot.close()
+    finally:
+        writer.drop()
+        writer.close()
+        reader.close()
+
+
+async def test_retriever_deployment_answers_from_memory_once_loaded(stores, team):
+    writer, _ = stores
+    writer.upsert(corpus(team, 12))
+    retriever = RetrieverDeployment(writer.settings, 384)
+    flt = SearchFilter(team_id=team)
+    before = await retriever.candidates("milvus", vec("milvus"), flt, 5, ("dense", "bm25"))
+    assert retriever.hot is not None and retriever.hot.stats["misses"] == 1
+    assert retriever.hot.wait_loaded(team, timeout_s=60)
+    after = await retriever.candidates("milvus", vec("milvus"), flt, 5, ("dense", "bm25"))
+    assert retriever.hot.stats["hits"] == 1
+    assert ids(after) == ids(before)  # exact dense vs HNSW on a small collection: the same
+    status = await retriever.status()
+    assert status["memory_index"]["chunks"] == 12
+    off = RetrieverDeployment(
+        writer.settings.model_copy(
+            update={
+                "memory_index": writer.settings.memory_index.model_copy(update={"enabled": False})
+            }
+        ),
+        384,
+    )
+    assert off.hot is None
+    assert (await off.status())["memory_index"] == {"enabled": False}
+    retriever.hot.close()
+    time.sleep(0)
