@@ -18,6 +18,7 @@ from ray import serve
 
 from deployments.config import EmbedderSettings
 from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.timing import MeanTimes
 
 if TYPE_CHECKING:
     import torch
@@ -197,6 +198,10 @@ class EmbedderCore:
         return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+# Query batches up to this many characters are embedded on the replica's event loop.
+INLINE_QUERY_CHARS = 4096
+
+
 def _count_texts(requests: list[list[str]]) -> int:
     return sum(len(texts) for texts in requests)
 
@@ -212,6 +217,8 @@ class EmbedderDeployment:
     def __init__(self, settings: EmbedderSettings) -> None:
         self.core = EmbedderCore(settings)
         self._max_texts = settings.max_batch_size
+        # In-replica time per call and per model batch (status(), so /readyz shows it).
+        self._timing = MeanTimes()
         self._load_error: str | None = None
         self._loading = asyncio.get_running_loop().run_in_executor(None, self._load)
 
@@ -224,13 +231,18 @@ class EmbedderDeployment:
             raise
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
-        """Batch size and wait come from ``user_config`` so ops can tune without a restart."""
-        for queue in (self._embed_queries, self._embed_passages):
+        """Batch size and waits come from ``user_config`` so ops can tune without a restart:
+        ``batch_wait_timeout_s`` for passages, ``query_batch_wait_timeout_s`` for queries."""
+        waits = {
+            self._embed_passages: user_config.get("batch_wait_timeout_s"),
+            self._embed_queries: user_config.get("query_batch_wait_timeout_s"),
+        }
+        for queue, wait in waits.items():
             if "max_batch_size" in user_config:
                 self._max_texts = int(user_config["max_batch_size"])
                 queue.set_max_batch_size(self._max_texts)
-            if "batch_wait_timeout_s" in user_config:
-                queue.set_batch_wait_timeout_s(float(user_config["batch_wait_timeout_s"]))
+            if wait is not None:
+                queue.set_batch_wait_timeout_s(float(wait))
 
     async def status(self) -> dict[str, Any]:
         return {
@@ -239,6 +251,7 @@ class EmbedderDeployment:
             "path": self.core.model_path,
             "dim": self.core.dim,
             "error": self._load_error,
+            "timing": self._timing.snapshot(),
         }
 
     async def embed(self, texts: list[str], kind: str = "passage") -> np.ndarray:
@@ -253,23 +266,33 @@ class EmbedderDeployment:
             return np.zeros((0, self.core.dim or 0), dtype=np.float32)
         queue = self._embed_queries if kind == "query" else self._embed_passages
         step = self._max_texts
+        started = time.perf_counter()
         parts = await asyncio.gather(
             *(queue(list(texts[i : i + step])) for i in range(0, len(texts), step))
         )
+        self._timing.add(f"{kind}_call", started)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     async def _run(self, requests: list[list[str]], kind: str) -> list[np.ndarray]:
-        # Flatten the requests of one batch, embed once off the event loop, split back.
+        # Flatten the requests of one batch, embed once, split back. A small query batch runs
+        # on the event loop itself: handing a ~10 ms forward pass to a worker thread made it
+        # ~20 % slower and cut query throughput to a third (GIL hand-offs; bench/README.md).
+        # Anything larger runs off the loop, so the replica keeps answering meanwhile.
         flat = [text for texts in requests for text in texts]
-        loop = asyncio.get_running_loop()
-        vectors = await loop.run_in_executor(None, self.core.embed, flat, kind)
+        started = time.perf_counter()
+        if kind == "query" and sum(len(t) for t in flat) <= INLINE_QUERY_CHARS:
+            vectors = self.core.embed(flat, kind)
+        else:
+            loop = asyncio.get_running_loop()
+            vectors = await loop.run_in_executor(None, self.core.embed, flat, kind)
+        self._timing.add(f"{kind}_batch", started, len(requests))
         out, offset = [], 0
         for texts in requests:
             out.append(vectors[offset : offset + len(texts)])
             offset += len(texts)
         return out
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005, batch_size_fn=_count_texts)
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.0, batch_size_fn=_count_texts)
     async def _embed_queries(self, requests: list[list[str]]) -> list[np.ndarray]:
         return await self._run(requests, "query")
 

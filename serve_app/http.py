@@ -12,6 +12,7 @@ from serve_app.api import admin, audit, enrich, events, graph, health, ingest, s
 from serve_app.auth import Authenticator
 from serve_app.errors import install_error_handlers
 from serve_app.service import GatewayService
+from serve_app.timing import ServerTiming
 
 
 def create_app(service: GatewayService, authenticator: Authenticator | None = None) -> FastAPI:
@@ -33,6 +34,7 @@ def create_app(service: GatewayService, authenticator: Authenticator | None = No
     app.state.service = service
     app.state.authenticator = authenticator or Authenticator.from_settings(service.settings)
     install_error_handlers(app)
+    app.add_middleware(ServerTiming)
     for module in (search, enrich, graph, ingest, events, audit, admin, health, tools):
         app.include_router(module.router)
     return app

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -59,6 +60,7 @@ from serve_app.ranking import (
     within_budget,
 )
 from serve_app.snippets import best_snippet
+from serve_app.timing import stage
 
 logger = logging.getLogger(__name__)
 
@@ -124,8 +126,9 @@ class GatewayService(GraphTools):
         self, req: SearchDocsRequest, trace_id: str, principal: Principal, started: float
     ) -> SearchDocsResponse:
         # Access first: a caller outside the scope learns nothing, not even about limits.
-        ctx = AccessContext.for_search(principal, req, self.policy)
-        flt = ctx.search_filter(req.filters)
+        with stage("access"):
+            ctx = AccessContext.for_search(principal, req, self.policy)
+            flt = ctx.search_filter(req.filters)
         cfg = self.settings.search
         top_k = req.top_k or cfg.default_top_k
         if top_k > cfg.max_top_k:
@@ -139,7 +142,8 @@ class GatewayService(GraphTools):
         hits, mode, degraded = await self._retrieve(
             req, ctx, flt, top_k, req.search_mode or cfg.mode, graph_info=graph_info
         )
-        matches = self._to_matches(hits, req)
+        with stage("snippets"):
+            matches = self._to_matches(hits, req)
         return SearchDocsResponse(
             degraded=bool(degraded),
             degraded_reasons=degraded,
@@ -182,9 +186,11 @@ class GatewayService(GraphTools):
         fetch = top_k * cfg.candidate_multiplier
         if use_rerank:
             fetch = max(fetch, self.settings.reranker.candidates)
-        # BM25 needs no vector: its search runs while the query is embedded.
+        # BM25 needs no vector: its search runs while the query is embedded. Both calls carry
+        # one read id, so the Retriever checks once (in the first) that it is up to date.
+        read = uuid.uuid4().hex
         bm25_task = (
-            asyncio.create_task(self.store.candidates(req.query, None, flt, fetch, ("bm25",)))
+            asyncio.create_task(self._candidates(req.query, None, flt, fetch, ("bm25",), read))
             if mode in ("hybrid", "bm25")
             else None
         )
@@ -199,10 +205,10 @@ class GatewayService(GraphTools):
                     mode = "bm25"
                     if bm25_task is None:
                         bm25_task = asyncio.create_task(
-                            self.store.candidates(req.query, None, flt, fetch, ("bm25",))
+                            self._candidates(req.query, None, flt, fetch, ("bm25",), read)
                         )
                 else:
-                    lists |= await self.store.candidates(req.query, vector, flt, fetch, ("dense",))
+                    lists |= await self._candidates(req.query, vector, flt, fetch, ("dense",), read)
             if bm25_task is not None:
                 lists |= await bm25_task
         finally:
@@ -217,7 +223,8 @@ class GatewayService(GraphTools):
         if linked and req.graph is not None and req.graph.mode == "boost":
             hits = await self._graph_boost(req, ctx, flt, lists, linked, mode, vector, fetch)
         else:
-            hits = self._fuse(lists, req) if mode == "hybrid" else lists[mode]
+            with stage("fuse"):
+                hits = self._fuse(lists, req) if mode == "hybrid" else lists[mode]
 
         if use_rerank and hits:
             try:
@@ -227,13 +234,14 @@ class GatewayService(GraphTools):
 
         # The score threshold first (it is per passage, and duplicates score lower than the
         # copy they repeat), then near-duplicates only until top_k passages are kept.
-        min_score = req.min_score if req.min_score is not None else cfg.min_score
-        if min_score is not None:
-            hits = [h for h in hits if h.score >= min_score]
-        hits = drop_near_duplicates(hits, _body, cfg.near_duplicate_threshold, limit=top_k)
-        budget = req.max_context_tokens or cfg.max_context_tokens
-        if budget is not None:
-            hits = within_budget(hits, _body, self.count_tokens, budget)
+        with stage("post"):
+            min_score = req.min_score if req.min_score is not None else cfg.min_score
+            if min_score is not None:
+                hits = [h for h in hits if h.score >= min_score]
+            hits = drop_near_duplicates(hits, _body, cfg.near_duplicate_threshold, limit=top_k)
+            budget = req.max_context_tokens or cfg.max_context_tokens
+            if budget is not None:
+                hits = within_budget(hits, _body, self.count_tokens, budget)
         return hits, mode, degraded
 
     async def _graph_linked_docs(
@@ -330,6 +338,18 @@ class GatewayService(GraphTools):
             )
         return self._fuse({**lists, "graph": graph_list}, req, extra={"graph": weight})
 
+    async def _candidates(
+        self,
+        query: str,
+        vector: list[float] | None,
+        flt: SearchFilter,
+        fetch: int,
+        methods: tuple[str, ...],
+        read_id: str,
+    ) -> dict[str, list[SearchHit]]:
+        with stage("+".join(methods)):
+            return await self.store.candidates(query, vector, flt, fetch, methods, read_id)
+
     async def _query_vector(
         self, query: str, given: list[float] | BackendUnavailable | None
     ) -> list[float] | None:
@@ -337,7 +357,8 @@ class GatewayService(GraphTools):
             raise given
         if given is not None:
             return given
-        return _as_list((await self.embedder.embed([query], "query"))[0])
+        with stage("embed"):
+            return _as_list((await self.embedder.embed([query], "query"))[0])
 
     # --- rag.enrich_answer --------------------------------------------------------------
     async def enrich_answer(
@@ -408,7 +429,8 @@ class GatewayService(GraphTools):
         if started is not None:
             fields.setdefault("latency_ms", round((time.perf_counter() - started) * 1000, 2))
         try:
-            self.audit.record(AuditRecord(trace_id=trace_id, **fields))
+            with stage("audit"):
+                self.audit.record(AuditRecord(trace_id=trace_id, **fields))
         except Exception:  # the audit log must never fail a request
             logger.exception("audit record could not be queued")
 

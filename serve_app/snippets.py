@@ -19,15 +19,17 @@ def best_snippet(body: str, query: str, max_chars: int) -> str:
         return body
     wanted = terms(query)
     sentences = [s for s in SENTENCE_END.split(body) if s.strip()]
+    # Each sentence's query terms once, not once per window it falls in.
+    sentence_hits = [len(terms(s) & wanted) for s in sentences]
     best, best_hits = "", -1
     for start in range(len(sentences)):
         window, hits = "", 0
-        for sentence in sentences[start:]:
-            candidate = f"{window} {sentence}".strip()
+        for i in range(start, len(sentences)):
+            candidate = f"{window} {sentences[i]}".strip()
             if len(candidate) > max_chars and window:
                 break
             window = candidate
-            hits += len(terms(sentence) & wanted)
+            hits += sentence_hits[i]
         if hits > best_hits:
             best, best_hits = window, hits
     if len(best) > max_chars:

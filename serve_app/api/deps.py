@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from serve_app.auth import Authenticator, Principal
 from serve_app.errors import GatewayError, trace_id_of
 from serve_app.service import GatewayService
+from serve_app.timing import stage
 
 # Route path -> audited action name.
 ACTIONS = {
@@ -36,7 +37,8 @@ async def _principal(request: Request) -> Principal:
     authenticator: Authenticator = request.app.state.authenticator
     started = time.perf_counter()
     try:
-        return await authenticator.authenticate(request.headers)
+        with stage("auth"):
+            return await authenticator.authenticate(request.headers)
     except GatewayError as exc:
         # 401 (or 503 when the JWKS cannot be fetched): audited as a deny, subject unknown.
         service: GatewayService = request.app.state.service
