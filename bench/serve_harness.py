@@ -52,6 +52,16 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def _raise_system_exit(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)
 
@@ -155,6 +165,11 @@ class ServeHarness:
         self._set_env("RAY_AUTH_TOKEN_PATH", str(token_path))
         self._set_env("HF_HUB_OFFLINE", "1")
         self._set_env("TRANSFORMERS_OFFLINE", "1")
+        from serve_app.serve_env import SERVE_ENV
+
+        for name, value in SERVE_ENV.items():
+            if name not in os.environ:  # an explicit setting (--serve-env) wins
+                self._set_env(name, value)
         if "ray._raylet" in sys.modules:
             # ray was imported before this harness: refresh its cached config the way
             # ray._private.authentication.authentication_token_setup does.
@@ -227,6 +242,20 @@ class ServeHarness:
         self.wait_ready()
         self.startup_s = round(time.perf_counter() - started, 1)
         logger.info("gateway ready in %.1fs", self.startup_s)
+
+    def redeploy(self, settings: dict[str, Any]) -> None:
+        """Deploy the app again on the running cluster with further ``settings`` overrides
+        (deep-merged over this harness's own), e.g. to compare two configurations in one run."""
+        from ray import serve
+
+        from serve_app.app import AppArgs, build_app
+
+        merged = _deep_merge(self.app_args.settings, settings)
+        self.app_args = AppArgs(settings=merged, graph_enabled=self.graph_enabled)
+        self.settings = self.app_args.gateway_settings()
+        logger.info("redeploying app %r with %s", APP_NAME, settings)
+        serve.run(build_app(self.app_args), name=APP_NAME, route_prefix="/")
+        self.wait_ready()
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s

@@ -10,16 +10,16 @@ one store. Neo4j is the real 5.26 Community server, resolved from Maven Central 
 scripts/neo4j/pom.xml and started by scripts/neo4j/Launcher.java, with a capped heap and page
 cache. PostgreSQL (for the audit log tests; the gateway's default audit store is SQLite) is
 the distribution's server binaries (Debian package ``postgresql``, installed with apt-get when
-missing and CI=true) running a private cluster in var/postgres on 127.0.0.1:5433 with tiny
-memory settings; as root it runs as the ``postgres`` system user. State, logs and pid files
-live in $RAG_VAR_DIR (default ./var).
+missing and CI=true or RAG_INSTALL_PACKAGES=1, as scripts/test.sh sets) running a private
+cluster in var/postgres on 127.0.0.1:5433 with tiny memory settings; as root it runs as the
+``postgres`` system user. State, logs and pid files live in $RAG_VAR_DIR (default ./var).
 
     python scripts/services.py url postgres    # the SQLAlchemy URL of the audit database
 
 Environment: RAG_VAR_DIR, RAG_MILVUS_PORT (19530), RAG_NEO4J_PORT (7687),
 NEO4J__PASSWORD (rag-gateway-dev), RAG_NEO4J_HEAP (768m), RAG_NEO4J_PAGECACHE (128m),
 NATS (the event bus of batch_ingest.consumer) is the Debian package ``nats-server`` (2.9.x,
-installed with apt-get when missing and CI=true) with JetStream on, file storage in var/nats,
+installed with apt-get like PostgreSQL) with JetStream on, file storage in var/nats,
 on 127.0.0.1:4222 (``url nats`` prints nats://127.0.0.1:4222).
 
 RAG_NATS_PORT (4222), RAG_POSTGRES_PORT (5433), RAG_POSTGRES_PASSWORD (rag-audit-dev),
@@ -304,25 +304,41 @@ def postgres_bin() -> Path | None:
     return Path(initdb).parent if initdb else None
 
 
-class PostgresMissing(Exception):
-    """No PostgreSQL server binaries, and not allowed to install them (not CI)."""
+class PackageMissing(Exception):
+    """A Debian package a service needs is not installed, and may not be installed here."""
+
+
+def apt_install(package: str, what: str) -> None:
+    """Install ``package`` with apt-get when allowed: CI=true, or RAG_INSTALL_PACKAGES=1
+    (scripts/test.sh sets it, so its one command works on a fresh machine), as root or with
+    password-less sudo.
+
+    Raises:
+        PackageMissing: not allowed, or no way to become root without a prompt.
+    """
+    cmd = f"apt-get update && apt-get install -y {package}"
+    allowed = os.environ.get("CI", "").lower() == "true" or os.environ.get(
+        "RAG_INSTALL_PACKAGES", ""
+    ) in ("1", "true")
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    if allowed and sudo and subprocess.run([*sudo, "true"], capture_output=True).returncode:
+        allowed = False
+    if not allowed:
+        raise PackageMissing(
+            f"{what} not found; install it with: {cmd} (scripts/services.py runs that itself "
+            "with CI=true or RAG_INSTALL_PACKAGES=1, as root or with password-less sudo)"
+        )
+    log(f"{what} missing; running: {cmd}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run([*sudo, "apt-get", "update"], check=True, env=env)
+    subprocess.run([*sudo, "apt-get", "install", "-y", package], check=True, env=env)
 
 
 def postgres_install() -> Path:
     bindir = postgres_bin()
     if bindir is not None and (bindir / "pg_ctl").exists():
         return bindir
-    cmd = "apt-get update && apt-get install -y postgresql"
-    if os.environ.get("CI", "").lower() != "true":
-        raise PostgresMissing(
-            f"PostgreSQL server binaries not found; install them with: {cmd} "
-            "(scripts/services.py runs it itself when CI=true)"
-        )
-    log(f"PostgreSQL binaries missing; CI=true, running: {cmd}")
-    sudo = [] if os.geteuid() == 0 else ["sudo"]
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run([*sudo, "apt-get", "update"], check=True, env=env)
-    subprocess.run([*sudo, "apt-get", "install", "-y", "postgresql"], check=True, env=env)
+    apt_install("postgresql", "PostgreSQL server binaries")
     bindir = postgres_bin()
     if bindir is None:
         sys.exit("[services] apt-get installed postgresql but no initdb was found")
@@ -374,7 +390,7 @@ def postgres_up(required: bool = True) -> None:
     it): missing binaries are a warning, the gateway's default audit store is SQLite."""
     try:
         bindir = postgres_install()
-    except PostgresMissing as exc:
+    except PackageMissing as exc:
         if required:
             sys.exit(f"[services] {exc}")
         log(f"WARNING: postgres skipped: {exc}")
@@ -502,10 +518,6 @@ def nats_url() -> str:
     return f"nats://127.0.0.1:{NATS_PORT}"
 
 
-class NatsMissing(Exception):
-    """No nats-server binary, and not allowed to install it (not CI)."""
-
-
 def nats_exe() -> str | None:
     # Debian puts it in /usr/sbin, which a normal user's PATH may lack.
     return shutil.which("nats-server") or next(
@@ -517,17 +529,7 @@ def nats_install() -> str:
     exe = nats_exe()
     if exe:
         return exe
-    cmd = "apt-get update && apt-get install -y nats-server"
-    if os.environ.get("CI", "").lower() != "true":
-        raise NatsMissing(
-            f"nats-server not found; install it with: {cmd} "
-            "(scripts/services.py runs it itself when CI=true)"
-        )
-    log(f"nats-server missing; CI=true, running: {cmd}")
-    sudo = [] if os.geteuid() == 0 else ["sudo"]
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run([*sudo, "apt-get", "update"], check=True, env=env)
-    subprocess.run([*sudo, "apt-get", "install", "-y", "nats-server"], check=True, env=env)
+    apt_install("nats-server", "nats-server")
     exe = nats_exe()
     if exe is None:
         sys.exit("[services] apt-get installed nats-server but it was not found")
@@ -562,7 +564,7 @@ def nats_up(required: bool = True) -> None:
         sys.exit(f"[services] port {NATS_PORT} is taken by another process; set RAG_NATS_PORT")
     try:
         exe = nats_install()
-    except NatsMissing as exc:
+    except PackageMissing as exc:
         if required:
             sys.exit(f"[services] {exc}")
         log(f"WARNING: nats skipped: {exc}")

@@ -7,6 +7,9 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${RAG_VENV:-$ROOT/.venv}"
 cd "$ROOT"
 bash scripts/install.sh || exit 1
+# The tests need PostgreSQL and nats-server: scripts/services.py installs them with apt-get
+# when they are missing (as root or with password-less sudo; RAG_INSTALL_PACKAGES=0 refuses).
+export RAG_INSTALL_PACKAGES="${RAG_INSTALL_PACKAGES:-1}"
 
 # Start only the services that are not running, and stop only those at the end.
 started=()

@@ -1,0 +1,423 @@
+"""Hybrid search_docs on real text: the gateway against the floor of the hardware, same run.
+
+1. Starts the gateway (``bench.serve_harness``; JWT auth by default, the app's default
+   hybrid search) and writes the AppStream descriptions (``bench.realtext``: 2,126 documents,
+   2,365 chunks, real MiniLM embeddings) of one team straight into Milvus through
+   ``MilvusStore`` — another process than the Retriever, as the bus consumer is.
+2. The floor, in this process over the same chunks and queries: one query embedding
+   (``EmbedderCore``, the deployment's settings: 1 torch thread) + an exact numpy dense top-k
+   + a ``bm25s`` top-k, sequential; medians.
+3. ``POST /rag/search_docs`` with the AppStream summaries as queries (``top_k`` 10), closed
+   loop at each ``--concurrency`` level, ``--reps`` repetitions: client p50/p95, requests/s,
+   the server's ``took_ms`` and its ``Server-Timing`` stages; nDCG@10 of the answers.
+4. ``--grow N``: KJV verses are added to the same team until it holds N times the chunks;
+   the floor and the searches again.
+5. ``--compare-off``: the app redeployed with the in-memory index off (every search in
+   Milvus) and measured the same way.
+
+    .venv/bin/python -m bench.bench_search_real --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import statistics
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+
+from bench import realtext
+from bench.common import (
+    DEFAULT_PORT,
+    Progress,
+    closed_loop,
+    environment_info,
+    latency_summary,
+    markdown_table,
+    parse_int_list,
+    setup_logging,
+    write_result,
+)
+from bench.quality.metrics import distinct, evaluate
+from bench.serve_harness import ServeHarness
+
+logger = logging.getLogger("bench.search_real")
+SECRET = "bench-search-real-hs256-secret-0123456789abcdef"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.bench_search_real",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--collection", default="bench_real", help="must start with bench_")
+    p.add_argument("--team", default="bench_real_t0")
+    p.add_argument("--concurrency", type=parse_int_list, default="1,8")
+    p.add_argument("--requests", type=parse_int_list, default="200,400", help="per level")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--auth", choices=("jwt", "dev"), default="jwt")
+    p.add_argument("--grow", type=int, default=10, help="then grow the team N× (0: skip)")
+    p.add_argument("--compare-off", action="store_true", help="also with the memory index off")
+    p.add_argument("--off-requests", type=parse_int_list, default="60,120")
+    p.add_argument("--floor-queries", type=int, default=200)
+    p.add_argument("--flush", action="store_true", help="flush Milvus after writing")
+    p.add_argument(
+        "--serve-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment of the Ray cluster (Serve tuning flags), repeatable",
+    )
+    p.add_argument("--out", default=None)
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def token(team: str, settings: Any) -> str:
+    import jwt
+
+    now = int(time.time())
+    claims = {"sub": "bench-agent", "iat": now, "exp": now + 86_400}
+    claims[settings.auth.claims.teams] = {team: ["member"]}
+    return jwt.encode(claims, SECRET, "HS256")
+
+
+def write_chunks(store: Any, chunks: list[Any], what: str, flush: bool) -> float:
+    progress = Progress(f"write {what}", len(chunks), "chunks", every_s=15.0)
+    t0 = time.perf_counter()
+    for start in range(0, len(chunks), 256):
+        part = chunks[start : start + 256]
+        store.upsert(part)
+        progress.add(len(part))
+    if flush:
+        store.flush()
+    return time.perf_counter() - t0
+
+
+async def memory_index_state(client: httpx.AsyncClient) -> dict[str, Any]:
+    body = (await client.get("/readyz")).json()
+    return body.get("components", {}).get("milvus", {}).get("memory_index", {})
+
+
+async def warm(
+    client: httpx.AsyncClient, args: argparse.Namespace, queries: list[str], chunks: int
+) -> float:
+    """Search until the Retriever answers from memory with all ``chunks`` (or the index is
+    off); returns the seconds it took."""
+    t0 = time.perf_counter()
+    for i in range(10_000):
+        resp = await client.post("/rag/search_docs", json=body(args, queries[i % len(queries)]))
+        resp.raise_for_status()
+        state = await memory_index_state(client)
+        if not state.get("enabled") or (state.get("chunks") == chunks and not state["loading"]):
+            if i >= args.warmup:
+                break
+        else:
+            await asyncio.sleep(0.2)
+    return time.perf_counter() - t0
+
+
+def body(args: argparse.Namespace, query: str) -> dict[str, Any]:
+    return {"team_id": args.team, "query": query, "top_k": args.top_k}
+
+
+def parse_server_timing(header: str) -> dict[str, float]:
+    out = {}
+    for part in header.split(","):
+        name, _, rest = part.strip().partition(";")
+        if rest.startswith("dur="):
+            out[name] = float(rest[4:])
+    return out
+
+
+async def level(
+    client: httpx.AsyncClient,
+    args: argparse.Namespace,
+    qids: list[str],
+    queries: dict[str, str],
+    concurrency: int,
+) -> dict[str, Any]:
+    took: list[float] = []
+    stages: dict[str, list[float]] = {}
+    runs: dict[str, list[str]] = {}
+
+    async def call(qid: str) -> None:
+        resp = await client.post("/rag/search_docs", json=body(args, queries[qid]))
+        if resp.status_code != 200:
+            raise RuntimeError(f"search answered {resp.status_code}: {resp.text[:300]}")
+        data = resp.json()
+        took.append(float(data["took_ms"]))
+        runs[qid] = distinct([m["source_ref"]["id"] for m in data["matches"]])
+        for name, ms in parse_server_timing(resp.headers.get("server-timing", "")).items():
+            stages.setdefault(name, []).append(ms)
+
+    wall, latencies, _, errors = await closed_loop(qids, concurrency, call)
+    for exc in errors[:3]:
+        logger.error("search failed: %s", exc)
+    return {
+        "concurrency": concurrency,
+        "requests": len(qids),
+        "errors": len(errors),
+        "requests_per_s": round(len(latencies) / wall, 2),
+        "latency": latency_summary(latencies),
+        "server_took_p50_ms": round(statistics.median(took), 2) if took else None,
+        "stages_p50_ms": {k: round(statistics.median(v), 2) for k, v in stages.items()},
+        "runs": runs,
+    }
+
+
+async def measure(
+    client: httpx.AsyncClient,
+    args: argparse.Namespace,
+    labeled: Any,
+    requests: list[int],
+    label: str,
+) -> list[dict[str, Any]]:
+    qids = sorted(labeled.queries)
+    out = []
+    for concurrency, n in zip(args.concurrency, requests, strict=True):
+        reps = []
+        for rep in range(args.reps):
+            res = await level(client, args, qids[:n], labeled.queries, concurrency)
+            lat = res["latency"]
+            logger.info(
+                "%s c=%d rep %d: p50 %s ms, p95 %s ms, %.1f req/s, server p50 %s ms, %d errors",
+                label,
+                concurrency,
+                rep + 1,
+                lat.get("p50_ms"),
+                lat.get("p95_ms"),
+                res["requests_per_s"],
+                res["server_took_p50_ms"],
+                res["errors"],
+            )
+            reps.append(res)
+        ndcg = evaluate(reps[0]["runs"], labeled.qrels)["ndcg@10"]
+        for r in reps:
+            r.pop("runs")
+        out.append(
+            {
+                "label": label,
+                "concurrency": concurrency,
+                "requests": n,
+                "p50_ms": statistics.median(r["latency"]["p50_ms"] for r in reps),
+                "p95_ms": statistics.median(r["latency"]["p95_ms"] for r in reps),
+                "requests_per_s": statistics.median(r["requests_per_s"] for r in reps),
+                "server_took_p50_ms": statistics.median(r["server_took_p50_ms"] for r in reps),
+                "stages_p50_ms": reps[len(reps) // 2]["stages_p50_ms"],
+                "errors": sum(r["errors"] for r in reps),
+                "ndcg@10": round(ndcg, 4),
+                "reps": reps,
+            }
+        )
+    return out
+
+
+def floor(
+    settings: Any, chunks: list[Any], queries: list[str], limit: int, n: int
+) -> dict[str, Any]:
+    """One in-process query embedding + exact numpy dense top-k + bm25s top-k, per query."""
+    import bm25s
+
+    from deployments.embedder import EmbedderCore
+
+    core = EmbedderCore(settings.embedder)
+    core.start()
+    matrix = np.asarray([c.vector for c in chunks], dtype=np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    retriever = bm25s.BM25()
+    retriever.index(
+        bm25s.tokenize([c.text for c in chunks], stopwords=None, show_progress=False),
+        show_progress=False,
+    )
+    parts: dict[str, list[float]] = {"embed": [], "dense": [], "bm25": [], "total": []}
+    for i, query in enumerate(queries[: n + 5]):
+        t0 = time.perf_counter()
+        vec = core.embed([query], "query")[0]
+        t1 = time.perf_counter()
+        scores = matrix @ vec
+        top = np.argpartition(-scores, limit)[:limit]
+        top[np.argsort(-scores[top])]
+        t2 = time.perf_counter()
+        tokens = bm25s.tokenize([query], stopwords=None, show_progress=False)
+        retriever.retrieve(tokens, k=limit, show_progress=False, n_threads=1)
+        t3 = time.perf_counter()
+        if i >= 5:  # warm-up
+            for name, dt in (("embed", t1 - t0), ("dense", t2 - t1), ("bm25", t3 - t2)):
+                parts[name].append(dt * 1000)
+            parts["total"].append((t3 - t0) * 1000)
+    return {k: round(statistics.median(v), 3) for k, v in parts.items()}
+
+
+async def phase(
+    h: ServeHarness,
+    args: argparse.Namespace,
+    labeled: Any,
+    chunks: list[Any],
+    label: str,
+    headers: dict[str, str],
+    requests: list[int],
+) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=max(args.concurrency) + 2)
+    queries = [labeled.queries[q] for q in sorted(labeled.queries)]
+    async with httpx.AsyncClient(
+        base_url=h.base_url, timeout=120.0, limits=limits, headers=headers
+    ) as client:
+        warm_s = await warm(client, args, queries, len(chunks))
+        logger.info("%s: warm after %.1fs: %s", label, warm_s, await memory_index_state(client))
+        levels = await measure(client, args, labeled, requests, label)
+        # The replicas' own timings (Embedder batches, memory-index sync and search).
+        components = (await client.get("/readyz")).json().get("components", {})
+    logger.info(
+        "%s: embedder %s; memory index %s",
+        label,
+        components.get("embedder", {}).get("timing"),
+        components.get("milvus", {}).get("memory_index", {}).get("timing"),
+    )
+    return {
+        "label": label,
+        "chunks": len(chunks),
+        "warm_s": round(warm_s, 1),
+        "levels": levels,
+        "components": components,
+    }
+
+
+async def run(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
+    settings = h.settings
+    labeled = realtext.appstream(args.team)
+    chunks = realtext.embed_chunks(
+        realtext.build_chunks(labeled.documents, settings), settings, name="appstream"
+    )
+    queries = [labeled.queries[q] for q in sorted(labeled.queries)]
+    headers = (
+        {"authorization": f"Bearer {token(args.team, settings)}"} if args.auth == "jwt" else {}
+    )
+    store = h.milvus_store()
+    store.start()
+    result: dict[str, Any] = {"phases": [], "floors": []}
+    result["write_s"] = round(write_chunks(store, chunks, "AppStream", args.flush), 1)
+    limit = args.top_k * settings.search.candidate_multiplier
+    result["floors"].append(
+        {"chunks": len(chunks), **floor(settings, chunks, queries, limit, args.floor_queries)}
+    )
+    logger.info("floor at %d chunks: %s", len(chunks), result["floors"][-1])
+    result["phases"].append(await phase(h, args, labeled, chunks, "base", headers, args.requests))
+    if args.grow > 1:
+        extra = (args.grow - 1) * len(chunks)
+        kjv = realtext.embed_chunks(
+            realtext.build_chunks(realtext.kjv_documents(args.team, extra), settings),
+            settings,
+            name="kjv",
+        )
+        result["grow_write_s"] = round(write_chunks(store, kjv, "KJV", args.flush), 1)
+        grown = chunks + kjv
+        result["floors"].append(
+            {"chunks": len(grown), **floor(settings, grown, queries, limit, args.floor_queries)}
+        )
+        logger.info("floor at %d chunks: %s", len(grown), result["floors"][-1])
+        result["phases"].append(
+            await phase(h, args, labeled, grown, f"{args.grow}x", headers, args.requests)
+        )
+        chunks = grown
+    store.close()
+    if args.compare_off:
+        h.redeploy({"milvus": {"memory_index": {"enabled": False}}})
+        result["phases"].append(
+            await phase(h, args, labeled, chunks, "memory index off", headers, args.off_requests)
+        )
+    return result
+
+
+def render(result: dict[str, Any]) -> str:
+    floors = {f["chunks"]: f for f in result["floors"]}
+    rows = []
+    for f in result["floors"]:
+        rows.append(
+            [
+                f"floor: embed {f['embed']} + numpy {f['dense']} + bm25s {f['bm25']} ms",
+                f["chunks"],
+                1,
+                f["total"],
+                "–",
+                "–",
+                "1.00×",
+                "–",
+            ]
+        )
+    for ph in result["phases"]:
+        fl = floors.get(ph["chunks"])
+        for lv in ph["levels"]:
+            ratio = f"{lv['p50_ms'] / fl['total']:.2f}×" if fl else "–"
+            rows.append(
+                [
+                    f"gateway ({ph['label']})",
+                    ph["chunks"],
+                    lv["concurrency"],
+                    lv["p50_ms"],
+                    lv["p95_ms"],
+                    lv["requests_per_s"],
+                    ratio,
+                    lv["ndcg@10"],
+                ]
+            )
+    table = markdown_table(
+        ["path", "chunks", "concurrency", "p50 ms", "p95 ms", "req/s", "p50 vs floor", "nDCG@10"],
+        rows,
+    )
+    stages = []
+    for ph in result["phases"]:
+        for lv in ph["levels"]:
+            st = lv["stages_p50_ms"]
+            stages.append(
+                [ph["label"], lv["concurrency"], lv["server_took_p50_ms"]]
+                + [", ".join(f"{k} {v}" for k, v in st.items())]
+            )
+    return (
+        table
+        + "\n\n"
+        + markdown_table(["phase", "concurrency", "server took p50 ms", "stages p50 ms"], stages)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    for item in args.serve_env:
+        name, _, value = item.partition("=")
+        os.environ[name] = value
+    settings: dict[str, Any] = {}
+    if args.auth == "jwt":
+        settings["auth"] = {"mode": "jwt", "hs256_secret": SECRET}
+    harness = ServeHarness(port=args.port, collection=args.collection, settings=settings)
+    result: dict[str, Any] = {
+        "benchmark": "search_real",
+        "args": vars(args),
+        "environment": environment_info(),
+        "search_settings": harness.settings.search.model_dump(),
+    }
+    started = time.perf_counter()
+    try:
+        with harness:
+            result["startup_s"] = harness.startup_s
+            result.update(asyncio.run(run(args, harness)))
+    finally:
+        harness.stop()
+    result["total_s"] = round(time.perf_counter() - started, 1)
+    result["table_markdown"] = render(result)
+    write_result("search_real", result, args.out)
+    print(result["table_markdown"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
