@@ -853,15 +853,12 @@ class RetrieverDeployment:
         read_id: str = "",
     ) -> dict[str, list[SearchHit]]:
         if self.hot is not None:
-            found = await asyncio.to_thread(
-                self.hot.candidates,
-                query_text,
-                query_vector,
-                compile_filter(flt),
-                limit,
-                methods,
-                read_id,
-            )
+            compiled = compile_filter(flt)
+            args = (query_text, query_vector, compiled, limit, methods, read_id)
+            # The second call of a search needs no I/O: answer it on the loop.
+            found = self.hot.synced_candidates(*args)
+            if found is None:
+                found = await asyncio.to_thread(self.hot.candidates, *args)
             if found is not None:
                 return found
         # The single-method searches run concurrently; fusion happens in the ingress.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -290,6 +291,8 @@ async def enrich_answer(
             vectors = [exc] * len(claims)
 
     limit = asyncio.Semaphore(ecfg.concurrency)
+    # All claims are one read: the Retriever checks its in-memory index once for them.
+    read_id = uuid.uuid4().hex
 
     async def retrieve(i: int) -> tuple[list[SearchHit], str, list[str]]:
         search = SearchDocsRequest(
@@ -304,7 +307,7 @@ async def enrich_answer(
         )
         async with limit:
             return await service._retrieve(
-                search, ctx, flt, ecfg.candidates_per_claim, mode, vectors[i]
+                search, ctx, flt, ecfg.candidates_per_claim, mode, vectors[i], read_id=read_id
             )
 
     outcomes = await asyncio.gather(

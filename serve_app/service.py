@@ -163,6 +163,7 @@ class GatewayService(GraphTools):
         mode: str,
         vector: list[float] | BackendUnavailable | None = None,
         graph_info: dict[str, Any] | None = None,
+        read_id: str = "",
     ) -> tuple[list[SearchHit], str, list[str]]:
         """The hits of ``req.query`` inside ``ctx``/``flt``: candidates, the result filter,
         fusion, rerank, score threshold, near-duplicates and token budget, in search order.
@@ -171,7 +172,8 @@ class GatewayService(GraphTools):
         ``vector`` is the query's embedding when the caller embedded it already (one batch
         for many queries), or the ``BackendUnavailable`` that embedding raised; ``None``
         embeds ``req.query`` here. ``graph_info`` (a dict) receives what graph-scoped
-        retrieval found when ``req.graph`` asks for it."""
+        retrieval found when ``req.graph`` asks for it. Retrievals sharing a ``read_id`` (the
+        claims of one enrich request) are one read for the Retriever's consistency check."""
         cfg = self.settings.search
         degraded: list[str] = []
         linked: dict[str, float] = {}
@@ -186,12 +188,15 @@ class GatewayService(GraphTools):
         fetch = top_k * cfg.candidate_multiplier
         if use_rerank:
             fetch = max(fetch, self.settings.reranker.candidates)
-        # BM25 needs no vector: its search runs while the query is embedded. Both calls carry
-        # one read id, so the Retriever checks once (in the first) that it is up to date.
-        read = uuid.uuid4().hex
+        # With the Retriever's in-memory index both methods cost about a millisecond: one call
+        # after the embedding (one hop, one change-log check). Against Milvus, BM25 needs no
+        # vector and runs while the query is embedded. Every call of this search carries one
+        # read id, so the Retriever checks once that it is up to date.
+        read = read_id or uuid.uuid4().hex
+        together = mode == "hybrid" and self.settings.milvus.memory_index.enabled
         bm25_task = (
             asyncio.create_task(self._candidates(req.query, None, flt, fetch, ("bm25",), read))
-            if mode in ("hybrid", "bm25")
+            if mode in ("hybrid", "bm25") and not together
             else None
         )
         try:
@@ -208,7 +213,8 @@ class GatewayService(GraphTools):
                             self._candidates(req.query, None, flt, fetch, ("bm25",), read)
                         )
                 else:
-                    lists |= await self._candidates(req.query, vector, flt, fetch, ("dense",), read)
+                    methods = ("dense", "bm25") if together else ("dense",)
+                    lists |= await self._candidates(req.query, vector, flt, fetch, methods, read)
             if bm25_task is not None:
                 lists |= await bm25_task
         finally:
@@ -221,7 +227,7 @@ class GatewayService(GraphTools):
         # projects and skills whose policy denies the caller, and anything a store bug let by.
         lists = {m: [h for h in found if ctx.may_see(h.chunk)] for m, found in lists.items()}
         if linked and req.graph is not None and req.graph.mode == "boost":
-            hits = await self._graph_boost(req, ctx, flt, lists, linked, mode, vector, fetch)
+            hits = await self._graph_boost(req, ctx, flt, lists, linked, mode, vector, fetch, read)
         else:
             with stage("fuse"):
                 hits = self._fuse(lists, req) if mode == "hybrid" else lists[mode]
@@ -298,6 +304,7 @@ class GatewayService(GraphTools):
         mode: str,
         vector: Any,
         fetch: int,
+        read_id: str,
     ) -> list[SearchHit]:
         """Fuse the methods' lists with a third, ``graph``: the candidates of the linked
         documents ranked by their graph score. The linked documents' own best chunks are
@@ -315,6 +322,7 @@ class GatewayService(GraphTools):
                 replace(flt, doc_ids=tuple(linked)),
                 fetch,
                 methods,
+                read_id,
             )
         for method, found in extra.items():
             have = {h.chunk.chunk_id for h in lists.get(method, [])}

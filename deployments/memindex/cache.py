@@ -131,7 +131,35 @@ class HotIndex:
             self.stats["misses"] += 1
             self._schedule(flt.team_id)
             return None
-        synced = time.perf_counter()
+        self.timing.add("sync", started)
+        return self._search(team, query_text, query_vector, flt, limit, methods)
+
+    def synced_candidates(
+        self,
+        query_text: str,
+        query_vector: list[float] | None,
+        flt: CompiledFilter,
+        limit: int,
+        methods: tuple[str, ...],
+        read_id: str,
+    ) -> dict[str, list[SearchHit]] | None:
+        """``candidates`` when this search (``read_id``) was checked already, without any
+        I/O (the caller may run it on its event loop); ``None`` otherwise."""
+        team = self._teams.get(flt.team_id)
+        if team is None or not read_id or read_id not in team.reads:
+            return None
+        return self._search(team, query_text, query_vector, flt, limit, methods)
+
+    def _search(
+        self,
+        team: _Team,
+        query_text: str,
+        query_vector: list[float] | None,
+        flt: CompiledFilter,
+        limit: int,
+        methods: tuple[str, ...],
+    ) -> dict[str, list[SearchHit]]:
+        started = time.perf_counter()
         team.last_used = time.monotonic()
         found = {
             method: team.index.search(
@@ -140,14 +168,15 @@ class HotIndex:
             for method in methods
         }
         self.stats["hits"] += 1
-        self.timing.add("sync", started)
-        self.timing.add("search", synced)
+        self.timing.add("search", started)
         return found
 
     def _sync(self, team: _Team, read_id: str = "") -> bool:
         """Bring ``team`` up to every write acknowledged before this call; ``False`` when it
         has to be loaded again (reindex swap, log pruned past it, or an error)."""
         with team.lock:
+            if read_id and read_id in team.reads:  # checked meanwhile by a call of this read
+                return True
             try:
                 if time.monotonic() - team.checked_at > self._max_idle_s():
                     raise _Reload("idle longer than the change log keeps")

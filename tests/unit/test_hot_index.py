@@ -258,3 +258,14 @@ def test_a_large_change_set_reloads_instead_of_replaying(hot, source):
     assert hot.wait_loaded(TEAM, timeout_s=30)
     assert source.reads == reads + 1
     assert len(search(hot)) == 6010
+
+
+def test_synced_candidates_answer_only_a_search_already_checked(hot, source):
+    hot.wait_loaded(TEAM, timeout_s=10)
+    args = ("milvus", [1.0, 0.0, 0.0, 0.0], FLT, 5, ("dense",))
+    assert hot.synced_candidates(*args, "r9") is None  # not checked yet: no answer
+    assert hot.candidates(*args, "r9") is not None
+    source.write([chunk(77)])  # a write after that check belongs to a later search
+    assert hot.synced_candidates(*args, "r9") is not None
+    assert hot.synced_candidates(*args, "") is None
+    assert f"{TEAM}-c77" in search(hot, read_id="r10")

@@ -510,6 +510,31 @@ def test_embedder_down_falls_back_to_bm25_and_says_so_first(gateway):
     assert ids(response) == {"doc_123", "wiki_milvus"}
 
 
+@pytest.mark.parametrize("memory_index", [True, False])
+def test_hybrid_search_calls_the_store_once_with_the_memory_index_else_bm25_meanwhile(
+    make_gateway, memory_index
+):
+    gateway = make_gateway(settings={"milvus": {"memory_index": {"enabled": memory_index}}})
+    calls: list[tuple[tuple[str, ...], str]] = []
+    candidates = gateway.store.candidates
+
+    async def counting(query, vector, flt, limit, methods, read_id=""):
+        calls.append((methods, read_id))
+        return await candidates(query, vector, flt, limit, methods, read_id)
+
+    gateway.store.candidates = counting
+    response = gateway.search(SPEC_EXAMPLE)
+    assert response.status_code == 200
+    if memory_index:
+        assert [m for m, _ in calls] == [("dense", "bm25")]
+    else:
+        assert sorted(m for m, _ in calls) == [("bm25",), ("dense",)]
+    # One read id for the whole search, a fresh one for the next.
+    assert len({r for _, r in calls}) == 1 and calls[0][1]
+    gateway.search(SPEC_EXAMPLE)
+    assert calls[-1][1] != calls[0][1]
+
+
 def test_embedder_down_does_not_matter_for_bm25_requests(gateway):
     gateway.embedder.down = True
     body = gateway.search(SPEC_EXAMPLE | {"search_mode": "bm25"}).json()
