@@ -165,11 +165,6 @@ class ServeHarness:
         self._set_env("RAY_AUTH_TOKEN_PATH", str(token_path))
         self._set_env("HF_HUB_OFFLINE", "1")
         self._set_env("TRANSFORMERS_OFFLINE", "1")
-        from serve_app.serve_env import SERVE_ENV
-
-        for name, value in SERVE_ENV.items():
-            if name not in os.environ:  # an explicit setting (--serve-env) wins
-                self._set_env(name, value)
         if "ray._raylet" in sys.modules:
             # ray was imported before this harness: refresh its cached config the way
             # ray._private.authentication.authentication_token_setup does.

@@ -9,8 +9,6 @@ VENV="${RAG_VENV:-$ROOT/.venv}"
 mkdir -p "$VAR"
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0   # node IP 127.0.0.1, core listeners on loopback
 export RAY_AUTH_MODE=token
-# Ray Serve's tuning flags of the gateway (serve_app/serve_env.py).
-eval "$("$VENV/bin/python" -m serve_app.serve_env)"
 export RAY_AUTH_TOKEN_PATH="$VAR/ray_auth_token"
 [ -s "$RAY_AUTH_TOKEN_PATH" ] || "$VENV/bin/python" -c "import secrets; print(secrets.token_hex(32))" > "$RAY_AUTH_TOKEN_PATH"
 chmod 600 "$RAY_AUTH_TOKEN_PATH"

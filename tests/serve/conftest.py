@@ -52,10 +52,6 @@ def gateway(run_id: str):
     token = tmp / "ray_token"
     token.write_text(secrets.token_hex(32))
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    from serve_app.serve_env import SERVE_ENV
-
-    for name, value in SERVE_ENV.items():  # the gateway's Ray Serve flags, as deployed
-        os.environ.setdefault(name, value)
     os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
     import ray
     from ray import serve

@@ -31,23 +31,3 @@ def test_cluster_yaml_passes_ray_autoscaler_validation():
 
     validate_config(prepare_config(yaml.safe_load((ROOT / "cluster.yaml").read_text())))
 
-
-def test_serve_config_runtime_env_carries_the_gateway_serve_flags():
-    from serve_app.serve_env import SERVE_ENV
-
-    raw = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    assert raw["applications"][0]["runtime_env"]["env_vars"] == SERVE_ENV
-
-
-def test_serve_env_module_prints_shell_exports():
-    import subprocess
-    import sys
-
-    out = subprocess.run(
-        [sys.executable, "-m", "serve_app.serve_env"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert "export RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0" in out.splitlines()
