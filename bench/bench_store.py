@@ -305,6 +305,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return retriever.retrieve(tokens, k=top, show_progress=False, n_threads=1)
 
         row("floor: bm25s top-k", median_ms(bm25s_search, q))
+    from deployments.memindex.team import TeamIndex
+    from deployments.search_filter import compile_filter
+
+    index = TeamIndex(dim=matrix.shape[1])
+    index.upsert(chunks)
+    compiled = compile_filter(SearchFilter(team_id=TEAM, visibilities=("public",)))
+
+    def memory(method: str) -> Callable[[int], Any]:
+        def call(i: int) -> Any:
+            return index.search(
+                method, compiled, top, query_text=queries[i % n], query_vector=qvecs[i % n]
+            )
+
+        return call
+
+    row(
+        "gateway's in-memory index (TeamIndex): dense, filter, records",
+        median_ms(memory("dense"), q),
+    )
+    row(
+        "gateway's in-memory index (TeamIndex): BM25, filter, records", median_ms(memory("bm25"), q)
+    )
     result["table_markdown"] = markdown_table(["what", "p50 ms", "p95 ms", "n"], rows)
     if not args.keep:
         store.drop()

@@ -52,11 +52,11 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -245,7 +245,7 @@ class ServeHarness:
 
         from serve_app.app import AppArgs, build_app
 
-        merged = _deep_merge(self.app_args.settings, settings)
+        merged = deep_merge(self.app_args.settings, settings)
         self.app_args = AppArgs(settings=merged, graph_enabled=self.graph_enabled)
         self.settings = self.app_args.gateway_settings()
         logger.info("redeploying app %r with %s", APP_NAME, settings)

@@ -212,13 +212,19 @@ def main(argv: list[str] | None = None) -> int:
         default="{}",
         help='JSON overrides of the server\'s search settings, e.g. \'{"fusion": "adaptive"}\'',
     )
+    parser.add_argument(
+        "--settings",
+        default="{}",
+        help="JSON GatewaySettings overrides, deep-merged last, e.g. "
+        '\'{"milvus": {"memory_index": {"enabled": false}}}\' (every search in Milvus)',
+    )
     parser.add_argument("--port", type=int, default=8300)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     setup_logging()
 
     from bench.common import Progress, http_ingest
-    from bench.serve_harness import ServeHarness
+    from bench.serve_harness import ServeHarness, deep_merge
 
     team = "bench_quality_t0"
     rows = tuple(r for r in args.rows.split(",") if r)
@@ -252,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rerank_candidates and "reranker" in settings:
         settings["reranker"]["candidates"] = args.rerank_candidates
         reranker += f", {args.rerank_candidates} candidates"
+    settings = deep_merge(settings, json.loads(args.settings))
     collection = f"bench_quality_{args.dataset}_{args.embedder}"
     results = []
     with ServeHarness(
