@@ -107,6 +107,15 @@ class MemoryIndexSettings(BaseModel):
     # Change rows older than this are pruned; a team not searched for longer is reloaded.
     retention_s: float = Field(3600.0, ge=120.0)
 
+    @model_validator(mode="after")
+    def _retention_covers_lookback(self) -> MemoryIndexSettings:
+        if self.retention_s < 4 * self.lookback_s:
+            raise ValueError(
+                "milvus.memory_index.retention_s must be at least 4 × lookback_s "
+                f"({4 * self.lookback_s:.0f} s)"
+            )
+        return self
+
 
 class MilvusSettings(BaseModel):
     """Where the chunks live. The default is the local Milvus Lite server of scripts/services.py."""

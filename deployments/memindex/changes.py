@@ -160,7 +160,9 @@ class ChangeLog:
             self._call(
                 "prune changes", "delete", self.name, filter=f'kind == "rows" and at_ms < {cutoff}'
             )
-        except Exception:  # pruning is housekeeping; the next writer tries again
+            # Milvus Lite scans unflushed rows on every filtered read (``since``).
+            self._call("flush changes", "flush", self.name)
+        except Exception:  # housekeeping; the next writer tries again
             logger.warning("pruning %s failed", self.name, exc_info=True)
 
 

@@ -121,3 +121,21 @@ def test_unknown_top_level_setting_is_ignored():
 def test_embed_model_tag_is_name_at_version():
     assert EmbedderSettings().embed_model_tag == "all-MiniLM-L6-v2@v1"
     assert EmbedderSettings(model_name="bge-m3", model_version="2").embed_model_tag == "bge-m3@2"
+
+
+def test_memory_index_retention_must_cover_the_lookback():
+    import pydantic
+
+    from deployments.config import MemoryIndexSettings
+
+    assert MemoryIndexSettings().enabled
+    with pytest.raises(pydantic.ValidationError, match="retention_s must be at least"):
+        MemoryIndexSettings(lookback_s=60, retention_s=200)
+
+
+def test_memory_index_is_switched_off_by_environment(monkeypatch):
+    monkeypatch.setenv("MILVUS__MEMORY_INDEX__ENABLED", "false")
+    monkeypatch.setenv("MILVUS__MEMORY_INDEX__MAX_MB", "64")
+    settings = GatewaySettings()
+    assert settings.milvus.memory_index.enabled is False
+    assert settings.milvus.memory_index.max_mb == 64

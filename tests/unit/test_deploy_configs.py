@@ -30,4 +30,3 @@ def test_cluster_yaml_passes_ray_autoscaler_validation():
     from ray.autoscaler._private.util import prepare_config, validate_config
 
     validate_config(prepare_config(yaml.safe_load((ROOT / "cluster.yaml").read_text())))
-
