@@ -41,10 +41,9 @@ from bench.common import (
     markdown_table,
     parse_int_list,
     setup_logging,
-    write_result,
 )
 from bench.quality.metrics import distinct, evaluate
-from bench.serve_harness import ServeHarness
+from bench.serve_harness import ServeHarness, run_benchmark
 
 logger = logging.getLogger("bench.search_real")
 SECRET = "bench-search-real-hs256-secret-0123456789abcdef"
@@ -487,16 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": environment_info(),
         "search_settings": harness.settings.search.model_dump(),
     }
-    started = time.perf_counter()
-    try:
-        with harness:
-            result["startup_s"] = harness.startup_s
-            result.update(asyncio.run(run(args, harness)))
-    finally:
-        harness.stop()
-    result["total_s"] = round(time.perf_counter() - started, 1)
-    result["table_markdown"] = render(result)
-    write_result("search_real", result, args.out)
+    run_benchmark("search_real", harness, result, lambda h: run(args, h), render, args.out)
     print(result["table_markdown"])
     return 0
 

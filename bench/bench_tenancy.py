@@ -34,10 +34,9 @@ from bench.common import (
     markdown_table,
     parse_int_list,
     setup_logging,
-    write_result,
 )
 from bench.corpus import generate_corpus, make_queries
-from bench.serve_harness import ServeHarness
+from bench.serve_harness import ServeHarness, run_benchmark
 
 logger = logging.getLogger("bench.tenancy")
 
@@ -245,16 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": environment_info(),
         "layout": harness.settings.milvus.layout,
     }
-    started = time.perf_counter()
-    try:
-        with harness:
-            result["startup_s"] = harness.startup_s
-            result.update(asyncio.run(run(args, harness)))
-    finally:
-        harness.stop()
-    result["total_s"] = round(time.perf_counter() - started, 1)
-    result["table_markdown"] = render(result)
-    write_result("tenancy", result, args.out)
+    run_benchmark("tenancy", harness, result, lambda h: run(args, h), render, args.out)
     print(f"\nlayout {result['layout']}\n\n{result['table_markdown']}")
     return 0
 

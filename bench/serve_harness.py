@@ -31,6 +31,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,37 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
+
+
+def run_benchmark(
+    name: str,
+    harness: ServeHarness,
+    result: dict[str, Any],
+    run: Callable[[ServeHarness], Awaitable[dict[str, Any]]],
+    render: Callable[[dict[str, Any]], str],
+    out: str | None,
+) -> dict[str, Any]:
+    """Start ``harness``, add ``await run(harness)`` to ``result`` (the harness is stopped
+    whatever happens), time it, render its table and write ``bench/results/<name>-*.json``.
+
+    Returns:
+        ``result`` with ``startup_s``, ``total_s`` and ``table_markdown``.
+    """
+    import asyncio
+
+    from bench.common import write_result
+
+    started = time.perf_counter()
+    try:
+        with harness:
+            result["startup_s"] = harness.startup_s
+            result.update(asyncio.run(run(harness)))
+    finally:
+        harness.stop()
+    result["total_s"] = round(time.perf_counter() - started, 1)
+    result["table_markdown"] = render(result)
+    write_result(name, result, out)
+    return result
 
 
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

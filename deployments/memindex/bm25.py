@@ -47,6 +47,7 @@ class BM25Postings:
         self.delta_postings = 0
         # Per slot: its term ids and frequencies (for removal and rebuilds); its length.
         self._terms: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._terms_bytes = 0
         self._doclen = np.zeros(0, dtype=np.float32)
         self.docs = 0
         self.total_len = 0.0
@@ -57,7 +58,7 @@ class BM25Postings:
 
     @property
     def nbytes(self) -> int:
-        per_slot = sum(t.nbytes + f.nbytes for t, f in self._terms.values())
+        per_slot = self._terms_bytes
         return int(
             self._slots.nbytes
             + self._tfs.nbytes
@@ -93,6 +94,7 @@ class BM25Postings:
         ids, tfs = self._term_ids(text)
         self._grow(slot + 1)
         self._terms[slot] = (ids, tfs)
+        self._terms_bytes += ids.nbytes + tfs.nbytes
         np.add.at(self._df, ids, 1)
         length = float(tfs.sum())
         self._doclen[slot] = length
@@ -113,6 +115,7 @@ class BM25Postings:
         if entry is None:
             return
         ids, tfs = entry
+        self._terms_bytes -= ids.nbytes + tfs.nbytes
         np.subtract.at(self._df, ids, 1)
         self.total_len -= float(tfs.sum())
         self.docs -= 1
