@@ -16,7 +16,7 @@ from typing import Literal
 from batch_ingest.chunking import Chunker
 from batch_ingest.documents import SourceDocument, content_hash, make_chunk_id
 from batch_ingest.source_store import Key, SourceStore
-from batch_ingest.wikilinks import extract_links
+from batch_ingest.wikilinks import extract_links, wiki_key
 from deployments.errors import BackendUnavailable, GatewayError
 from deployments.protocols import ChunkRecord, Embedder, GraphDocument, GraphStore, VectorStore
 
@@ -306,4 +306,6 @@ def _graph_doc(doc: SourceDocument) -> GraphDocument:
         created_at=doc.created_at,
         author_id=doc.author_id,
         links=extract_links(doc.text),
+        wiki_id=wiki_key(doc.doc_id),
+        wiki_title=wiki_key(doc.title),
     )

@@ -45,6 +45,7 @@ from batch_ingest.documents import SourceDocument, make_chunk_id
 from batch_ingest.reindex_state import ReindexJob, ReindexState
 from batch_ingest.source_store import SourceStore
 from deployments.config import GatewaySettings
+from deployments.errors import GatewayError
 from deployments.protocols import ChunkRecord
 
 logger = logging.getLogger("batch_ingest.reindex")
@@ -59,8 +60,10 @@ SETTINGS_ENV = "RAG_REINDEX_SETTINGS"
 FAIL_AFTER_ENV = "RAG_REINDEX_FAIL_AFTER_DOCS"
 
 
-class ReindexError(RuntimeError):
+class ReindexError(GatewayError):
     """The job cannot start, or its verification failed (the alias was not switched)."""
+
+    code = "reindex_failed"
 
 
 class InjectedFailure(RuntimeError):

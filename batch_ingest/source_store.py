@@ -36,6 +36,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import IntegrityError
 
 from batch_ingest.documents import SourceDocument
+from batch_ingest.sql import resolve_url
 
 Key = tuple[str, str, str]  # (team_id, doc_type, doc_id)
 
@@ -90,8 +91,6 @@ class SourceStore:
     """
 
     def __init__(self, url: str = "sqlite:///var/state.db", table: str = "source_documents"):
-        from serve_app.audit import resolve_url
-
         self.url = resolve_url(url)
         backend = make_url(self.url).get_backend_name()
         connect_args: dict[str, Any] = {}

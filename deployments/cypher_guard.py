@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.errors import Forbidden
+
 RESERVED_PARAMS = ("team_id", "visibilities")
 
 # Read-only procedures a caller may use; their NODE / RELATIONSHIP yields need the same
@@ -166,13 +168,11 @@ _CACHE = re.compile(rf"cache(?:N|R)?\[(?P<inner>{_NAME}\.{_NAME})\]")
 _PROC = re.compile(r"^\s*(?P<name>[A-Za-z_][\w.]*)\((?P<args>.*)\)\s*::\s*\((?P<yields>.*)\)\s*$")
 
 
-class CypherRejected(Exception):
+class CypherRejected(Forbidden):
     """The query is not provably read-only or tenant-safe. ``reason`` is a short code."""
 
     def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.reason = reason
+        super().__init__(message, reason=reason, field="cypher")
 
 
 @dataclass

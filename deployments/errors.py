@@ -1,20 +1,52 @@
-"""One exception tree for the whole gateway; ``serve_app.errors`` maps it to HTTP status."""
+"""One exception tree for the whole gateway; ``serve_app.errors`` maps it to HTTP status.
+
+Every error survives pickling with all its fields (``GatewayError.__reduce__``): raised
+inside a Serve replica, it reaches the ingress as itself, not as Ray's
+"Failed to unpickle serialized exception"."""
 
 from __future__ import annotations
 
+from typing import Any
+
+
+def _rebuild(cls: type[GatewayError], args: tuple[Any, ...]) -> GatewayError:
+    # Not through ``cls.__init__``: subclasses take other arguments than ``self.args``.
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    return error
+
 
 class GatewayError(Exception):
-    """Base of every error the gateway raises on purpose."""
+    """Base of every error the gateway raises on purpose.
+
+    ``reason`` is a short machine-readable code for callers and the audit log
+    (``team_not_granted``, ``row_limit``, ...) where one applies; ``headers`` are the HTTP
+    headers its answer carries."""
 
     status_code = 500
     code = "internal_error"
 
-    def __init__(self, message: str, *, hint: str | None = None, field: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        field: str | None = None,
+        reason: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
         # The request field at fault, as a dotted path (``filters.visibility``), when known.
         self.field = field
+        self.reason = reason
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args), self.__dict__.copy())
 
 
 class InvalidInput(GatewayError):
@@ -55,23 +87,12 @@ class Forbidden(GatewayError):
     status_code = 403
     code = "forbidden"
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        hint: str | None = None,
-        field: str | None = None,
-        reason: str | None = None,
-    ) -> None:
-        super().__init__(message, hint=hint, field=field)
-        self.reason = reason
 
+class Conflict(GatewayError):
+    """The request contradicts the current state (a reindex of the team is running already)."""
 
-class Overloaded(GatewayError):
-    """Too much work queued; retry later."""
-
-    status_code = 429
-    code = "overloaded"
+    status_code = 409
+    code = "conflict"
 
 
 class BackendUnavailable(GatewayError):
@@ -100,8 +121,7 @@ class QueryLimitExceeded(GatewayError):
     code = "query_limit_exceeded"
 
     def __init__(self, message: str, *, reason: str, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.reason = reason
+        super().__init__(message, hint=hint, reason=reason)
 
 
 class NotFound(GatewayError):

@@ -13,7 +13,6 @@ import logging
 import time
 from typing import Any
 
-from batch_ingest.wikilinks import wiki_key
 from deployments.config import Neo4jSettings
 from deployments.cypher_guard import CypherRejected, check_plan, check_query_type
 from deployments.errors import (
@@ -494,8 +493,8 @@ class Neo4jGraph:
                 "author_id": d.author_id,
                 "tags": list(d.tags),
                 "links": list(d.links),
-                "wiki_id": wiki_key(d.doc_id) or None,
-                "wiki_title": wiki_key(d.title) or None,
+                "wiki_id": d.wiki_id or None,
+                "wiki_title": d.wiki_title or None,
                 "created_at": d.created_at,
             }
             for d in docs

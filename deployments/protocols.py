@@ -87,6 +87,10 @@ class GraphDocument:
     author_id: str = ""
     # Normalised [[wiki-link]] targets of the text (batch_ingest.wikilinks).
     links: tuple[str, ...] = ()
+    # The keys links to this document resolve by: of its doc_id's last segment and of its
+    # title (batch_ingest.wikilinks.wiki_key); "" answers to no link.
+    wiki_id: str = ""
+    wiki_title: str = ""
 
 
 # Policy parameters that restrict nothing (see GraphScope.policy).

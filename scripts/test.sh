@@ -30,6 +30,9 @@ export RAG_TEST_POSTGRES_URL="${RAG_TEST_POSTGRES_URL:-$("$VENV/bin/python" scri
 # The bus tests (tests/integration/test_events_nats.py) use this JetStream server.
 export RAG_TEST_NATS_URL="${RAG_TEST_NATS_URL:-$("$VENV/bin/python" scripts/services.py url nats)}"
 "$VENV/bin/ruff" check . || exit 1
+# The import layering (pyproject.toml, [tool.importlinter]): serve_app -> batch_ingest ->
+# deployments, never back up, no cycles.
+"$VENV/bin/lint-imports" --no-cache || exit 1
 "$VENV/bin/python" -m pytest tests/unit tests/integration "$@"
 first=$?
 "$VENV/bin/python" -m pytest tests/serve "$@"

@@ -27,13 +27,13 @@ import time
 import weakref
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from prometheus_client import Counter
 from sqlalchemy.engine import Engine, make_url
 
+from batch_ingest.sql import resolve_url
 from deployments.config import AuditSettings
 
 if TYPE_CHECKING:
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parent.parent
 DECISIONS = ("allow", "deny")
 
 RECORDS = Counter(
@@ -158,18 +157,6 @@ def build_table(metadata: sa.MetaData, name: str) -> sa.Table:
         sa.Index(f"ix_{name}_decision_ts", "decision", "ts"),
         sa.Index(f"ix_{name}_team_ts", "team_id", "ts"),
     )
-
-
-def resolve_url(url: str) -> str:
-    """A relative SQLite path is relative to the repository root; its folder is created."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        path = Path(parsed.database)
-        if not path.is_absolute():
-            path = ROOT / path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        parsed = parsed.set(database=str(path))
-    return parsed.render_as_string(hide_password=False)
 
 
 class AuditStore:

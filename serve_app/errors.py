@@ -18,7 +18,6 @@ from deployments.errors import (
     Forbidden,
     GatewayError,
     InvalidInput,
-    Overloaded,
     Unauthorized,
 )
 
@@ -29,7 +28,6 @@ __all__ = [
     "Forbidden",
     "GatewayError",
     "InvalidInput",
-    "Overloaded",
     "Unauthorized",
     "install_error_handlers",
     "trace_id_of",
@@ -144,13 +142,12 @@ def install_error_handlers(app: FastAPI) -> None:
             "hint": exc.hint,
             "trace_id": trace_id_of(request),
         }
-        reason = getattr(exc, "reason", None)
-        if reason:
-            content["reason"] = reason
+        if exc.reason:
+            content["reason"] = exc.reason
         if exc.field:
             content["fields"] = [{"field": exc.field, "problem": exc.message}]
         return JSONResponse(
-            status_code=exc.status_code, content=content, headers=getattr(exc, "headers", None)
+            status_code=exc.status_code, content=content, headers=exc.headers or None
         )
 
     @app.exception_handler(Exception)

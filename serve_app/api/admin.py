@@ -34,7 +34,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from batch_ingest.reindex import SETTINGS_ENV, run_job
 from batch_ingest.reindex_state import ACTIVE, ReindexJob, ReindexState
 from deployments.config import GatewaySettings
-from deployments.errors import BackendUnavailable, Forbidden, GatewayError, NotFound
+from deployments.errors import BackendUnavailable, Conflict, Forbidden, NotFound
 from serve_app.api.deps import CurrentPrincipal, Service, TraceId
 from serve_app.auth import Principal
 from serve_app.service import GatewayService
@@ -44,11 +44,6 @@ router = APIRouter(tags=["ops"])
 ROOT = Path(__file__).resolve().parents[2]
 # An active job whose row was not updated for this long no longer blocks a new one.
 STALE_AFTER_S = 120.0
-
-
-class Conflict(GatewayError):
-    status_code = 409
-    code = "conflict"
 
 
 class ReindexRequest(BaseModel):

@@ -74,14 +74,15 @@ async def audit_decisions(
         if since is not None and until is not None and since >= until:
             raise InvalidInput("since must be before until", field="since")
         if not service.audit.enabled:
-            raise BackendUnavailable("the audit log is disabled (AUDIT__ENABLED=false)")
+            raise BackendUnavailable("audit", "the audit log is disabled (AUDIT__ENABLED=false)")
         try:
             rows = await asyncio.to_thread(
                 service.audit.query, since, until, subject, decision, team_id, limit
             )
         except Exception as exc:
             raise BackendUnavailable(
-                f"audit database unavailable: {type(exc).__name__}",
+                "audit",
+                f"database unavailable: {type(exc).__name__}",
                 hint="see /readyz (component audit)",
             ) from exc
     return {

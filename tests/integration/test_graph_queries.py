@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from batch_ingest.wikilinks import extract_links
+from batch_ingest.wikilinks import extract_links, wiki_key
 from deployments.config import Neo4jSettings
 from deployments.cypher_guard import check_plan, check_query_type
 from deployments.errors import (
@@ -32,6 +32,8 @@ def gdoc(team, doc_id, title, visibility="public", text="", **kw) -> GraphDocume
         visibility=visibility,
         doc_type=kw.pop("doc_type", "wiki"),
         links=extract_links(text),
+        wiki_id=wiki_key(doc_id),
+        wiki_title=wiki_key(title),
         **kw,
     )
 

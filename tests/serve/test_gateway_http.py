@@ -314,6 +314,10 @@ def test_graph_tools_end_to_end(client: httpx.Client, teams):
     assert r.status_code == 403 and r.json()["reason"] == "not_read_only"
     r = client.post("/graph/query", json={**spec, "cypher": "MATCH (p:Project RETURN p"})
     assert r.status_code == 400 and "Invalid input" in r.json()["message"]
+    # Raised inside the Graph replica, the row limit crosses Ray as itself: its 422 and reason.
+    r = client.post("/graph/query", json={**spec, "cypher": "UNWIND range(1, 1001) AS x RETURN x"})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "query_limit_exceeded" and r.json()["reason"] == "row_limit"
 
     r = client.post(
         "/graph/explain_path",
@@ -381,9 +385,9 @@ def test_admin_reindex_swaps_the_team_while_it_is_searched(client: httpx.Client)
 
 
 def test_vault_cli_imports_over_http(gateway: str, client: httpx.Client, tmp_path, capsys):
-    """python -m batch_ingest.vault with its own HTTP client against the running gateway:
+    """python -m serve_app.cli.vault with its own HTTP client against the running gateway:
     notes become searchable wiki documents and their [[links]] graph edges."""
-    from batch_ingest.vault import main
+    from serve_app.cli.vault import main
 
     team = f"dao_vault_{uuid.uuid4().hex[:6]}"
     root = tmp_path / "vault"

@@ -115,7 +115,7 @@ def test_audit_settings_come_from_the_environment(monkeypatch):
 
 
 def test_relative_sqlite_path_is_under_the_repository(tmp_path):
-    from serve_app.audit import ROOT, resolve_url
+    from batch_ingest.sql import ROOT, resolve_url
 
     assert resolve_url("sqlite:///var/audit.db") == f"sqlite:///{ROOT / 'var' / 'audit.db'}"
     assert resolve_url(f"sqlite:///{tmp_path}/x.db") == f"sqlite:///{tmp_path}/x.db"
@@ -385,6 +385,20 @@ def test_team_owner_reads_only_its_own_team(gateway):
     assert {d["team_id"] for d in response.json()["decisions"]} == {"dao_a"}
     assert get(gateway, owner, team_id="dao_b").status_code == 403
     assert get(gateway, owner).status_code == 403  # every team needs the permission
+
+
+def test_an_unreadable_audit_database_is_503_naming_the_audit_log(gateway, monkeypatch):
+    auditor = mint(claims(sub="auditor", permissions=["audit:read"]))
+
+    def broken(*args):
+        raise ConnectionError("database is gone")
+
+    monkeypatch.setattr(gateway.service.audit, "query", broken)
+    response = get(gateway, auditor)
+    assert response.status_code == 503, response.text
+    body = response.json()
+    assert body["error"] == "backend_unavailable"
+    assert body["message"] == "audit: database unavailable: ConnectionError"
 
 
 def test_endpoint_without_credentials_is_401(gateway):

@@ -1,4 +1,4 @@
-"""batch_ingest.vault: a Markdown vault → wiki documents, _access.yaml → policy file."""
+"""serve_app.cli.vault: a Markdown vault → wiki documents, _access.yaml → policy file."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from batch_ingest.vault import (
+from serve_app.cli.vault import (
     AccessFileError,
     main,
     merge_policy,

@@ -1,7 +1,7 @@
 """Import a Markdown (Obsidian-style) vault into a running gateway over HTTP.
 
-    python -m batch_ingest.vault vault/ --team dao_greenfood --dry-run
-    python -m batch_ingest.vault vault/ --team dao_greenfood --token "$TOKEN" \\
+    python -m serve_app.cli.vault vault/ --team dao_greenfood --dry-run
+    python -m serve_app.cli.vault vault/ --team dao_greenfood --token "$TOKEN" \\
         --policy-out policy.yaml
 
 Every ``*.md`` note (hidden folders such as ``.obsidian`` and ``.git`` are skipped) becomes
@@ -36,10 +36,11 @@ from pydantic import ValidationError
 
 from batch_ingest.documents import SourceDocument, parse_timestamp
 from batch_ingest.wikilinks import extract_links, wiki_key
+from deployments.errors import InvalidInput
 from deployments.retriever import MAX_TITLE
 from serve_app.policy import DEFAULT_POLICY_FILE, SKILL_TAG_PREFIX, Policy, ResourcePolicy
 
-logger = logging.getLogger("batch_ingest.vault")
+logger = logging.getLogger("serve_app.cli.vault")
 
 ACCESS_FILE = "_access.yaml"
 DOC_TYPE = "wiki"
@@ -49,7 +50,7 @@ _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^(?:---|\.\.\.)[ \t]*(?:\r?\n|
 _HEADING = re.compile(r"^#[ \t]+(.+?)[ \t#]*$", re.M)
 
 
-class AccessFileError(ValueError):
+class AccessFileError(InvalidInput, ValueError):
     """A ``_access.yaml`` that is not a valid resource policy (the message names the file)."""
 
 

@@ -1,0 +1,1 @@
+"""Command-line tools that talk to the gateway as a client (over HTTP)."""
