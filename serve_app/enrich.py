@@ -1,9 +1,10 @@
 """rag.enrich_answer: cite the caller's own documents after the claims of a draft answer.
 
 The draft is split into claims (its sentences). Each claim is searched with the pipeline of
-rag.search_docs (``GatewayService._retrieve``) inside one ``AccessContext``, all claims embedded
-in one embedder call. Whether a passage supports a claim is decided on an absolute score (the
-fused search score is min-max normalised per query, so it says nothing across queries):
+rag.search_docs (``serve_app.retrieval.Retrieval``) inside one ``AccessContext``, all claims
+embedded in one embedder call. Whether a passage supports a claim is decided on an absolute
+score (the fused search score is min-max normalised per query, so it says nothing across
+queries):
 
     support = dense_weight * max(cosine, 0) + (1 - dense_weight) * coverage
 
@@ -38,11 +39,13 @@ from serve_app.contracts import (
     EnrichSource,
     SearchDocsRequest,
 )
+from serve_app.retrieval import Retrieval, RetrievalResult
 from serve_app.snippets import best_snippet
 
 if TYPE_CHECKING:
+    from deployments.config import GatewaySettings
     from serve_app.auth.principal import Principal
-    from serve_app.service import GatewayService
+    from serve_app.policy import Policy
 
 WORD = re.compile(r"\w+", re.UNICODE)
 # Sentence punctuation (with closing quotes/brackets) followed by whitespace: a possible end.
@@ -250,11 +253,13 @@ def _doc_key(chunk: ChunkRecord) -> tuple[str, str]:
 
 
 async def enrich_answer(
-    service: GatewayService,
+    retrieval: Retrieval,
+    settings: GatewaySettings,
+    policy: Policy,
     req: EnrichAnswerRequest,
     trace_id: str,
-    principal: Principal,
     started: float,
+    principal: Principal,
 ) -> EnrichAnswerResponse:
     """The enriched answer of ``req`` for ``principal`` (audit is the caller's job).
 
@@ -265,10 +270,10 @@ async def enrich_answer(
     """
     # Access first, exactly as rag.search_docs: the team's rights narrowed to the mode.
     ctx = AccessContext.for_team(
-        principal, req.team_id, service.policy, user_id=req.user_id, agent_id=req.agent_id
+        principal, req.team_id, policy, user_id=req.user_id, agent_id=req.agent_id
     ).narrowed_to(req.visibility)
     flt = ctx.search_filter(req.filters)
-    ecfg, scfg = service.settings.enrich, service.settings.search
+    ecfg, scfg = settings.enrich, settings.search
     if len(req.draft_answer) > ecfg.max_draft_chars:
         raise InvalidInput(
             f"draft_answer is {len(req.draft_answer)} characters; the limit is "
@@ -281,20 +286,20 @@ async def enrich_answer(
     queries = [c.text[: scfg.max_query_chars] for c in claims]
 
     mode = scfg.mode
-    vectors: list[list[float] | BackendUnavailable | None] = [None] * len(claims)
+    vectors: list[list[float] | None] = [None] * len(claims)
+    embed_error: str | None = None
     if claims and mode in ("hybrid", "dense"):
         try:
-            embedded = await service.embedder.embed(queries, "query")
+            embedded = await retrieval.embedder.embed(queries, "query")
             vectors = [[float(x) for x in v] for v in embedded]
         except BackendUnavailable as exc:
-            # Every claim's search falls back to BM25 and says so.
-            vectors = [exc] * len(claims)
+            embed_error = exc.message  # every claim's search falls back to BM25 and says so
 
     limit = asyncio.Semaphore(ecfg.concurrency)
     # All claims are one read: the Retriever checks its in-memory index once for them.
     read_id = uuid.uuid4().hex
 
-    async def retrieve(i: int) -> tuple[list[SearchHit], str, list[str]]:
+    async def retrieve(i: int) -> RetrievalResult:
         search = SearchDocsRequest(
             team_id=req.team_id,
             query=queries[i],
@@ -306,8 +311,15 @@ async def enrich_answer(
             rerank=None if ecfg.rerank else False,
         )
         async with limit:
-            return await service._retrieve(
-                search, ctx, flt, ecfg.candidates_per_claim, mode, vectors[i], read_id=read_id
+            return await retrieval.run(
+                search,
+                ctx,
+                flt,
+                ecfg.candidates_per_claim,
+                mode,
+                vector=vectors[i],
+                embed_error=embed_error,
+                read_id=read_id,
             )
 
     outcomes = await asyncio.gather(
@@ -319,11 +331,12 @@ async def enrich_answer(
 
     degraded: list[str] = []
     modes: list[str] = []
-    dense_usable = service.settings.milvus.metric_type != "L2"
+    dense_usable = settings.milvus.metric_type != "L2"
     term_cache: dict[str, set[str]] = {}
     results: list[_ClaimResult] = []
     for sentence, outcome in zip(claims, outcomes, strict=True):
-        hits, used_mode, reasons = outcome  # type: ignore[misc]
+        assert isinstance(outcome, RetrievalResult)
+        hits, used_mode, reasons = outcome.hits, outcome.mode, outcome.degraded
         modes.append(used_mode)
         degraded.extend(r for r in reasons if r not in degraded)
         result = _ClaimResult(sentence)

@@ -10,9 +10,8 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from batch_ingest.chunking import whitespace_tokens
@@ -26,12 +25,11 @@ from batch_ingest.events import (
 )
 from batch_ingest.pipeline import IngestPipeline, strip_header
 from deployments.config import GatewaySettings
-from deployments.errors import BackendUnavailable, Forbidden, GatewayError, InvalidInput
+from deployments.errors import Forbidden, GatewayError, InvalidInput
 from deployments.protocols import (
     Embedder,
     GraphStore,
     Reranker,
-    SearchFilter,
     SearchHit,
     VectorStore,
 )
@@ -52,13 +50,7 @@ from serve_app.contracts import (
 from serve_app.enrich import enrich_answer as run_enrich
 from serve_app.graph_tools import GraphTools
 from serve_app.policy import Policy
-from serve_app.ranking import (
-    adaptive_weights,
-    drop_near_duplicates,
-    fuse_rrf,
-    fuse_weighted,
-    within_budget,
-)
+from serve_app.retrieval import Retrieval
 from serve_app.snippets import best_snippet
 from serve_app.timing import stage
 
@@ -93,13 +85,20 @@ class GatewayService(GraphTools):
         self.audit = audit if audit is not None else AuditLog(settings.audit)
         # Roles, doc types and resource policies; the file of auth.policy_file by default.
         self.policy = policy if policy is not None else Policy.load(settings.auth.policy_file)
-        # Counts tokens of returned passages for max_context_tokens (the embedder's tokenizer).
-        self.count_tokens = count_tokens
         self.embedder = embedder
         self.store = store
         self.graph = graph
         self.reranker = reranker
         self.pipeline = pipeline
+        # The search pipeline rag.search_docs and rag.enrich_answer share.
+        self.retrieval = Retrieval(
+            settings=settings,
+            embedder=embedder,
+            store=store,
+            graph=graph,
+            reranker=reranker,
+            count_tokens=count_tokens,
+        )
 
     # --- rag.search_docs -----------------------------------------------------------------
     async def search_docs(
@@ -138,235 +137,18 @@ class GatewayService(GraphTools):
                 f"query is {len(req.query)} characters; the limit is {cfg.max_query_chars}",
                 field="query",
             )
-        graph_info: dict[str, Any] = {}
-        hits, mode, degraded = await self._retrieve(
-            req, ctx, flt, top_k, req.search_mode or cfg.mode, graph_info=graph_info
-        )
+        found = await self.retrieval.run(req, ctx, flt, top_k, req.search_mode or cfg.mode)
         with stage("snippets"):
-            matches = self._to_matches(hits, req)
+            matches = self._to_matches(found.hits, req)
         return SearchDocsResponse(
-            degraded=bool(degraded),
-            degraded_reasons=degraded,
+            degraded=bool(found.degraded),
+            degraded_reasons=found.degraded,
             matches=matches,
-            mode=mode,
-            graph=GraphInfo(**graph_info) if graph_info else None,
+            mode=found.mode,
+            graph=GraphInfo(**found.graph) if found.graph else None,
             took_ms=round((time.perf_counter() - started) * 1000, 1),
             trace_id=trace_id,
         )
-
-    async def _retrieve(
-        self,
-        req: SearchDocsRequest,
-        ctx: AccessContext,
-        flt: SearchFilter,
-        top_k: int,
-        mode: str,
-        vector: list[float] | BackendUnavailable | None = None,
-        graph_info: dict[str, Any] | None = None,
-        read_id: str = "",
-    ) -> tuple[list[SearchHit], str, list[str]]:
-        """The hits of ``req.query`` inside ``ctx``/``flt``: candidates, the result filter,
-        fusion, rerank, score threshold, near-duplicates and token budget, in search order.
-        Returns ``(hits, mode actually used, degraded reasons)``.
-
-        ``vector`` is the query's embedding when the caller embedded it already (one batch
-        for many queries), or the ``BackendUnavailable`` that embedding raised; ``None``
-        embeds ``req.query`` here. ``graph_info`` (a dict) receives what graph-scoped
-        retrieval found when ``req.graph`` asks for it. Retrievals sharing a ``read_id`` (the
-        claims of one enrich request) are one read for the Retriever's consistency check."""
-        cfg = self.settings.search
-        degraded: list[str] = []
-        linked: dict[str, float] = {}
-        if req.graph is not None:
-            linked = await self._graph_linked_docs(req, ctx, degraded, graph_info)
-            if req.graph.mode == "scope" and linked:
-                flt = replace(flt, doc_ids=tuple(linked))
-
-        use_rerank = self.reranker is not None and (req.rerank is not False)
-        if req.rerank and self.reranker is None:
-            degraded.append("rerank requested but no reranker is configured")
-        fetch = top_k * cfg.candidate_multiplier
-        if use_rerank:
-            fetch = max(fetch, self.settings.reranker.candidates)
-        # With the Retriever's in-memory index both methods cost about a millisecond: one call
-        # after the embedding (one hop, one change-log check). Against Milvus, BM25 needs no
-        # vector and runs while the query is embedded. Every call of this search carries one
-        # read id, so the Retriever checks once that it is up to date.
-        read = read_id or uuid.uuid4().hex
-        together = mode == "hybrid" and self.settings.milvus.memory_index.enabled
-        bm25_task = (
-            asyncio.create_task(self._candidates(req.query, None, flt, fetch, ("bm25",), read))
-            if mode in ("hybrid", "bm25") and not together
-            else None
-        )
-        try:
-            lists: dict[str, list[SearchHit]] = {}
-            if mode in ("hybrid", "dense"):
-                try:
-                    vector = await self._query_vector(req.query, vector)
-                except BackendUnavailable as exc:
-                    # Keyword search still answers; say so at the top of the response.
-                    degraded.append(f"embedder unavailable, fell back to BM25 only: {exc.message}")
-                    mode = "bm25"
-                    if bm25_task is None:
-                        bm25_task = asyncio.create_task(
-                            self._candidates(req.query, None, flt, fetch, ("bm25",), read)
-                        )
-                else:
-                    methods = ("dense", "bm25") if together else ("dense",)
-                    lists |= await self._candidates(req.query, vector, flt, fetch, methods, read)
-            if bm25_task is not None:
-                lists |= await bm25_task
-        finally:
-            if bm25_task is not None:
-                if not bm25_task.done():
-                    bm25_task.cancel()
-                elif not bm25_task.cancelled():
-                    bm25_task.exception()  # retrieved: an error here surfaced another way
-        # The store filtered by team, visibility and doc type already; this drops chunks of
-        # projects and skills whose policy denies the caller, and anything a store bug let by.
-        lists = {m: [h for h in found if ctx.may_see(h.chunk)] for m, found in lists.items()}
-        if linked and req.graph is not None and req.graph.mode == "boost":
-            hits = await self._graph_boost(req, ctx, flt, lists, linked, mode, vector, fetch, read)
-        else:
-            with stage("fuse"):
-                hits = self._fuse(lists, req) if mode == "hybrid" else lists[mode]
-
-        if use_rerank and hits:
-            try:
-                hits = await self._rerank(req.query, hits)
-            except BackendUnavailable as exc:
-                degraded.append(f"reranker unavailable, fused order kept: {exc.message}")
-
-        # The score threshold first (it is per passage, and duplicates score lower than the
-        # copy they repeat), then near-duplicates only until top_k passages are kept.
-        with stage("post"):
-            min_score = req.min_score if req.min_score is not None else cfg.min_score
-            if min_score is not None:
-                hits = [h for h in hits if h.score >= min_score]
-            hits = drop_near_duplicates(hits, _body, cfg.near_duplicate_threshold, limit=top_k)
-            budget = req.max_context_tokens or cfg.max_context_tokens
-            if budget is not None:
-                hits = within_budget(hits, _body, self.count_tokens, budget)
-        return hits, mode, degraded
-
-    async def _graph_linked_docs(
-        self,
-        req: SearchDocsRequest,
-        ctx: AccessContext,
-        degraded: list[str],
-        info: dict[str, Any] | None,
-    ) -> dict[str, float]:
-        """``doc_id → graph score`` of the documents linked to the entities the query names
-        (empty when the graph is down: the search goes on and says so)."""
-        opt = req.graph
-        assert opt is not None
-        note = None
-        try:
-            found = await self._graph_store().related_docs(
-                req.query, ctx.graph_scope(), opt.max_entities, opt.max_docs
-            )
-        except BackendUnavailable as exc:
-            degraded.append(f"graph unavailable, searched without it: {exc.message}")
-            found, note = {"entities": [], "docs": {}}, "graph unavailable"
-        entities = [e for e in found["entities"] if ctx.may_see_entity(e["node"])]
-        docs = dict(found["docs"])
-        if not entities:
-            docs = {}
-            note = note or "the query names no entity of the graph in your scope"
-        elif not docs:
-            note = "no documents are linked to the entities the query names"
-        if info is not None:
-            info.update(
-                mode=opt.mode,
-                entities=[
-                    {
-                        "label": (e["node"].get("labels") or [""])[0],
-                        "id": e["node"].get("id"),
-                        "name": e["node"].get("name") or e["node"].get("title"),
-                        "score": e["score"],
-                    }
-                    for e in entities
-                ],
-                linked_docs=len(docs),
-                applied=bool(docs),
-                note=note,
-            )
-        return docs
-
-    async def _graph_boost(
-        self,
-        req: SearchDocsRequest,
-        ctx: AccessContext,
-        flt: SearchFilter,
-        lists: dict[str, list[SearchHit]],
-        linked: dict[str, float],
-        mode: str,
-        vector: Any,
-        fetch: int,
-        read_id: str,
-    ) -> list[SearchHit]:
-        """Fuse the methods' lists with a third, ``graph``: the candidates of the linked
-        documents ranked by their graph score. The linked documents' own best chunks are
-        fetched too, so one outside the top ``fetch`` of every method can still surface."""
-        assert req.graph is not None
-        methods = tuple(m for m in ("dense", "bm25") if m in lists)
-        use_vector = vector if isinstance(vector, list) else None
-        # A filter on many ids is slow (Milvus Lite scans); a large linked set only reorders
-        # the candidates the methods found.
-        extra: dict[str, list[SearchHit]] = {}
-        if len(linked) <= self.settings.search.graph_fetch_max_docs:
-            extra = await self.store.candidates(
-                req.query,
-                use_vector if "dense" in methods else None,
-                replace(flt, doc_ids=tuple(linked)),
-                fetch,
-                methods,
-                read_id,
-            )
-        for method, found in extra.items():
-            have = {h.chunk.chunk_id for h in lists.get(method, [])}
-            more = [h for h in found if h.chunk.chunk_id not in have and ctx.may_see(h.chunk)]
-            lists[method] = sorted([*lists.get(method, []), *more], key=lambda h: -h.score)
-        pool: dict[str, SearchHit] = {}
-        for found in lists.values():
-            for hit in found:
-                if hit.chunk.doc_id in linked:
-                    pool.setdefault(hit.chunk.chunk_id, hit)
-        graph_list = sorted(
-            (SearchHit(chunk=h.chunk, score=linked[h.chunk.doc_id]) for h in pool.values()),
-            key=lambda h: (-h.score, h.chunk.chunk_id),
-        )
-        weight = req.graph.weight
-        if mode != "hybrid":
-            return fuse_weighted(
-                {mode: lists[mode], "graph": graph_list},
-                {mode: 1.0, "graph": weight},
-                self.settings.search.fusion_normalisation,
-            )
-        return self._fuse({**lists, "graph": graph_list}, req, extra={"graph": weight})
-
-    async def _candidates(
-        self,
-        query: str,
-        vector: list[float] | None,
-        flt: SearchFilter,
-        fetch: int,
-        methods: tuple[str, ...],
-        read_id: str,
-    ) -> dict[str, list[SearchHit]]:
-        with stage("+".join(methods)):
-            return await self.store.candidates(query, vector, flt, fetch, methods, read_id)
-
-    async def _query_vector(
-        self, query: str, given: list[float] | BackendUnavailable | None
-    ) -> list[float] | None:
-        if isinstance(given, BackendUnavailable):
-            raise given
-        if given is not None:
-            return given
-        with stage("embed"):
-            return _as_list((await self.embedder.embed([query], "query"))[0])
 
     # --- rag.enrich_answer --------------------------------------------------------------
     async def enrich_answer(
@@ -382,7 +164,9 @@ class GatewayService(GraphTools):
         started = time.perf_counter()
         audit = request_audit(req, principal, "enrich", _resource(req), req.draft_answer)
         with self.audited(trace_id, principal, audit, started) as allowed:
-            response = await run_enrich(self, req, trace_id, principal, started)
+            response = await run_enrich(
+                self.retrieval, self.settings, self.policy, req, trace_id, started, principal
+            )
             allowed.fields = {
                 "chunk_ids": [s.chunk_id for s in response.sources],
                 "doc_ids": [s.id for s in response.sources],
@@ -457,7 +241,7 @@ class GatewayService(GraphTools):
         unless ``denied`` says otherwise (an identity that could not be checked)."""
         if denied is None:
             denied = isinstance(exc, Forbidden) or exc.status_code == 401
-        reason = getattr(exc, "reason", None) or exc.code
+        reason = exc.reason or exc.code
         self.audit_decision(
             trace_id,
             principal,
@@ -467,44 +251,6 @@ class GatewayService(GraphTools):
             http_status=exc.status_code,
             **fields,
         )
-
-    def _fuse(
-        self,
-        lists: dict[str, list[SearchHit]],
-        req: SearchDocsRequest,
-        extra: dict[str, float] | None = None,
-    ) -> list[SearchHit]:
-        """Hybrid fusion of ``lists`` (dense, BM25 and any ``extra`` weighted list).
-        ``adaptive`` is weighted fusion whose dense/BM25 weights are set per query from the
-        confidence of each method's candidate list (``ranking.adaptive_weights``)."""
-        cfg = self.settings.search
-        weights = (
-            req.weights.model_dump()
-            if req.weights is not None
-            else {"dense": cfg.dense_weight, "bm25": cfg.bm25_weight}
-        )
-        fusion = req.fusion or cfg.fusion
-        if fusion == "adaptive":
-            methods = {m: lists[m] for m in weights if m in lists}
-            weights = adaptive_weights(
-                methods, weights, cfg.adaptive_gamma, cfg.adaptive_k, cfg.adaptive_measure
-            )
-        if fusion in ("weighted", "adaptive"):
-            return fuse_weighted(lists, {**weights, **(extra or {})}, cfg.fusion_normalisation)
-        # RRF is unweighted unless the caller sends weights (or an extra list comes in).
-        if req.weights is None and not extra:
-            return fuse_rrf(lists, cfg.rrf_k, None)
-        base = weights if req.weights is not None else {"dense": 1.0, "bm25": 1.0}
-        return fuse_rrf(lists, cfg.rrf_k, {**base, **(extra or {})})
-
-    async def _rerank(self, query: str, hits: list[SearchHit]) -> list[SearchHit]:
-        assert self.reranker is not None
-        scores = await self.reranker.rerank(query, [strip_header(h.chunk) for h in hits])
-        rescored = [
-            SearchHit(chunk=h.chunk, score=float(s), scores={**h.scores, "rerank": float(s)})
-            for h, s in zip(hits, scores, strict=True)
-        ]
-        return sorted(rescored, key=lambda h: h.score, reverse=True)
 
     def _to_matches(self, hits: list[SearchHit], req: SearchDocsRequest) -> list[Match]:
         out = []
@@ -771,13 +517,3 @@ def _doc_resource(doc: SourceDocument) -> str:
     if doc.project_id:
         resource += f"/project:{doc.project_id}"
     return f"{resource}/{doc.doc_type}:{doc.doc_id}"
-
-
-def _as_list(vector: Any) -> list[float] | None:
-    if vector is None:
-        return None
-    return [float(x) for x in vector]
-
-
-def _body(hit: SearchHit) -> str:
-    return strip_header(hit.chunk)
