@@ -416,29 +416,23 @@ def _note(result: EventResult, ev: Any) -> dict[str, Any]:
 def build_pipeline(settings: Any = None) -> IngestPipeline:
     """The gateway's pipeline in this process: LocalEmbedder, Milvus, Neo4j, SourceStore,
     all configured by ``GatewaySettings`` (the same environment variables as the gateway)."""
-    from batch_ingest.chunking import Chunker, embedder_token_counter
+    from batch_ingest import pipeline
     from batch_ingest.source_store import SourceStore
     from deployments.config import GatewaySettings
     from deployments.embedder import LocalEmbedder, embedding_dim
     from deployments.graph import Neo4jGraph
+    from deployments.protocols import Backends
     from deployments.retriever import RetrieverDeployment
 
     settings = settings or GatewaySettings()
     embedder = LocalEmbedder(settings.embedder)
     embedder.core.start()
-    chunker = Chunker(
-        embedder_token_counter(settings.embedder),
-        settings.chunking.max_tokens,
-        settings.chunking.overlap_tokens,
-    )
-    return IngestPipeline(
+    backends = Backends(
         embedder=embedder,
         store=RetrieverDeployment(settings.milvus, embedding_dim(settings.embedder)),
         graph=Neo4jGraph(settings.neo4j),
-        chunker=chunker,
-        embed_model=settings.embedder.embed_model_tag,
-        sources=SourceStore(settings.state.url),
     )
+    return pipeline.build_pipeline(settings, backends, sources=SourceStore(settings.state.url))
 
 
 async def serve(cfg: ConsumerSettings, pipeline: IngestPipeline | None = None) -> ConsumerStats:

@@ -13,12 +13,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from batch_ingest.chunking import Chunker
-from batch_ingest.documents import SourceDocument, content_hash, make_chunk_id
+from batch_ingest.chunking import Chunker, TokenCounter, embedder_token_counter
+from batch_ingest.chunks import ChunkBuilder
+from batch_ingest.documents import SourceDocument
 from batch_ingest.source_store import Key, SourceStore
 from batch_ingest.wikilinks import extract_links, wiki_key
+from deployments.config import GatewaySettings
 from deployments.errors import BackendUnavailable, GatewayError
-from deployments.protocols import ChunkRecord, Embedder, GraphDocument, GraphStore, VectorStore
+from deployments.protocols import (
+    Backends,
+    ChunkRecord,
+    Embedder,
+    GraphDocument,
+    GraphStore,
+    VectorStore,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -48,23 +57,25 @@ class IngestReport:
         return [r for r in self.results if r.status == "failed"]
 
 
-def context_header(title: str, heading: str) -> str:
-    """The first line of every stored chunk text: title and heading path, so both are
-    matched by BM25 and seen by the embedder."""
-    return " › ".join(part for part in (title, heading) if part)
-
-
-def compose_text(title: str, heading: str, body: str) -> str:
-    header = context_header(title, heading)
-    return f"{header}\n\n{body}" if header else body
-
-
-def strip_header(chunk: ChunkRecord) -> str:
-    """The chunk body without the context header added by ``compose_text``."""
-    header = context_header(chunk.title, chunk.heading)
-    if header and chunk.text.startswith(header + "\n\n"):
-        return chunk.text[len(header) + 2 :]
-    return chunk.text
+def build_pipeline(
+    settings: GatewaySettings,
+    backends: Backends,
+    *,
+    count_tokens: TokenCounter | None = None,
+    sources: SourceStore | None = None,
+) -> IngestPipeline:
+    """The ingestion pipeline ``settings`` describe over ``backends``: chunking settings,
+    the embedder's tokenizer (``count_tokens`` replaces it) and model tag; ``sources`` is
+    the source-document registry (``None`` keeps none)."""
+    count = count_tokens or embedder_token_counter(settings.embedder)
+    return IngestPipeline(
+        embedder=backends.embedder,
+        store=backends.store,
+        graph=backends.graph,
+        chunker=Chunker(count, settings.chunking.max_tokens, settings.chunking.overlap_tokens),
+        embed_model=settings.embedder.embed_model_tag,
+        sources=sources,
+    )
 
 
 class IngestPipeline:
@@ -91,42 +102,13 @@ class IngestPipeline:
         self.embedder = embedder
         self.store = store
         self.graph = graph
-        self.chunker = chunker
-        self.embed_model = embed_model
+        self.chunks = ChunkBuilder(chunker, embed_model)
         # The source-document registry (reindex reads it); None keeps no registry.
         self.sources = sources
 
     def build_chunks(self, doc: SourceDocument) -> list[ChunkRecord]:
         """Chunk records without vectors; ids and hashes are deterministic."""
-        meta = doc.metadata_fingerprint()
-        pieces = self.chunker.split(doc.text)
-        records = []
-        for piece in pieces:
-            text = compose_text(doc.title, piece.heading, piece.text)
-            records.append(
-                ChunkRecord(
-                    chunk_id=make_chunk_id(doc.team_id, doc.doc_type, doc.doc_id, piece.index),
-                    doc_id=doc.doc_id,
-                    team_id=doc.team_id,
-                    chunk_index=piece.index,
-                    text=text,
-                    title=doc.title,
-                    heading=piece.heading,
-                    # The chunk count is hashed too: equal hashes for ids 0..n-1 then mean the
-                    # stored document has no chunks beyond n-1.
-                    content_hash=content_hash(text, meta, f"{piece.index}/{len(pieces)}"),
-                    embed_model=self.embed_model,
-                    visibility=doc.visibility,
-                    doc_type=doc.doc_type,
-                    project_id=doc.project_id,
-                    channel_id=doc.channel_id,
-                    agent_id=doc.agent_id,
-                    url=doc.url,
-                    tags=tuple(doc.tags),
-                    created_at=doc.created_at,
-                )
-            )
-        return records
+        return self.chunks.build_chunks(doc)
 
     async def ingest(
         self, docs: list[SourceDocument], versions: dict[Key, int] | None = None

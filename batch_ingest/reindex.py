@@ -132,8 +132,7 @@ class ReindexWorker:
         embed: Callable[[list[str]], Any] | None = None,
         builder: Any = None,
     ) -> None:
-        from batch_ingest.chunking import Chunker, embedder_token_counter
-        from batch_ingest.pipeline import IngestPipeline
+        from batch_ingest.chunks import chunk_builder
         from deployments.config import ChunkingSettings, EmbedderSettings, MilvusSettings
 
         emb = EmbedderSettings.model_validate(spec["embedder"])
@@ -141,17 +140,7 @@ class ReindexWorker:
         self.check_existing = check_existing
         self.embed_model = emb.embed_model_tag
         if builder is None:
-            chunking = ChunkingSettings.model_validate(spec["chunking"])
-            chunker = Chunker(
-                embedder_token_counter(emb), chunking.max_tokens, chunking.overlap_tokens
-            )
-            builder = IngestPipeline(
-                embedder=None,  # type: ignore[arg-type]
-                store=None,  # type: ignore[arg-type]
-                graph=None,
-                chunker=chunker,
-                embed_model=self.embed_model,
-            )
+            builder = chunk_builder(ChunkingSettings.model_validate(spec["chunking"]), emb)
         self.builder = builder
         if embed is None:
             from deployments.embedder import EmbedderCore

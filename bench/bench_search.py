@@ -154,7 +154,9 @@ async def baseline(
 ) -> dict[str, Any]:
     """Query embedding via the Embedder handle + in-process MilvusStore.search, sequential."""
     from serve_app.access import AccessContext
+    from serve_app.auth.principal import Principal
     from serve_app.contracts import SearchDocsRequest
+    from serve_app.policy import Policy
 
     settings = h.settings
     limit = args.top_k * settings.search.candidate_multiplier
@@ -165,7 +167,9 @@ async def baseline(
 
     def search_filter(team_id: str, query: str):
         req = SearchDocsRequest.model_validate(search_body(args, team_id, query))
-        return AccessContext.from_search_request(req).search_filter(req.filters)
+        # The benchmark's own body trust: the team's owner under the built-in policy.
+        owner = Principal.development(("owner",))
+        return AccessContext.for_search(owner, req, Policy()).search_filter(req.filters)
 
     out: dict[str, Any] = {"limit": limit, "requests": len(queries)}
     for mode in modes:

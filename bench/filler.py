@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from batch_ingest.chunking import Chunker, embedder_token_counter
+from batch_ingest.chunks import ChunkBuilder
+from batch_ingest.chunks import chunk_builder as gateway_chunk_builder
 from batch_ingest.documents import SourceDocument
-from batch_ingest.pipeline import IngestPipeline
 from bench.common import Progress
 from deployments.config import GatewaySettings
 from deployments.protocols import ChunkRecord
@@ -30,20 +30,9 @@ logger = logging.getLogger("bench.filler")
 FILLER_MODEL = "bench-filler@random"
 
 
-def chunk_builder(settings: GatewaySettings) -> IngestPipeline:
-    """An ``IngestPipeline`` used only for ``build_chunks`` (no embedder, store or graph)."""
-    chunker = Chunker(
-        embedder_token_counter(settings.embedder),
-        settings.chunking.max_tokens,
-        settings.chunking.overlap_tokens,
-    )
-    return IngestPipeline(
-        embedder=None,  # type: ignore[arg-type]
-        store=None,  # type: ignore[arg-type]
-        graph=None,
-        chunker=chunker,
-        embed_model=FILLER_MODEL,
-    )
+def chunk_builder(settings: GatewaySettings) -> ChunkBuilder:
+    """The gateway's chunker (its settings and tokenizer), tagging chunks ``FILLER_MODEL``."""
+    return gateway_chunk_builder(settings.chunking, settings.embedder, FILLER_MODEL)
 
 
 def filler_batches(

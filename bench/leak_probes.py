@@ -544,32 +544,22 @@ class GraphGateway:
     def __init__(self, auth: dict[str, Any], policy: Any, neo4j: Any, store: Any = None) -> None:
         from fastapi.testclient import TestClient
 
-        from batch_ingest.chunking import Chunker, whitespace_tokens
-        from batch_ingest.pipeline import IngestPipeline
+        from batch_ingest.chunking import whitespace_tokens
         from deployments.config import GatewaySettings
         from deployments.graph import Neo4jGraph
+        from deployments.protocols import Backends
+        from serve_app.composition import build_service
         from serve_app.http import create_app
-        from serve_app.service import GatewayService
         from tests.fakes import FakeEmbedder, FakeVectorStore
 
         settings = GatewaySettings(environment="test", auth=auth, neo4j=neo4j)
         self.embedder = FakeEmbedder(dim=32)
         self.store = store if store is not None else FakeVectorStore()
         self.graph = Neo4jGraph(settings.neo4j)
-        pipeline = IngestPipeline(
-            embedder=self.embedder,
-            store=self.store,
-            graph=self.graph,
-            chunker=Chunker(whitespace_tokens, 200, 30),
-            embed_model=settings.embedder.embed_model_tag,
-        )
-        self.service = GatewayService(
-            settings=settings,
-            embedder=self.embedder,
-            store=self.store,
-            graph=self.graph,
-            reranker=None,
-            pipeline=pipeline,
+        self.service = build_service(
+            settings,
+            Backends(embedder=self.embedder, store=self.store, graph=self.graph),
+            count_tokens=whitespace_tokens,
             policy=policy,
         )
         self.client = TestClient(create_app(self.service), raise_server_exceptions=False)

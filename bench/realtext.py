@@ -6,7 +6,7 @@
 * KJV: the 31,102 King James verses (Debian ``sword-text-kjv``), used to grow a tenant with
   more real text (``kjv_documents``).
 
-Chunks are built with the gateway's own chunker and ids (``bench.filler.chunk_builder``) and
+Chunks are built with the gateway's own chunker and ids (``batch_ingest.chunks.chunk_builder``) and
 embedded in this process with ``EmbedderCore`` (the deployment's class, the default model).
 Vectors are cached by the SHA-256 of model tag + chunk text in ``bench/results/cache/``
 (git-ignored), so the second run of a benchmark embeds nothing.
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from batch_ingest.chunks import chunk_builder as chunks_of
 from batch_ingest.documents import SourceDocument
 from bench.common import Progress
-from bench.filler import chunk_builder
 from bench.quality.bible_set import LabeledSet
 from deployments.config import GatewaySettings
 from deployments.protocols import ChunkRecord
@@ -89,8 +89,7 @@ def kjv_chapters(team_id: str, limit: int | None = None) -> list[dict[str, Any]]
 
 def build_chunks(docs: list[dict[str, Any]], settings: GatewaySettings) -> list[ChunkRecord]:
     """The gateway's chunks of ``docs`` (no vectors), tagged with the embedder's model."""
-    builder = chunk_builder(settings)
-    builder.embed_model = settings.embedder.embed_model_tag
+    builder = chunks_of(settings.chunking, settings.embedder)
     chunks: list[ChunkRecord] = []
     for raw in docs:
         chunks += builder.build_chunks(SourceDocument.model_validate(raw))

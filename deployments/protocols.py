@@ -249,3 +249,14 @@ class GraphStore(Protocol):
         ...
 
     async def status(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Backends:
+    """What one gateway process talks to: Serve handles (the ingress), in-process stores (the
+    bus consumer) or fakes (tests). ``graph``/``reranker`` ``None``: not deployed."""
+
+    embedder: Embedder
+    store: VectorStore
+    graph: GraphStore | None = None
+    reranker: Reranker | None = None

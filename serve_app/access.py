@@ -24,7 +24,6 @@ VISIBILITY_SCOPE = {
     "confidential": ("public", "confidential"),
 }
 DEV_SUBJECT = "dev"
-_OPEN_POLICY = Policy()
 
 
 def _forbidden(
@@ -130,13 +129,6 @@ class AccessContext:
             principal, req.team_id, policy, user_id=req.user_id, agent_id=req.agent_id
         )
         return ctx.narrowed_to(req.visibility)
-
-    @classmethod
-    def from_search_request(cls, req: SearchDocsRequest) -> AccessContext:
-        """Development body trust, for tools outside the HTTP path (benchmarks): the body's
-        team with every right of the default policy's ``owner``, narrowed by its ``mode``.
-        Never use it for a request that came over the network."""
-        return cls.for_search(Principal.development(("owner",)), req, _OPEN_POLICY)
 
     def narrowed_to(self, visibility: str) -> AccessContext:
         """This context limited to the privacy mode ``visibility`` (public / confidential)."""

@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from batch_ingest.pipeline import strip_header
+from batch_ingest.chunks import strip_header
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.protocols import ChunkRecord, SearchHit
 from serve_app.access import AccessContext

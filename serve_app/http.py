@@ -10,9 +10,24 @@ from fastapi import FastAPI
 
 from serve_app.api import admin, audit, enrich, events, graph, health, ingest, search, tools
 from serve_app.auth import Authenticator
+from serve_app.contracts import ErrorBody
 from serve_app.errors import install_error_handlers
 from serve_app.service import GatewayService
 from serve_app.timing import ServerTiming
+
+# The error answers every tool route may give, in the one shape of serve_app/errors.py.
+ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in {
+        400: "the graph query does not compile",
+        401: "no credential, or one that does not verify",
+        403: "the credential does not grant this team, mode or resource",
+        404: "a named entity or job does not exist in the caller's scope",
+        409: "the request contradicts the current state",
+        422: "the request names a field with an impossible value (fields[] says which)",
+        503: "a backend the request needs does not answer",
+    }.items()
+}
 
 
 def create_app(service: GatewayService, authenticator: Authenticator | None = None) -> FastAPI:
@@ -35,6 +50,7 @@ def create_app(service: GatewayService, authenticator: Authenticator | None = No
     app.state.authenticator = authenticator or Authenticator.from_settings(service.settings)
     install_error_handlers(app)
     app.add_middleware(ServerTiming)
-    for module in (search, enrich, graph, ingest, events, audit, admin, health, tools):
-        app.include_router(module.router)
+    for module in (search, enrich, graph, ingest, events, audit, admin, tools):
+        app.include_router(module.router, responses=ERROR_RESPONSES)
+    app.include_router(health.router)
     return app

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from batch_ingest.pipeline import strip_header
+from batch_ingest.chunks import strip_header
 from deployments.config import GatewaySettings
 from deployments.errors import BackendUnavailable
 from deployments.protocols import (

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batch_ingest.chunking import whitespace_tokens
+from batch_ingest.chunks import strip_header
 from batch_ingest.documents import SourceDocument
 from batch_ingest.events import (
     IngestEventsResponse,
@@ -23,7 +24,7 @@ from batch_ingest.events import (
     apply_events,
     count_statuses,
 )
-from batch_ingest.pipeline import IngestPipeline, strip_header
+from batch_ingest.pipeline import IngestPipeline
 from deployments.config import GatewaySettings
 from deployments.errors import Forbidden, GatewayError, InvalidInput
 from deployments.protocols import (

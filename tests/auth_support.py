@@ -21,11 +21,12 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from fastapi.testclient import TestClient
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
-from batch_ingest.chunking import Chunker, whitespace_tokens
+from batch_ingest.chunking import whitespace_tokens
 from batch_ingest.documents import SourceDocument
-from batch_ingest.pipeline import IngestPipeline
 from deployments.config import GatewaySettings
+from deployments.protocols import Backends
 from serve_app.auth.api_keys import hash_key, new_key
+from serve_app.composition import build_service
 from serve_app.http import create_app
 from serve_app.policy import Policy
 from serve_app.service import GatewayService
@@ -191,25 +192,15 @@ def build_gateway(
     settings = GatewaySettings(environment=environment, auth=auth or jwt_auth())
     embedder, graph = FakeEmbedder(dim=32), FakeGraphStore()
     store = store if store is not None else FakeVectorStore()
-    pipeline = IngestPipeline(
-        embedder=embedder,
-        store=store,
-        graph=graph,
-        chunker=Chunker(whitespace_tokens, 200, 30),
-        embed_model=settings.embedder.embed_model_tag,
-    )
-    service = GatewayService(
-        settings=settings,
-        embedder=embedder,
-        store=store,
-        graph=graph,
-        reranker=None,
-        pipeline=pipeline,
+    service = build_service(
+        settings,
+        Backends(embedder=embedder, store=store, graph=graph),
+        count_tokens=whitespace_tokens,
         policy=policy,
     )
     if corpus:
         docs = [SourceDocument.model_validate(d) for d in corpus]
-        report = asyncio.run(pipeline.ingest(docs))
+        report = asyncio.run(service.pipeline.ingest(docs))
         assert not report.failed, report
     client = TestClient(create_app(service), raise_server_exceptions=False)
     return AuthGateway(client, service, store, embedder)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from batch_ingest.chunking import Chunker, embedder_token_counter, tokenizer_counter
+from batch_ingest.chunking import Chunker, tokenizer_counter
+from batch_ingest.chunks import chunk_builder
 from batch_ingest.documents import SourceDocument
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.reindex import (
@@ -114,17 +115,7 @@ async def ingest_old(job_settings, store, embedder, docs) -> SourceStore:
 
 
 def expected_chunks(job_settings, docs) -> int:
-    builder = IngestPipeline(
-        embedder=None,  # type: ignore[arg-type]
-        store=None,  # type: ignore[arg-type]
-        graph=None,
-        chunker=Chunker(
-            embedder_token_counter(job_settings.embedder),
-            job_settings.chunking.max_tokens,
-            job_settings.chunking.overlap_tokens,
-        ),
-        embed_model=job_settings.embedder.embed_model_tag,
-    )
+    builder = chunk_builder(job_settings.chunking, job_settings.embedder)
     return sum(len(builder.build_chunks(d)) for d in docs)
 
 

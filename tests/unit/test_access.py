@@ -231,13 +231,6 @@ def test_dev_principal_takes_identity_and_team_from_the_body():
     assert (ctx.team_id, ctx.user_id, ctx.agent_id) == ("dao_x", "u1", "ag_1")
 
 
-@pytest.mark.parametrize("key", ["visibility", "mode"])
-def test_from_search_request_keeps_body_trust_for_tools(key):
-    assert AccessContext.from_search_request(request()).allowed_visibilities == ("public",)
-    ctx = AccessContext.from_search_request(request(**{key: "confidential"}))
-    assert ctx.allowed_visibilities == ("public", "confidential")
-
-
 # --- compiling filters ----------------------------------------------------------------------
 
 

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from batch_ingest.chunking import Chunker, TokenCounter, tokenizer_counter
-from batch_ingest.pipeline import IngestPipeline
+from batch_ingest.chunking import TokenCounter, tokenizer_counter
 from deployments.config import GatewaySettings
 from deployments.embedder import default_model_path
+from deployments.protocols import Backends
+from serve_app.composition import build_service
 from serve_app.http import create_app
-from serve_app.service import GatewayService
 from tests.fakes import FakeEmbedder, FakeGraphStore, FakeReranker, FakeVectorStore
 
 TEAM = "dao_greenfood"
@@ -122,22 +122,9 @@ def make_gateway(count):
         )
         embedder, graph = FakeEmbedder(dim=32), FakeGraphStore()
         store = store or FakeVectorStore()
-        pipeline = IngestPipeline(
-            embedder=embedder,
-            store=store,
-            graph=graph,
-            chunker=Chunker(count, 200, 30),
-            embed_model=gateway_settings.embedder.embed_model_tag,
-        )
         fake_reranker = FakeReranker() if reranker else None
-        service = GatewayService(
-            settings=gateway_settings,
-            embedder=embedder,
-            store=store,
-            graph=graph,
-            reranker=fake_reranker,
-            pipeline=pipeline,
-        )
+        backends = Backends(embedder=embedder, store=store, graph=graph, reranker=fake_reranker)
+        service = build_service(gateway_settings, backends, count_tokens=count)
         client = TestClient(create_app(service), raise_server_exceptions=False)
         gateway = Gateway(client, gateway_settings, embedder, store, graph, fake_reranker)
         if corpus:
@@ -774,3 +761,16 @@ def test_unknown_key_inside_an_ingested_document_lists_document_keys(gateway):
     assert response.status_code == 422, response.text
     item = item_for(response, "documents.0.colour")
     assert {"team_id", "doc_id", "text", "tags", "created_at"} <= set(item["allowed"])
+
+
+def test_openapi_documents_the_error_shape_of_every_tool_route(gateway):
+    spec = gateway.client.get("/openapi.json").json()
+    search = spec["paths"]["/rag/search_docs"]["post"]["responses"]
+    for status in ("401", "403", "422", "503"):
+        ref = search[status]["content"]["application/json"]["schema"]["$ref"]
+        assert ref.endswith("/ErrorBody"), (status, ref)
+    assert {"error", "message", "fields", "trace_id"} <= set(
+        spec["components"]["schemas"]["ErrorBody"]["properties"]
+    )
+    # Health probes answer their own shape.
+    assert "403" not in spec["paths"]["/readyz"]["get"]["responses"]

@@ -7,8 +7,9 @@ from datetime import timedelta
 import pytest
 
 from batch_ingest.chunking import Chunker, tokenizer_counter
+from batch_ingest.chunks import compose_text, context_header, strip_header
 from batch_ingest.documents import SourceDocument, make_chunk_id
-from batch_ingest.pipeline import IngestPipeline, compose_text, context_header, strip_header
+from batch_ingest.pipeline import IngestPipeline
 from deployments.embedder import default_model_path
 from deployments.errors import BackendUnavailable
 from tests.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore

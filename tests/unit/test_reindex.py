@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from batch_ingest.chunking import Chunker, whitespace_tokens
+from batch_ingest.chunks import ChunkBuilder
 from batch_ingest.documents import SourceDocument
-from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.reindex import (
     InjectedFailure,
     Reindexer,
@@ -116,13 +116,7 @@ def env(tmp_path):
     sources = SourceStore(settings.state.url)
     store = VersionedStore()
     embed = CountingEmbed()
-    builder = IngestPipeline(
-        embedder=None,  # type: ignore[arg-type]
-        store=None,  # type: ignore[arg-type]
-        graph=None,
-        chunker=Chunker(whitespace_tokens, 50, 5),
-        embed_model=MODEL,
-    )
+    builder = ChunkBuilder(Chunker(whitespace_tokens, 50, 5), MODEL)
 
     def make(**kw: Any) -> Reindexer:
         spec = worker_spec(settings)
