@@ -32,6 +32,14 @@ JWT_ALGORITHMS = (
 )
 
 
+# Batch defaults of the Serve shells: the settings' defaults and the initial values of their
+# @serve.batch decorators (reconfigure() applies the settings when a replica starts).
+EMBED_BATCH = 32
+EMBED_BATCH_WAIT_S = 0.005
+RERANK_BATCH = 8
+RERANK_BATCH_WAIT_S = 0.005
+
+
 class EmbedderSettings(BaseModel):
     """Which transformer embeds text, and how it is batched."""
 
@@ -58,8 +66,8 @@ class EmbedderSettings(BaseModel):
     # Requests per @serve.batch call, and how long to wait to fill one: passages wait
     # batch_wait_timeout_s; queries do not wait (0), a query batch is whatever queued while
     # the previous one ran, so a lone search pays no wait and busy searches still batch.
-    max_batch_size: int = Field(32, ge=1, le=1024)
-    batch_wait_timeout_s: float = Field(0.005, ge=0.0, le=1.0)
+    max_batch_size: int = Field(EMBED_BATCH, ge=1, le=1024)
+    batch_wait_timeout_s: float = Field(EMBED_BATCH_WAIT_S, ge=0.0, le=1.0)
     query_batch_wait_timeout_s: float = Field(0.0, ge=0.0, le=1.0)
 
     @property
@@ -82,8 +90,8 @@ class RerankerSettings(BaseModel):
     device: str = "cpu"
     torch_threads: int = Field(1, ge=1, le=64)
     forward_batch_size: int = Field(16, ge=1, le=1024)
-    max_batch_size: int = Field(8, ge=1, le=1024)
-    batch_wait_timeout_s: float = Field(0.005, ge=0.0, le=1.0)
+    max_batch_size: int = Field(RERANK_BATCH, ge=1, le=1024)
+    batch_wait_timeout_s: float = Field(RERANK_BATCH_WAIT_S, ge=0.0, le=1.0)
     # How many fused candidates are rescored.
     candidates: int = Field(30, ge=1, le=500)
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from ray import serve
 
-from deployments.config import EmbedderSettings
+from deployments.config import EMBED_BATCH, EMBED_BATCH_WAIT_S, EmbedderSettings
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.timing import MeanTimes
 
@@ -206,6 +206,22 @@ def _count_texts(requests: list[list[str]]) -> int:
     return sum(len(texts) for texts in requests)
 
 
+def deployment_options(settings: EmbedderSettings) -> dict[str, Any]:
+    """Serve options of ``EmbedderDeployment`` (serve_config.yaml's ``deployments`` may
+    override any of them)."""
+    return {
+        "name": "Embedder",
+        # Batches fill only when enough requests may be in flight at once.
+        "max_ongoing_requests": max(256, settings.max_batch_size * 4),
+        "ray_actor_options": {"num_cpus": 1},
+        "user_config": {
+            "max_batch_size": settings.max_batch_size,
+            "batch_wait_timeout_s": settings.batch_wait_timeout_s,
+            "query_batch_wait_timeout_s": settings.query_batch_wait_timeout_s,
+        },
+    }
+
+
 class EmbedderDeployment:
     """Serve shell: loads the model in the background and batches texts across callers.
 
@@ -292,11 +308,15 @@ class EmbedderDeployment:
             offset += len(texts)
         return out
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.0, batch_size_fn=_count_texts)
+    @serve.batch(max_batch_size=EMBED_BATCH, batch_wait_timeout_s=0.0, batch_size_fn=_count_texts)
     async def _embed_queries(self, requests: list[list[str]]) -> list[np.ndarray]:
         return await self._run(requests, "query")
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005, batch_size_fn=_count_texts)
+    @serve.batch(
+        max_batch_size=EMBED_BATCH,
+        batch_wait_timeout_s=EMBED_BATCH_WAIT_S,
+        batch_size_fn=_count_texts,
+    )
     async def _embed_passages(self, requests: list[list[str]]) -> list[np.ndarray]:
         return await self._run(requests, "passage")
 

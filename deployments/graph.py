@@ -725,6 +725,11 @@ RETURN p ORDER BY length(p) LIMIT $max_paths
             await self._reset()
 
 
+def deployment_options(settings: Neo4jSettings) -> dict[str, Any]:
+    """Serve options of ``GraphDeployment`` (I/O to Neo4j)."""
+    return {"name": "Graph", "max_ongoing_requests": 64, "ray_actor_options": {"num_cpus": 0.1}}
+
+
 class GraphDeployment:
     """Serve shell over ``Neo4jGraph``."""
 

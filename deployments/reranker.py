@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from ray import serve
 
-from deployments.config import RerankerSettings
+from deployments.config import RERANK_BATCH, RERANK_BATCH_WAIT_S, RerankerSettings
 from deployments.errors import BackendUnavailable, InvalidInput
 
 logger = logging.getLogger(__name__)
@@ -115,6 +115,19 @@ class RerankerCore:
         return scores
 
 
+def deployment_options(settings: RerankerSettings) -> dict[str, Any]:
+    """Serve options of ``RerankerDeployment``."""
+    return {
+        "name": "Reranker",
+        "max_ongoing_requests": max(64, settings.max_batch_size * 4),
+        "ray_actor_options": {"num_cpus": 0.5},
+        "user_config": {
+            "max_batch_size": settings.max_batch_size,
+            "batch_wait_timeout_s": settings.batch_wait_timeout_s,
+        },
+    }
+
+
 class RerankerDeployment:
     """Serve shell: background load, ``@serve.batch`` across concurrent requests."""
 
@@ -154,7 +167,7 @@ class RerankerDeployment:
             return np.zeros(0, dtype=np.float32)
         return await self._rerank_batch((query, texts))
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
+    @serve.batch(max_batch_size=RERANK_BATCH, batch_wait_timeout_s=RERANK_BATCH_WAIT_S)
     async def _rerank_batch(self, requests: list[tuple[str, list[str]]]) -> list[np.ndarray]:
         loop = asyncio.get_running_loop()
         out = []

@@ -17,20 +17,29 @@ from pydantic import BaseModel, Field
 from ray import serve
 from ray.serve import Application
 
-from batch_ingest.chunking import Chunker, embedder_token_counter
-from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.source_store import SourceStore
 from deployments.config import GatewaySettings
 from deployments.embedder import EmbedderDeployment, embedding_dim
+from deployments.embedder import deployment_options as embedder_options
 from deployments.graph import GraphDeployment
+from deployments.graph import deployment_options as graph_options
+from deployments.protocols import Backends
 from deployments.reranker import RerankerDeployment
+from deployments.reranker import deployment_options as reranker_options
 from deployments.retriever import RetrieverDeployment
+from deployments.retriever import deployment_options as retriever_options
+from serve_app.composition import build_service
 from serve_app.handles import HandleProxy
 from serve_app.http import create_app
 from serve_app.policy import Policy
-from serve_app.service import GatewayService
 
 logger = logging.getLogger(__name__)
+# The ingress's Serve options (the other deployments own theirs: deployment_options()).
+INGRESS_OPTIONS: dict[str, Any] = {
+    "name": "Ingress",
+    "max_ongoing_requests": 128,
+    "ray_actor_options": {"num_cpus": 0.1},
+}
 
 
 class AppArgs(BaseModel):
@@ -62,32 +71,13 @@ class Ingress:
     ) -> None:
         logging.basicConfig(level=logging.INFO)
         self.settings = settings
-        embedder_proxy = HandleProxy(_direct(embedder), "embedder")
-        store = HandleProxy(_direct(retriever), "milvus")
-        graph_proxy = HandleProxy(_direct(graph), "neo4j") if graph is not None else None
-        count_tokens = embedder_token_counter(settings.embedder)
-        chunker = Chunker(
-            count_tokens,
-            settings.chunking.max_tokens,
-            settings.chunking.overlap_tokens,
-        )
-        pipeline = IngestPipeline(
-            embedder=embedder_proxy,
-            store=store,
-            graph=graph_proxy,
-            chunker=chunker,
-            embed_model=settings.embedder.embed_model_tag,
-            sources=SourceStore(settings.state.url),
-        )
-        self.service = GatewayService(
-            settings=settings,
-            embedder=embedder_proxy,
-            store=store,
-            graph=graph_proxy,
+        backends = Backends(
+            embedder=HandleProxy(_direct(embedder), "embedder"),
+            store=HandleProxy(_direct(retriever), "milvus"),
+            graph=HandleProxy(_direct(graph), "neo4j") if graph is not None else None,
             reranker=HandleProxy(_direct(reranker), "reranker") if reranker is not None else None,
-            pipeline=pipeline,
-            count_tokens=count_tokens,
         )
+        self.service = build_service(settings, backends, sources=SourceStore(settings.state.url))
 
     def __serve_build_asgi_app__(self):
         return create_app(self.service)
@@ -119,50 +109,25 @@ def build_app(args: AppArgs) -> Application:
     # A broken policy file fails the deploy here, not in every Ingress replica.
     Policy.load(settings.auth.policy_file)
     dim = embedding_dim(settings.embedder)
-    emb = settings.embedder
-    embedder = serve.deployment(
-        EmbedderDeployment,
-        name="Embedder",
-        # Batches fill only when enough requests may be in flight at once.
-        max_ongoing_requests=max(256, emb.max_batch_size * 4),
-        ray_actor_options={"num_cpus": 1},
-        user_config={
-            "max_batch_size": emb.max_batch_size,
-            "batch_wait_timeout_s": emb.batch_wait_timeout_s,
-            "query_batch_wait_timeout_s": emb.query_batch_wait_timeout_s,
-        },
-    ).bind(emb)
-    retriever = serve.deployment(
-        RetrieverDeployment,
-        name="Retriever",
-        max_ongoing_requests=64,
-        ray_actor_options={"num_cpus": 0.1},
-    ).bind(settings.milvus, dim, settings.search.rrf_k)
-    graph = None
+    embedder = _deployment(EmbedderDeployment, embedder_options(settings.embedder))
+    retriever = _deployment(RetrieverDeployment, retriever_options(settings.milvus))
+    graph = reranker = None
     if args.graph_enabled:
-        graph = serve.deployment(
-            GraphDeployment,
-            name="Graph",
-            max_ongoing_requests=64,
-            ray_actor_options={"num_cpus": 0.1},
-        ).bind(settings.neo4j)
-    reranker = None
+        graph = _deployment(GraphDeployment, graph_options(settings.neo4j))
     if settings.reranker.enabled:
-        rr = settings.reranker
-        reranker = serve.deployment(
-            RerankerDeployment,
-            name="Reranker",
-            max_ongoing_requests=max(64, rr.max_batch_size * 4),
-            ray_actor_options={"num_cpus": 0.5},
-            user_config={
-                "max_batch_size": rr.max_batch_size,
-                "batch_wait_timeout_s": rr.batch_wait_timeout_s,
-            },
-        ).bind(rr)
-    ingress = serve.deployment(
-        serve.ingress()(Ingress),
-        name="Ingress",
-        max_ongoing_requests=128,
-        ray_actor_options={"num_cpus": 0.1},
+        reranker = _deployment(RerankerDeployment, reranker_options(settings.reranker))
+    ingress = _deployment(serve.ingress()(Ingress), INGRESS_OPTIONS)
+    return ingress.bind(
+        settings,
+        embedder.bind(settings.embedder),
+        retriever.bind(settings.milvus, dim, settings.search.rrf_k),
+        graph.bind(settings.neo4j) if graph is not None else None,
+        reranker.bind(settings.reranker) if reranker is not None else None,
     )
-    return ingress.bind(settings, embedder, retriever, graph, reranker)
+
+
+def _deployment(cls: type, options: dict[str, Any]) -> Any:
+    """``cls`` as a Serve deployment with the options its shell owns (serve_config.yaml's
+    ``deployments`` entries override them at deploy time)."""
+    logger.info("deployment %s: %s", options["name"], options)
+    return serve.deployment(cls, **options)

@@ -99,3 +99,28 @@ def test_build_app_rejects_unknown_arg_types():
 def test_build_app_rejects_invalid_settings():
     with pytest.raises(ValidationError):
         build_app({"settings": {"search": {"mode": "semantic"}}})
+
+
+def test_each_shell_owns_its_deployment_options():
+    from deployments import embedder, graph, reranker, retriever
+    from deployments.config import GatewaySettings
+
+    settings = GatewaySettings(
+        embedder={"max_batch_size": 100, "query_batch_wait_timeout_s": 0.002},
+        reranker={"max_batch_size": 20},
+    )
+    emb = embedder.deployment_options(settings.embedder)
+    assert (emb["name"], emb["max_ongoing_requests"]) == ("Embedder", 400)
+    assert emb["user_config"] == {
+        "max_batch_size": 100,
+        "batch_wait_timeout_s": 0.005,
+        "query_batch_wait_timeout_s": 0.002,
+    }
+    rr = reranker.deployment_options(settings.reranker)
+    assert (rr["name"], rr["max_ongoing_requests"], rr["user_config"]["max_batch_size"]) == (
+        "Reranker",
+        80,
+        20,
+    )
+    assert retriever.deployment_options(settings.milvus)["name"] == "Retriever"
+    assert graph.deployment_options(settings.neo4j)["name"] == "Graph"
