@@ -1,5 +1,4 @@
-"""graph.query_context, graph.explain_path and the entity upsert: the graph half of
-``GatewayService`` (a mixin, so the routes call one service object).
+"""graph.query_context, graph.explain_path and the entity upsert: the graph tools' service.
 
 Every call builds its AccessContext first (403 before anything runs), passes the graph store
 only ``ctx.graph_scope()`` for the tenant and visibility parameters, filters every returned
@@ -14,9 +13,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from deployments.config import GatewaySettings
 from deployments.errors import BackendUnavailable, InvalidInput, NotFound
 from deployments.graph import path_sentence
 from deployments.graph_intents import INTENTS, catalogue
+from deployments.protocols import GraphStore
 from serve_app.access import AccessContext
 from serve_app.audit import request_audit
 from serve_app.auth.principal import Principal
@@ -29,16 +30,27 @@ from serve_app.graph_contracts import (
     GraphUpsertResponse,
     PathOut,
 )
+from serve_app.policy import Policy
+from serve_app.recorder import AuditRecorder
 
 
 class GraphTools:
-    """Mixed into ``GatewayService``; uses its ``graph``, ``policy``, ``settings`` and audit."""
+    """The graph tools over ``graph`` (``None``: the graph is not deployed, every call is
+    503), audited through ``recorder``."""
 
-    graph: Any
-    policy: Any
-    settings: Any
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        graph: GraphStore | None,
+        policy: Policy,
+        recorder: AuditRecorder,
+    ) -> None:
+        self.settings = settings
+        self.graph = graph
+        self.policy = policy
+        self.recorder = recorder
 
-    def _graph_store(self) -> Any:
+    def _graph_store(self) -> GraphStore:
         if self.graph is None:
             raise BackendUnavailable(
                 "neo4j",
@@ -49,7 +61,7 @@ class GraphTools:
 
     async def _audited(self, audit: dict, trace_id: str, principal: Principal, run) -> Any:
         started = time.perf_counter()
-        with self.audited(trace_id, principal, audit, started) as allowed:  # type: ignore[attr-defined]
+        with self.recorder.audited(trace_id, principal, audit, started) as allowed:
             response, allowed.fields = await run(started)
         return response
 

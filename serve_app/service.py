@@ -7,11 +7,9 @@ thin and call one method each.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from batch_ingest.chunking import whitespace_tokens
@@ -26,7 +24,7 @@ from batch_ingest.events import (
 )
 from batch_ingest.pipeline import IngestPipeline
 from deployments.config import GatewaySettings
-from deployments.errors import Forbidden, GatewayError, InvalidInput
+from deployments.errors import Forbidden, InvalidInput
 from deployments.protocols import (
     Embedder,
     GraphStore,
@@ -35,7 +33,7 @@ from deployments.protocols import (
     VectorStore,
 )
 from serve_app.access import AccessContext, check_ingest
-from serve_app.audit import AuditLog, AuditRecord, request_audit
+from serve_app.audit import AuditLog, request_audit
 from serve_app.auth.principal import Principal
 from serve_app.contracts import (
     EnrichAnswerRequest,
@@ -51,6 +49,7 @@ from serve_app.contracts import (
 from serve_app.enrich import enrich_answer as run_enrich
 from serve_app.graph_tools import GraphTools
 from serve_app.policy import Policy
+from serve_app.recorder import AuditRecorder
 from serve_app.retrieval import Retrieval
 from serve_app.snippets import best_snippet
 from serve_app.timing import stage
@@ -58,16 +57,7 @@ from serve_app.timing import stage
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class Allowed:
-    """What an allowed request's audit record says (``GatewayService.audited``)."""
-
-    reason: str = "granted"
-    http_status: int = 200
-    fields: dict[str, Any] = field(default_factory=dict)
-
-
-class GatewayService(GraphTools):
+class GatewayService:
     def __init__(
         self,
         *,
@@ -83,7 +73,7 @@ class GatewayService(GraphTools):
     ) -> None:
         self.settings = settings
         # Every allow/deny decision goes here (asynchronously; see serve_app/audit.py).
-        self.audit = audit if audit is not None else AuditLog(settings.audit)
+        self.recorder = AuditRecorder(audit if audit is not None else AuditLog(settings.audit))
         # Roles, doc types and resource policies; the file of auth.policy_file by default.
         self.policy = policy if policy is not None else Policy.load(settings.auth.policy_file)
         self.embedder = embedder
@@ -91,6 +81,8 @@ class GatewayService(GraphTools):
         self.graph = graph
         self.reranker = reranker
         self.pipeline = pipeline
+        # graph.query_context, graph.explain_path and the entity upsert.
+        self.graph_tools = GraphTools(settings, graph, self.policy, self.recorder)
         # The search pipeline rag.search_docs and rag.enrich_answer share.
         self.retrieval = Retrieval(
             settings=settings,
@@ -100,6 +92,15 @@ class GatewayService(GraphTools):
             reranker=reranker,
             count_tokens=count_tokens,
         )
+
+    @property
+    def audit(self) -> AuditLog:
+        """The audit log the recorder writes to (settable: tests swap in another)."""
+        return self.recorder.log
+
+    @audit.setter
+    def audit(self, log: AuditLog) -> None:
+        self.recorder.log = log
 
     # --- rag.search_docs -----------------------------------------------------------------
     async def search_docs(
@@ -114,7 +115,7 @@ class GatewayService(GraphTools):
         """
         started = time.perf_counter()
         audit = request_audit(req, principal, "search", _resource(req), req.query)
-        with self.audited(trace_id, principal, audit, started) as allowed:
+        with self.recorder.audited(trace_id, principal, audit, started) as allowed:
             response = await self._search_docs(req, trace_id, principal, started)
             allowed.fields = {
                 "chunk_ids": [m.chunk_id for m in response.matches],
@@ -164,7 +165,7 @@ class GatewayService(GraphTools):
         """
         started = time.perf_counter()
         audit = request_audit(req, principal, "enrich", _resource(req), req.draft_answer)
-        with self.audited(trace_id, principal, audit, started) as allowed:
+        with self.recorder.audited(trace_id, principal, audit, started) as allowed:
             response = await run_enrich(
                 self.retrieval, self.settings, self.policy, req, trace_id, started, principal
             )
@@ -173,85 +174,6 @@ class GatewayService(GraphTools):
                 "doc_ids": [s.id for s in response.sources],
             }
         return response
-
-    # --- audit --------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def audited(
-        self,
-        trace_id: str,
-        principal: Principal | None,
-        fields: dict[str, Any],
-        started: float | None = None,
-    ) -> Iterator[Allowed]:
-        """Audit the request run inside the block: a ``GatewayError`` raised there is
-        audited (``audit_error``) and re-raised; otherwise one allow record is written with
-        ``fields`` (read at the end, so the block may add to it) and what the block set on
-        the yielded ``Allowed`` (reason, status, extra fields such as the returned ids)."""
-        started = time.perf_counter() if started is None else started
-        allowed = Allowed()
-        try:
-            yield allowed
-        except GatewayError as exc:
-            self.audit_error(exc, trace_id, principal, started, **fields)
-            raise
-        self.audit_decision(
-            trace_id,
-            principal,
-            started,
-            decision="allow",
-            reason=allowed.reason,
-            http_status=allowed.http_status,
-            **fields,
-            **allowed.fields,
-        )
-
-    def audit_decision(
-        self,
-        trace_id: str,
-        principal: Principal | None,
-        started: float | None = None,
-        **fields: Any,
-    ) -> None:
-        """Queue one audit record; the identity fields come from the verified ``principal``
-        (the body's ``user_id`` only for a dev-mode caller, which has no subject of its own)."""
-        if principal is not None:
-            fields.setdefault("auth_method", principal.method)
-            fields.setdefault("key_id", principal.key_id)
-            fields.setdefault("agent_id", principal.agent_id)
-            fields.setdefault("subject", principal.sub)
-        if started is not None:
-            fields.setdefault("latency_ms", round((time.perf_counter() - started) * 1000, 2))
-        try:
-            with stage("audit"):
-                self.audit.record(AuditRecord(trace_id=trace_id, **fields))
-        except Exception:  # the audit log must never fail a request
-            logger.exception("audit record could not be queued")
-
-    def audit_error(
-        self,
-        exc: GatewayError,
-        trace_id: str,
-        principal: Principal | None,
-        started: float | None = None,
-        *,
-        denied: bool | None = None,
-        **fields: Any,
-    ) -> None:
-        """Audit a request that ended in ``exc``: a 401/403 is a deny with its reason; any
-        other error came after access was granted (an allow answered with that status),
-        unless ``denied`` says otherwise (an identity that could not be checked)."""
-        if denied is None:
-            denied = isinstance(exc, Forbidden) or exc.status_code == 401
-        reason = exc.reason or exc.code
-        self.audit_decision(
-            trace_id,
-            principal,
-            started,
-            decision="deny" if denied else "allow",
-            reason=reason if denied else f"granted;{exc.code}",
-            http_status=exc.status_code,
-            **fields,
-        )
 
     def _to_matches(self, hits: list[SearchHit], req: SearchDocsRequest) -> list[Match]:
         out = []
@@ -294,7 +216,7 @@ class GatewayService(GraphTools):
             contexts = check_ingest(principal, docs, self.policy)
         except Forbidden as exc:
             doc = _failing_document(exc, docs)
-            self.audit_error(
+            self.recorder.error(
                 exc,
                 trace_id,
                 principal,
@@ -310,7 +232,7 @@ class GatewayService(GraphTools):
             self._check_ingest_limits(docs)
         except InvalidInput as exc:
             # Access was granted; the request is refused for its size.
-            self.audit_error(
+            self.recorder.error(
                 exc,
                 trace_id,
                 principal,
@@ -322,7 +244,7 @@ class GatewayService(GraphTools):
             raise
         for doc in docs:
             ctx = contexts[doc.team_id]
-            self.audit_decision(
+            self.recorder.decision(
                 trace_id,
                 principal,
                 started,
@@ -379,7 +301,7 @@ class GatewayService(GraphTools):
                     contexts[doc.team_id] = ctx
                 ctx.check_write(doc, where)
             except Forbidden as exc:
-                self.audit_error(
+                self.recorder.error(
                     exc,
                     trace_id,
                     principal,
@@ -401,7 +323,7 @@ class GatewayService(GraphTools):
             )
         self._check_ingest_limits(docs)
         for _, ev, doc in checked:
-            self.audit_decision(
+            self.recorder.decision(
                 trace_id,
                 principal,
                 started,

@@ -195,7 +195,7 @@ async def start_reindex(
     """Start re-embedding ``team_id`` into a new collection version (swapped in when done)."""
     started = time.perf_counter()
     fields = {"action": "admin.reindex", "team_id": body.team_id, "path": request.url.path}
-    with service.audited(trace_id, principal, fields, started) as allowed:
+    with service.recorder.audited(trace_id, principal, fields, started) as allowed:
         allowed.reason = reindex_scope(service, principal, body.team_id)
         job = await asyncio.to_thread(
             _jobs(request, service).submit, body.team_id, principal.sub or "dev"
@@ -215,7 +215,7 @@ async def reindex_status(
     """A reindex job: status, progress (done/total documents, rate, ETA), counts, error."""
     started = time.perf_counter()
     fields = {"action": "admin.reindex.status", "path": request.url.path[:256]}
-    with service.audited(trace_id, principal, fields, started) as allowed:
+    with service.recorder.audited(trace_id, principal, fields, started) as allowed:
         job = await asyncio.to_thread(_jobs(request, service).get, job_id[:64])
         if job is None:
             # Same answer whoever asks: a missing job says nothing about other teams.

@@ -63,7 +63,7 @@ async def audit_decisions(
     a reader role (``audit.reader_roles``) in the ``team_id`` asked for."""
     started = time.perf_counter()
     fields = {"action": "audit.read", "team_id": team_id or "", "path": request.url.path}
-    with service.audited(trace_id, principal, fields, started) as allowed:
+    with service.recorder.audited(trace_id, principal, fields, started) as allowed:
         allowed.reason = audit_scope(service, principal, team_id)
         allowed.fields = {"resource": f"audit:{team_id or '*'}"}
         cfg = service.settings.audit

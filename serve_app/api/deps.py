@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 
 from serve_app.auth import Authenticator, Principal
 from serve_app.errors import GatewayError, trace_id_of
+from serve_app.graph_tools import GraphTools
 from serve_app.service import GatewayService
 from serve_app.timing import stage
 
@@ -31,6 +32,10 @@ def _service(request: Request) -> GatewayService:
     return request.app.state.service
 
 
+def _graph_tools(request: Request) -> GraphTools:
+    return request.app.state.service.graph_tools
+
+
 async def _principal(request: Request) -> Principal:
     """The verified caller; runs before the body is validated, so an unauthenticated request
     gets 401 whatever its body holds."""
@@ -47,7 +52,7 @@ async def _principal(request: Request) -> Principal:
             found = authenticator.credential(request.headers)
         except GatewayError:
             found = ("malformed", "")
-        service.audit_error(
+        service.recorder.error(
             exc,
             trace_id_of(request),
             None,
@@ -61,5 +66,6 @@ async def _principal(request: Request) -> Principal:
 
 
 Service = Annotated[GatewayService, Depends(_service)]
+Graph = Annotated[GraphTools, Depends(_graph_tools)]
 TraceId = Annotated[str, Depends(trace_id_of)]
 CurrentPrincipal = Annotated[Principal, Depends(_principal)]

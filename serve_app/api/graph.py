@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from serve_app.api.deps import CurrentPrincipal, Service, TraceId
+from serve_app.api.deps import CurrentPrincipal, Graph, TraceId
 from serve_app.graph_contracts import (
     ExplainPathRequest,
     ExplainPathResponse,
@@ -17,31 +17,31 @@ router = APIRouter(tags=["graph"])
 
 @router.post("/graph/query", response_model=GraphQueryResponse)
 async def graph_query(
-    body: GraphQueryRequest, principal: CurrentPrincipal, service: Service, trace_id: TraceId
+    body: GraphQueryRequest, principal: CurrentPrincipal, graph: Graph, trace_id: TraceId
 ):
     """graph.query_context: a named intent with args, or read-only Cypher for roles allowed
     to send it; answers only what lies in the caller's team and visibility."""
-    return await service.graph_query(body, trace_id, principal)
+    return await graph.graph_query(body, trace_id, principal)
 
 
 @router.get("/graph/intents")
-async def graph_intents(principal: CurrentPrincipal, service: Service):
+async def graph_intents(principal: CurrentPrincipal, graph: Graph):
     """The named intents of graph.query_context with their argument schemas."""
-    return {"intents": service.graph_intents()}
+    return {"intents": graph.graph_intents()}
 
 
 @router.post("/graph/explain_path", response_model=ExplainPathResponse)
 async def explain_path(
-    body: ExplainPathRequest, principal: CurrentPrincipal, service: Service, trace_id: TraceId
+    body: ExplainPathRequest, principal: CurrentPrincipal, graph: Graph, trace_id: TraceId
 ):
     """graph.explain_path: shortest connections between two entities, with a sentence each."""
-    return await service.explain_path(body, trace_id, principal)
+    return await graph.explain_path(body, trace_id, principal)
 
 
 @router.post("/graph/entities", response_model=GraphUpsertResponse)
 async def upsert_entities(
-    body: GraphUpsertRequest, principal: CurrentPrincipal, service: Service, trace_id: TraceId
+    body: GraphUpsertRequest, principal: CurrentPrincipal, graph: Graph, trace_id: TraceId
 ):
     """MERGE users, agents, resources and their relationships (MEMBER_OF, SERVES, USES, ...)
     into the caller's team; idempotent."""
-    return await service.graph_upsert(body, trace_id, principal)
+    return await graph.graph_upsert(body, trace_id, principal)

@@ -202,7 +202,7 @@ def test_graph_down_is_503_while_search_keeps_working(gw):
 
 
 def test_graph_disabled_is_503_with_a_reason(gw):
-    gw.service.graph = None
+    gw.service.graph_tools.graph = None
     r = gw.client.post(
         "/graph/query",
         json={"team_id": "dao_a", "intent": "MEMBERS_OF_DAO"},

@@ -368,13 +368,13 @@ def admin(tmp_path, clean_gateway_env):
     gw = build_gateway()
     gw.client.app.state.reindex_jobs = FakeJobs(tmp_path)
     audited: list[dict[str, Any]] = []
-    original = gw.service.audit_decision
+    original = gw.service.recorder.decision
 
     def capture(trace_id, principal, started=None, **fields):
         audited.append(fields)
         original(trace_id, principal, started, **fields)
 
-    gw.service.audit_decision = capture
+    gw.service.recorder.decision = capture
     gw.audited = audited
     return gw
 
