@@ -379,3 +379,48 @@ def check_ingest(
             contexts[doc.team_id] = ctx
         ctx.check_write(doc, where)
     return contexts
+
+
+# --- operator actions ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OperatorRight:
+    """An operator action outside the tool surface (reading the audit log, reindexing a
+    team): granted by a permission, or by one of ``roles`` in the team it concerns."""
+
+    action: str  # what is refused, as a sentence subject: "reindexing this team"
+    subject: str  # what needs a verified identity in production: "reindex"
+    permission: str
+    roles: tuple[str, ...]
+    denied: str  # the reason code of a refusal
+    by_permission: str  # the audited reason of a grant by the permission
+    by_role: str  # ... and by a role in the team
+    where: str = "in the team"  # where the roles count, for the hint
+
+
+def operator_scope(
+    principal: Principal, team_id: str | None, right: OperatorRight, *, production: bool
+) -> str:
+    """Why ``principal`` may perform ``right`` for ``team_id`` (``None``: every team).
+
+    Raises:
+        Forbidden: neither the permission, nor one of the roles in ``team_id``, nor a
+            development caller outside production.
+    """
+    if principal.trusts_body:
+        if production:
+            raise Forbidden(
+                f"{right.subject} needs a verified identity in production", reason=right.denied
+            )
+        return "dev_mode"
+    if right.permission in principal.permissions:
+        return right.by_permission
+    if team_id and set(principal.roles_in(team_id)) & set(right.roles):
+        return right.by_role
+    hint = f"a credential with the permission {right.permission!r}"
+    if right.roles:
+        hint += f", or one of the roles {list(right.roles)} {right.where}"
+    raise Forbidden(
+        f"{right.action} is not granted to this caller" + ("" if team_id else " for every team"),
+        reason=right.denied,
+        hint=hint,
+    )

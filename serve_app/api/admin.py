@@ -35,6 +35,7 @@ from batch_ingest.reindex import SETTINGS_ENV, run_job
 from batch_ingest.reindex_state import ACTIVE, ReindexJob, ReindexState
 from deployments.config import GatewaySettings
 from deployments.errors import BackendUnavailable, Conflict, Forbidden, NotFound
+from serve_app.access import OperatorRight, operator_scope
 from serve_app.api.deps import CurrentPrincipal, Service, TraceId
 from serve_app.auth import Principal
 from serve_app.service import GatewayService
@@ -58,31 +59,19 @@ class ReindexRequest(BaseModel):
 
 
 def reindex_scope(service: GatewayService, principal: Principal, team_id: str) -> str:
-    """Why ``principal`` may reindex ``team_id``.
-
-    Raises:
-        Forbidden: neither the admin permission, nor an admin role in the team, nor a
-            development caller outside production.
-    """
+    """Why ``principal`` may reindex ``team_id`` (``access.operator_scope``)."""
     cfg = service.settings.reindex
-    if principal.trusts_body:
-        if service.settings.environment == "production":
-            raise Forbidden(
-                "reindex needs a verified identity in production", reason="reindex_not_granted"
-            )
-        return "dev_mode"
-    if cfg.admin_permission in principal.permissions:
-        return "permission_admin_reindex"
-    if set(principal.roles_in(team_id)) & set(cfg.admin_roles):
-        return "team_admin_role"
-    hint = f"a credential with the permission {cfg.admin_permission!r}"
-    if cfg.admin_roles:
-        hint += f", or one of the roles {cfg.admin_roles} in the team"
-    raise Forbidden(
-        "reindexing this team is not granted to this caller",
-        reason="reindex_not_granted",
-        hint=hint,
+    right = OperatorRight(
+        action="reindexing this team",
+        subject="reindex",
+        permission=cfg.admin_permission,
+        roles=tuple(cfg.admin_roles),
+        denied="reindex_not_granted",
+        by_permission="permission_admin_reindex",
+        by_role="team_admin_role",
     )
+    production = service.settings.environment == "production"
+    return operator_scope(principal, team_id, right, production=production)
 
 
 class ReindexJobs:

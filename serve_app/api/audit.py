@@ -7,43 +7,31 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 
+from serve_app.access import OperatorRight, operator_scope
 from serve_app.api.deps import CurrentPrincipal, Service, TraceId
 from serve_app.auth import Principal
-from serve_app.errors import BackendUnavailable, Forbidden, InvalidInput
+from serve_app.errors import BackendUnavailable, InvalidInput
 from serve_app.service import GatewayService
 
 router = APIRouter(tags=["ops"])
 
 
 def audit_scope(service: GatewayService, principal: Principal, team_id: str | None) -> str:
-    """Why ``principal`` may read the audit log for ``team_id`` (None = every team).
-
-    Raises:
-        Forbidden: neither the read permission, nor a reader role in ``team_id``, nor a
-            development caller outside production.
-    """
+    """Why ``principal`` may read the audit log for ``team_id`` (None = every team;
+    ``access.operator_scope``)."""
     cfg = service.settings.audit
-    if principal.trusts_body:
-        if service.settings.environment == "production":
-            raise Forbidden(
-                "the audit log needs a verified identity in production",
-                reason="audit_read_not_granted",
-            )
-        return "dev_mode"
-    if cfg.read_permission in principal.permissions:
-        return "permission_audit_read"
-    roles = set(principal.roles_in(team_id)) if team_id else set()
-    if team_id and roles & set(cfg.reader_roles):
-        return "team_reader_role"
-    hint = f"a credential with the permission {cfg.read_permission!r}"
-    if cfg.reader_roles:
-        hint += f", or one of the roles {cfg.reader_roles} in the team_id you query"
-    raise Forbidden(
-        "reading the audit log is not granted to this caller"
-        + ("" if team_id else " for every team"),
-        reason="audit_read_not_granted",
-        hint=hint,
+    right = OperatorRight(
+        action="reading the audit log",
+        subject="the audit log",
+        permission=cfg.read_permission,
+        roles=tuple(cfg.reader_roles),
+        denied="audit_read_not_granted",
+        by_permission="permission_audit_read",
+        by_role="team_reader_role",
+        where="in the team_id you query",
     )
+    production = service.settings.environment == "production"
+    return operator_scope(principal, team_id, right, production=production)
 
 
 @router.get("/audit/decisions")

@@ -8,7 +8,7 @@ import pytest
 from batch_ingest.documents import SourceDocument
 from deployments.errors import Forbidden
 from deployments.protocols import ChunkRecord
-from serve_app.access import AccessContext, check_ingest
+from serve_app.access import AccessContext, OperatorRight, check_ingest, operator_scope
 from serve_app.auth.principal import Principal
 from serve_app.contracts import SearchDocsRequest, SearchFilters
 from serve_app.policy import Policy
@@ -301,3 +301,35 @@ def test_empty_string_ids_mean_no_filter():
     )
     assert (flt.project_id, flt.channel_id, flt.agent_id) == (None, None, None)
     assert (flt.doc_types, flt.tags_any) == ((), ())
+
+
+# --- operator actions -------------------------------------------------------------------------
+
+RIGHT = OperatorRight(
+    action="reading the audit log",
+    subject="the audit log",
+    permission="audit:read",
+    roles=("owner",),
+    denied="audit_read_not_granted",
+    by_permission="permission_audit_read",
+    by_role="team_reader_role",
+)
+
+
+def test_operator_scope_grants_by_permission_or_by_a_role_in_the_named_team():
+    auditor = Principal(sub="a", method="jwt", permissions=frozenset({"audit:read"}))
+    owner = Principal(sub="o", method="jwt", teams={"dao_a": ("owner",)})
+    assert operator_scope(auditor, None, RIGHT, production=True) == "permission_audit_read"
+    assert operator_scope(owner, "dao_a", RIGHT, production=True) == "team_reader_role"
+    for team in ("dao_b", None):  # another team, or every team: the role does not count
+        with pytest.raises(Forbidden) as err:
+            operator_scope(owner, team, RIGHT, production=True)
+        assert err.value.reason == "audit_read_not_granted"
+        assert "'audit:read'" in (err.value.hint or "")
+
+
+def test_operator_scope_trusts_a_dev_caller_only_outside_production():
+    dev = Principal.development(("member",))
+    assert operator_scope(dev, "dao_a", RIGHT, production=False) == "dev_mode"
+    with pytest.raises(Forbidden, match="verified identity in production"):
+        operator_scope(dev, "dao_a", RIGHT, production=True)
