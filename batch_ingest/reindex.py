@@ -42,7 +42,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from batch_ingest.documents import SourceDocument, make_chunk_id
-from batch_ingest.reindex_state import ReindexJob, ReindexState
+from batch_ingest.reindex_state import JobStatus, ReindexJob, ReindexState
 from batch_ingest.source_store import SourceStore
 from deployments.config import GatewaySettings
 from deployments.errors import GatewayError
@@ -56,18 +56,12 @@ STALE_AFTER_S = 120.0
 MAX_BLOCKS = 1000
 # GatewaySettings overrides (JSON) of a job started by the admin API as a subprocess.
 SETTINGS_ENV = "RAG_REINDEX_SETTINGS"
-# Test hook: the driver raises after recording this many documents (a crash mid-way).
-FAIL_AFTER_ENV = "RAG_REINDEX_FAIL_AFTER_DOCS"
 
 
 class ReindexError(GatewayError):
     """The job cannot start, or its verification failed (the alias was not switched)."""
 
     code = "reindex_failed"
-
-
-class InjectedFailure(RuntimeError):
-    """Raised by the ``fail_after_docs`` test hook."""
 
 
 @dataclass
@@ -83,7 +77,6 @@ class ReindexOptions:
     keep_previous: bool = False
     # Continue this (queued) job, e.g. one the admin API created.
     job_id: str | None = None
-    fail_after_docs: int | None = None
     log_every_s: float = 5.0
     # Catch-up looks this much further back than the job's own clock says (the registry rows
     # are stamped by the writers' clocks), and waits this long after the alias switch so an
@@ -366,6 +359,8 @@ class Reindexer:
         sources: the source registry; ``state``: job records (default: its database).
         worker_factory: ``(physical, check_existing) -> ReindexWorker`` for the local engine
             (tests inject one with fakes).
+        wrap_sink: wraps the sink that records each finished batch (tests inject a crash
+            there); ``None`` records as it is.
     """
 
     def __init__(
@@ -376,8 +371,10 @@ class Reindexer:
         sources: SourceStore | None = None,
         state: ReindexState | None = None,
         worker_factory: Callable[[str, bool], ReindexWorker] | None = None,
+        wrap_sink: Callable[[BatchSink], BatchSink] | None = None,
     ) -> None:
         self.settings = settings
+        self.wrap_sink = wrap_sink
         self.sources = sources or SourceStore(settings.state.url)
         self.state = state or ReindexState(self.sources.engine)
         if store is None:
@@ -412,17 +409,17 @@ class Reindexer:
         for old in others:
             # An abandoned attempt: its half-built version is not live; drop it.
             age = (now - old.updated_at).total_seconds() if old.updated_at else math.inf
-            if old.status in ("queued", "running") and age < STALE_AFTER_S:
+            if old.status in (JobStatus.QUEUED, JobStatus.RUNNING) and age < STALE_AFTER_S:
                 raise ReindexError(
                     f"job {old.job_id} of team {team!r} is {old.status} (updated {age:.0f}s "
                     "ago); wait for it, or resume it once it has stopped"
                 )
-            if old.status == "switching":
+            if old.status == JobStatus.SWITCHING:
                 raise ReindexError(
                     f"job {old.job_id} of team {team!r} was switching its alias; "
                     "resume it (--resume) before starting another"
                 )
-            old.status, old.error = "superseded", f"superseded by a newer job of {team!r}"
+            old.move_to(JobStatus.SUPERSEDED, f"superseded by a newer job of {team!r}")
             old.finished_at = datetime.now(UTC)
             self.state.save(old)
             if old.target_version is not None and old.target_version != (
@@ -448,10 +445,10 @@ class Reindexer:
         try:
             return self._run(job, options, tag, started)
         except BaseException as exc:
-            job.status = "failed"
-            job.error = f"{type(exc).__name__}: {exc}"
-            job.finished_at = datetime.now(UTC)
-            self.state.save(job)
+            if not job.finished:  # a failure after success was recorded changes nothing
+                job.move_to(JobStatus.FAILED, f"{type(exc).__name__}: {exc}")
+                job.finished_at = datetime.now(UTC)
+                self.state.save(job)
             logger.error("reindex %s (job %s) failed: %s", team, job.job_id, job.error)
             raise
 
@@ -476,7 +473,8 @@ class Reindexer:
             job.target_version = max([*existing, current or 0]) + 1
             job.snapshot_at = datetime.now(UTC)
         job.embed_model = tag
-        job.status, job.error, job.finished_at = "running", None, None
+        job.move_to(JobStatus.RUNNING)
+        job.finished_at = None
         physical = store.create_version(team, job.target_version)
         self.state.save(job)
         logger.info(
@@ -524,7 +522,7 @@ class Reindexer:
                 f"verification failed for {physical}: {job.rows_in_target} rows, expected "
                 f"{job.expected_chunks}; {other} rows not embedded with {tag}"
             )
-        job.status = "switching"
+        job.move_to(JobStatus.SWITCHING)
         self.state.save(job)
         store.switch_alias(team, job.target_version)
         # Writes that reached the old version between the catch-up and the switch.
@@ -543,7 +541,7 @@ class Reindexer:
                 continue
             if self.store.drop_version(team, version):
                 dropped.append(version)
-        job.status = "succeeded"
+        job.move_to(JobStatus.SUCCEEDED)
         job.eta_s = 0.0
         job.finished_at = datetime.now(UTC)
         self.state.save(job)
@@ -567,15 +565,9 @@ class Reindexer:
         progress: _Progress | None,
         options: ReindexOptions,
     ) -> BatchSink:
-        fail_after = options.fail_after_docs
-        if fail_after is None and os.environ.get(FAIL_AFTER_ENV):
-            fail_after = int(os.environ[FAIL_AFTER_ENV])
-        recorded = [0]
         team = job.team_id
 
         def sink(rows: list[dict[str, Any]]) -> None:
-            if fail_after is not None and recorded[0] >= fail_after:
-                raise InjectedFailure(f"injected failure after {recorded[0]} documents")
             batch: dict[tuple[str, str], int] = {}
             stale: list[str] = []
             for r in rows:
@@ -596,11 +588,10 @@ class Reindexer:
             self.state.mark_done(job.job_id, batch)
             new = sum(1 for k in batch if k not in done)
             done.update(batch)
-            recorded[0] += len(rows)
             if progress is not None:
                 progress.add(new, sum(r["embedded"] for r in rows))
 
-        return sink
+        return sink if self.wrap_sink is None else self.wrap_sink(sink)
 
     def _noter(self, job: ReindexJob) -> Callable[[str | None], None]:
         """Records what ``job`` waits on (``None``: nothing) in its row at once."""
@@ -746,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         result = reindex(settings, options)
-    except (ReindexError, InjectedFailure) as exc:
+    except ReindexError as exc:
         print(f"reindex failed: {exc}", file=sys.stderr)
         return 1
     print(json.dumps({**result.job.public(), "dropped_versions": result.dropped_versions}))

@@ -17,21 +17,65 @@ import json
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-# queued → running → switching → succeeded; failed from any of them (resumable until switched).
-ACTIVE = ("queued", "running", "switching")
-STATUSES = (*ACTIVE, "succeeded", "failed", "superseded")
+from deployments.errors import GatewayError
+
+
+class JobStatus(StrEnum):
+    """queued → running → switching → succeeded; failed from any of them (resumable);
+    superseded when a newer job of the team replaces an unfinished one."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SWITCHING = "switching"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SUPERSEDED = "superseded"
+
+
+# The moves a job may make. A resumed job runs again (from failed, or from a status its dead
+# process left behind); one that crashed after its alias switch resumes straight into the
+# clean-up and succeeds. Succeeded and superseded are final.
+TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.FAILED, JobStatus.SUPERSEDED}),
+    JobStatus.RUNNING: frozenset(
+        {
+            JobStatus.RUNNING,
+            JobStatus.SWITCHING,
+            JobStatus.SUCCEEDED,
+            JobStatus.FAILED,
+            JobStatus.SUPERSEDED,
+        }
+    ),
+    JobStatus.SWITCHING: frozenset(
+        {JobStatus.RUNNING, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.SUPERSEDED}
+    ),
+    JobStatus.FAILED: frozenset(
+        {JobStatus.RUNNING, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.SUPERSEDED}
+    ),
+    JobStatus.SUCCEEDED: frozenset(),
+    JobStatus.SUPERSEDED: frozenset(),
+}
+ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.SWITCHING)
+STATUSES = tuple(JobStatus)
+
+
+class IllegalTransition(GatewayError):
+    """A job was asked to move where ``TRANSITIONS`` does not allow (a bug, not bad input)."""
+
+    code = "illegal_transition"
 
 
 @dataclass
 class ReindexJob:
     job_id: str
     team_id: str
-    status: str = "queued"
+    status: JobStatus = JobStatus.QUEUED
     embed_model: str = ""
     source_version: int | None = None
     target_version: int | None = None
@@ -52,6 +96,19 @@ class ReindexJob:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     finished_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        self.status = JobStatus(self.status)
+
+    @property
+    def finished(self) -> bool:
+        return not TRANSITIONS[self.status]
+
+    def move_to(self, status: JobStatus, error: str | None = None) -> None:
+        """Change status (and error: ``None`` clears it), or raise ``IllegalTransition``."""
+        if status not in TRANSITIONS[self.status]:
+            raise IllegalTransition(f"job {self.job_id}: {self.status} → {status} is not allowed")
+        self.status, self.error = status, error
 
     def public(self) -> dict[str, Any]:
         """JSON-ready view for the admin API."""
@@ -155,7 +212,7 @@ class ReindexState:
         with self.engine.connect() as conn:
             rows = conn.execute(
                 sa.select(t)
-                .where(t.c.team_id == team_id, t.c.status.in_((*ACTIVE, "failed")))
+                .where(t.c.team_id == team_id, t.c.status.in_((*ACTIVE, JobStatus.FAILED)))
                 .order_by(t.c.created_at.desc())
             ).all()
         return [self._job(r) for r in rows]

@@ -32,7 +32,7 @@ from fastapi import APIRouter, Request
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from batch_ingest.reindex import SETTINGS_ENV, run_job
-from batch_ingest.reindex_state import ACTIVE, ReindexJob, ReindexState
+from batch_ingest.reindex_state import ACTIVE, JobStatus, ReindexJob, ReindexState
 from deployments.config import GatewaySettings
 from deployments.errors import BackendUnavailable, Conflict, Forbidden, NotFound
 from serve_app.access import OperatorRight, operator_scope
@@ -115,7 +115,7 @@ class ReindexJobs:
         try:
             self._tasks[job.job_id] = self._start(runner, job)
         except Exception as exc:
-            job.status, job.error = "failed", f"could not start: {type(exc).__name__}: {exc}"
+            job.move_to(JobStatus.FAILED, f"could not start: {type(exc).__name__}: {exc}")
             job.finished_at = datetime.now(UTC)
             self.state.save(job)
             raise BackendUnavailable("reindex", f"the job could not be started: {exc}") from exc

@@ -22,7 +22,6 @@ from batch_ingest.chunks import chunk_builder
 from batch_ingest.documents import SourceDocument
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.reindex import (
-    InjectedFailure,
     Reindexer,
     ReindexOptions,
     ReindexWorker,
@@ -34,6 +33,7 @@ from deployments.embedder import default_model_path
 from deployments.protocols import SearchFilter
 from deployments.retriever import MilvusStore, RetrieverDeployment
 from serve_app.api.admin import ReindexJobs
+from tests.fakes import InjectedFailure, failing_after
 
 pytestmark = pytest.mark.integration
 
@@ -228,11 +228,13 @@ async def test_crash_mid_way_then_resume_completes_exactly(
     # The crash: the in-process engine dies after 4 recorded documents (one more batch of 2
     # reached Milvus unrecorded).
     with pytest.raises(InjectedFailure):
-        Reindexer(job_settings, store=store, sources=sources, worker_factory=local_worker).run(
-            ReindexOptions(
-                team_id=team, engine="local", batch_size=2, fail_after_docs=4, clock_skew_s=0
-            )
-        )
+        Reindexer(
+            job_settings,
+            store=store,
+            sources=sources,
+            worker_factory=local_worker,
+            wrap_sink=failing_after(4),
+        ).run(ReindexOptions(team_id=team, engine="local", batch_size=2, clock_skew_s=0))
     state = ReindexState(sources.engine)
     [job] = state.unfinished(team)
     assert job.status == "failed" and job.target_version == 2

@@ -8,6 +8,7 @@ import pickle
 import pytest
 
 from batch_ingest.reindex import ReindexError
+from batch_ingest.reindex_state import IllegalTransition
 from deployments.cypher_guard import CypherRejected
 from deployments.errors import (
     BackendUnavailable,
@@ -35,6 +36,7 @@ SAMPLES: list[GatewayError] = [
     NotFound("no entity e1"),
     CypherRejected("operator Create is not allowed", "write"),
     ReindexError("team 'dao_a' has no unfinished reindex job to resume"),
+    IllegalTransition("job j1: succeeded → running is not allowed"),
     AccessFileError("notes/_access.yaml: field 'team_id' is 'x'"),
 ]
 

@@ -14,7 +14,6 @@ from batch_ingest.chunking import Chunker, whitespace_tokens
 from batch_ingest.chunks import ChunkBuilder
 from batch_ingest.documents import SourceDocument
 from batch_ingest.reindex import (
-    InjectedFailure,
     Reindexer,
     ReindexError,
     ReindexOptions,
@@ -22,12 +21,13 @@ from batch_ingest.reindex import (
     cpu_shortage,
     worker_spec,
 )
-from batch_ingest.reindex_state import ReindexState
+from batch_ingest.reindex_state import IllegalTransition, JobStatus, ReindexJob, ReindexState
 from batch_ingest.source_store import SourceStore
 from deployments.config import GatewaySettings
 from deployments.errors import InvalidInput
 from deployments.protocols import ChunkRecord
 from tests.auth_support import build_gateway, claims, mint
+from tests.fakes import InjectedFailure, failing_after
 
 TEAM = "dao_re"
 MODEL = "all-MiniLM-L6-v2@v1"
@@ -199,7 +199,7 @@ def test_crash_then_resume_continues_into_the_same_version_without_duplicates(en
     docs = [doc(i) for i in range(10)]
     env.sources.put(docs)
     with pytest.raises(InjectedFailure):
-        env.make().run(options(fail_after_docs=6))
+        env.make(wrap_sink=failing_after(6)).run(options())
     state = ReindexState(env.sources.engine)
     [job] = state.unfinished(TEAM)
     assert job.status == "failed" and "injected" in job.error
@@ -223,7 +223,7 @@ def test_crash_then_resume_continues_into_the_same_version_without_duplicates(en
 def test_new_run_supersedes_a_dead_job_and_drops_its_half_built_version(env):
     env.sources.put([doc(i) for i in range(4)])
     with pytest.raises(InjectedFailure):
-        env.make().run(options(fail_after_docs=2))
+        env.make(wrap_sink=failing_after(2)).run(options())
     assert env.store.versions(TEAM) == [1]
     dropped = []
     original = env.store.drop_version
@@ -480,3 +480,19 @@ def test_crash_after_the_switch_resumes_into_the_clean_up(env):
     assert result.job.status == "succeeded"
     assert env.store.versions(TEAM) == [2]
     assert env.embed.texts == embedded  # nothing re-embedded
+
+
+def test_job_status_moves_only_along_its_transitions():
+    job = ReindexJob(job_id="j1", team_id=TEAM)
+    assert job.status is JobStatus.QUEUED and not job.finished
+    for status in (JobStatus.RUNNING, JobStatus.FAILED, JobStatus.RUNNING, JobStatus.SWITCHING):
+        job.move_to(status)
+    job.move_to(JobStatus.SUCCEEDED)
+    assert job.finished and job.error is None
+    with pytest.raises(IllegalTransition, match="succeeded → running"):
+        job.move_to(JobStatus.RUNNING)
+    queued = ReindexJob(job_id="j2", team_id=TEAM, status="queued")  # as read from the table
+    with pytest.raises(IllegalTransition):
+        queued.move_to(JobStatus.SWITCHING)
+    queued.move_to(JobStatus.SUPERSEDED, "superseded by a newer job")
+    assert (queued.status, queued.error) == ("superseded", "superseded by a newer job")
