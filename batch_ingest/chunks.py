@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from batch_ingest.chunking import Chunker, embedder_token_counter
 from batch_ingest.documents import SourceDocument, content_hash, make_chunk_id
-from deployments.config import ChunkingSettings, EmbedderSettings
+from batch_ingest.settings import ChunkingSettings
+from deployments.config import EmbedderSettings
 from deployments.protocols import ChunkRecord
 
 

@@ -34,13 +34,13 @@ service behind the bus, not an agent; who may publish an event for a tenant is d
 bus's own accounts and subject permissions, and the tenant of an event is only its
 ``meta.team_id`` (a payload naming another team is refused). Running the pipeline here (the
 real ``MilvusStore``, ``LocalEmbedder``, ``Neo4jGraph`` and ``SourceStore``, configured by the
-same ``GatewaySettings`` environment as the gateway) keeps ingestion off the Serve request
-path, needs no service credential, and gives the batch one embedding call without a second
-HTTP batching layer; it is the same ``apply_events`` code the HTTP endpoint runs (which adds
-the per-caller write checks for producers outside the bus). Milvus Lite serialises writers in
-its server process, so the consumer and the gateway may write at once. ``--subject-prefix``
-isolates environments (and tests) on one server: it prefixes every subject, including the
-dead-letter and notification subjects.
+same environment as the gateway: ``BatchSettings``, with ``NATS__URL`` etc. for the bus) keeps
+ingestion off the Serve request path, needs no service credential, and gives the batch one
+embedding call without a second HTTP batching layer; it is the same ``apply_events`` code the
+HTTP endpoint runs (which adds the per-caller write checks for producers outside the bus).
+Milvus Lite serialises writers in its server process, so the consumer and the gateway may write
+at once. ``--subject-prefix`` isolates environments (and tests) on one server: it prefixes
+every subject, including the dead-letter and notification subjects.
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batch_ingest.events import (
-    EVENT_TYPES,
     EventResult,
     InvalidEvent,
     MappedEvent,
@@ -66,50 +65,9 @@ from batch_ingest.events import (
     subject_type,
 )
 from batch_ingest.pipeline import IngestPipeline
+from batch_ingest.settings import BatchSettings, ConsumerSettings
 
 logger = logging.getLogger("batch_ingest.consumer")
-
-
-@dataclass
-class ConsumerSettings:
-    url: str = "nats://127.0.0.1:4222"
-    stream: str = "RAG_EVENTS"
-    durable: str = "rag-ingest"
-    subject_prefix: str = ""
-    batch: int = 16
-    fetch_timeout_s: float = 1.0
-    max_deliver: int = 5
-    # Seconds before the 2nd, 3rd, ... delivery; fewer steps than max_deliver (server rule).
-    backoff_s: tuple[float, ...] = (5.0, 15.0, 30.0, 60.0)
-    max_ack_pending: int = 1000
-    max_age_s: float = 7 * 24 * 3600
-    duplicate_window_s: float = 120.0
-
-    def subject(self, name: str) -> str:
-        return f"{self.subject_prefix}{name}"
-
-    @property
-    def subjects(self) -> list[str]:
-        return [self.subject(t) for t in EVENT_TYPES]
-
-    @property
-    def dlq_stream(self) -> str:
-        return f"{self.stream}_DLQ"
-
-    def dlq_subject(self, event_type: str) -> str:
-        return self.subject(f"rag.dlq.{event_type or 'invalid'}")
-
-    @property
-    def indexed_subject(self) -> str:
-        return self.subject("rag.document.indexed")
-
-    @property
-    def deleted_subject(self) -> str:
-        return self.subject("rag.document.deleted")
-
-    def backoff_for(self, delivered: int) -> float:
-        steps = self.backoff_s or (1.0,)
-        return steps[min(max(delivered, 1), len(steps)) - 1]
 
 
 @dataclass
@@ -415,16 +373,15 @@ def _note(result: EventResult, ev: Any) -> dict[str, Any]:
 
 def build_pipeline(settings: Any = None) -> IngestPipeline:
     """The gateway's pipeline in this process: LocalEmbedder, Milvus, Neo4j, SourceStore,
-    all configured by ``GatewaySettings`` (the same environment variables as the gateway)."""
+    all configured by ``BatchSettings`` (the same environment variables as the gateway)."""
     from batch_ingest import pipeline
     from batch_ingest.source_store import SourceStore
-    from deployments.config import GatewaySettings
     from deployments.embedder import LocalEmbedder, embedding_dim
     from deployments.graph import Neo4jGraph
     from deployments.protocols import Backends
     from deployments.retriever import RetrieverDeployment
 
-    settings = settings or GatewaySettings()
+    settings = settings or BatchSettings()
     embedder = LocalEmbedder(settings.embedder)
     embedder.core.start()
     backends = Backends(
@@ -460,7 +417,8 @@ async def serve(cfg: ConsumerSettings, pipeline: IngestPipeline | None = None) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    d = ConsumerSettings()
+    settings = BatchSettings()
+    d = settings.nats  # NATS__URL, NATS__STREAM, ...; the flags override them
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default=d.url)
     p.add_argument("--stream", default=d.stream)
@@ -475,16 +433,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    cfg = ConsumerSettings(
-        url=args.url,
-        stream=args.stream,
-        durable=args.durable,
-        subject_prefix=args.subject_prefix,
-        batch=args.batch,
-        max_deliver=args.max_deliver,
-        backoff_s=tuple(float(x) for x in args.backoff.split(",") if x.strip()),
+    cfg = ConsumerSettings.model_validate(
+        {
+            **d.model_dump(),
+            "url": args.url,
+            "stream": args.stream,
+            "durable": args.durable,
+            "subject_prefix": args.subject_prefix,
+            "batch": args.batch,
+            "max_deliver": args.max_deliver,
+            "backoff_s": tuple(float(x) for x in args.backoff.split(",") if x.strip()),
+        }
     )
-    asyncio.run(serve(cfg))
+    asyncio.run(serve(cfg, build_pipeline(settings)))
     return 0
 
 

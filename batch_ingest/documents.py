@@ -34,6 +34,19 @@ MIN_TIMESTAMP = -62_135_596_800
 MAX_TIMESTAMP = 253_402_300_799
 
 
+def parse_iso(value: str) -> datetime:
+    """An ISO-8601 date-time as an aware UTC ``datetime`` (``Z`` accepted; naive means UTC).
+
+    Raises:
+        ValueError: naming the value that is not ISO-8601.
+    """
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not an ISO-8601 date-time") from exc
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
 def parse_timestamp(value: object) -> int:
     """Seconds since the epoch from an int/float or an ISO-8601 string (naive means UTC).
 
@@ -49,13 +62,7 @@ def parse_timestamp(value: object) -> int:
             raise ValueError("epoch seconds out of range (years 1 to 9999)")
         return int(value)
     if isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError as exc:
-            raise ValueError(f"{value!r} is not an ISO-8601 date-time") from exc
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=UTC)
-        return int(parsed.timestamp())
+        return int(parse_iso(value).timestamp())
     raise ValueError("must be an ISO-8601 date-time or epoch seconds")
 
 

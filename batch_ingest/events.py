@@ -54,7 +54,6 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import (
@@ -67,7 +66,15 @@ from pydantic import (
     model_validator,
 )
 
-from batch_ingest.documents import Identifier, OptionalId, SourceDocument, Tag
+from batch_ingest.documents import Identifier, OptionalId, SourceDocument, Tag, parse_iso
+from batch_ingest.event_types import (  # noqa: F401  (re-exported: the event contract)
+    CHAT_MESSAGE_CREATED,
+    DOC_DELETED,
+    DOC_UPSERTED,
+    EVENT_TYPES,
+    FILE_UPLOADED,
+    UPSERT_TYPES,
+)
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.source_store import Key, SourceStore
 from deployments.errors import BackendUnavailable
@@ -81,12 +88,6 @@ SUPPORTED_MAJOR = 1
 LEASE_TTL_S = 60.0
 # How long a batch waits for a document another writer is applying before reporting it busy.
 LEASE_WAIT_S = 10.0
-CHAT_MESSAGE_CREATED = "chat.message.created"
-DOC_UPSERTED = "doc.upserted"
-FILE_UPLOADED = "file.uploaded"
-DOC_DELETED = "doc.deleted"
-UPSERT_TYPES = (CHAT_MESSAGE_CREATED, DOC_UPSERTED, FILE_UPLOADED)
-EVENT_TYPES = (*UPSERT_TYPES, DOC_DELETED)
 SUBJECT_RE = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)+$")
 # Epoch numbers above this are milliseconds (10^11 s is the year 5138).
 _MS_THRESHOLD = 100_000_000_000
@@ -103,13 +104,7 @@ def parse_ts_ms(value: object) -> int:
             raise ValueError("ts must not be negative")
         return int(value) if value >= _MS_THRESHOLD else int(round(value * 1000))
     if isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError as exc:
-            raise ValueError(f"{value!r} is not an ISO-8601 date-time") from exc
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=UTC)
-        return int(parsed.timestamp() * 1000)
+        return int(parse_iso(value).timestamp() * 1000)
     raise ValueError("ts must be an ISO-8601 date-time or epoch seconds/milliseconds")
 
 

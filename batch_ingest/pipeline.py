@@ -16,9 +16,9 @@ from typing import Literal
 from batch_ingest.chunking import Chunker, TokenCounter, embedder_token_counter
 from batch_ingest.chunks import ChunkBuilder
 from batch_ingest.documents import SourceDocument
+from batch_ingest.settings import BatchSettings
 from batch_ingest.source_store import Key, SourceStore
 from batch_ingest.wikilinks import extract_links, wiki_key
-from deployments.config import GatewaySettings
 from deployments.errors import BackendUnavailable, GatewayError
 from deployments.protocols import (
     Backends,
@@ -58,7 +58,7 @@ class IngestReport:
 
 
 def build_pipeline(
-    settings: GatewaySettings,
+    settings: BatchSettings,
     backends: Backends,
     *,
     count_tokens: TokenCounter | None = None,

@@ -43,8 +43,8 @@ from typing import Any, Literal
 
 from batch_ingest.documents import SourceDocument, make_chunk_id
 from batch_ingest.reindex_state import JobStatus, ReindexJob, ReindexState
+from batch_ingest.settings import BatchSettings
 from batch_ingest.source_store import SourceStore
-from deployments.config import GatewaySettings
 from deployments.errors import GatewayError
 from deployments.protocols import ChunkRecord
 
@@ -54,7 +54,7 @@ logger = logging.getLogger("batch_ingest.reindex")
 STALE_AFTER_S = 120.0
 # Upper bound of Ray Data blocks of one job.
 MAX_BLOCKS = 1000
-# GatewaySettings overrides (JSON) of a job started by the admin API as a subprocess.
+# BatchSettings overrides (JSON) of a job started by the admin API as a subprocess.
 SETTINGS_ENV = "RAG_REINDEX_SETTINGS"
 
 
@@ -93,7 +93,7 @@ class ReindexResult:
 
 
 # --- the worker (one per Ray actor, or one in-process) ----------------------------------------
-def worker_spec(settings: GatewaySettings) -> dict[str, Any]:
+def worker_spec(settings: BatchSettings) -> dict[str, Any]:
     """The settings a worker needs, as plain data (no secrets of other sections)."""
     return {
         "embedder": settings.embedder.model_dump(),
@@ -126,7 +126,8 @@ class ReindexWorker:
         builder: Any = None,
     ) -> None:
         from batch_ingest.chunks import chunk_builder
-        from deployments.config import ChunkingSettings, EmbedderSettings, MilvusSettings
+        from batch_ingest.settings import ChunkingSettings
+        from deployments.config import EmbedderSettings, MilvusSettings
 
         emb = EmbedderSettings.model_validate(spec["embedder"])
         self.physical = physical
@@ -365,7 +366,7 @@ class Reindexer:
 
     def __init__(
         self,
-        settings: GatewaySettings,
+        settings: BatchSettings,
         *,
         store: Any = None,
         sources: SourceStore | None = None,
@@ -669,7 +670,7 @@ class Reindexer:
             )
 
 
-def reindex(settings: GatewaySettings, options: ReindexOptions, **kwargs: Any) -> ReindexResult:
+def reindex(settings: BatchSettings, options: ReindexOptions, **kwargs: Any) -> ReindexResult:
     """Run one reindex job to the end (see ``Reindexer``)."""
     return Reindexer(settings, **kwargs).run(options)
 
@@ -677,7 +678,7 @@ def reindex(settings: GatewaySettings, options: ReindexOptions, **kwargs: Any) -
 def run_job(job_id: str, team_id: str, settings_overrides: dict[str, Any] | None = None) -> dict:
     """Entry point of a job the admin API submitted (a Ray task, or the CLI's ``--job-id``):
     settings from the environment of the process, plus ``settings_overrides``."""
-    settings = GatewaySettings(**(settings_overrides or {}))
+    settings = BatchSettings(**(settings_overrides or {}))
     cfg = settings.reindex
     options = ReindexOptions(
         team_id=team_id,
@@ -707,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--log-every", type=float, default=5.0, help="seconds between log lines")
     parser.add_argument(
-        "--settings-json", help="GatewaySettings overrides as JSON (the admin API passes its own)"
+        "--settings-json", help="BatchSettings overrides as JSON (the admin API passes its own)"
     )
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -722,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides["milvus"] = {**overrides.get("milvus", {}), "uri": args.milvus_uri}
     if args.state_url:
         overrides["state"] = {**overrides.get("state", {}), "url": args.state_url}
-    settings = GatewaySettings(**overrides)
+    settings = BatchSettings(**overrides)
     cfg = settings.reindex
     options = ReindexOptions(
         team_id=args.team,

@@ -130,8 +130,8 @@ def hits(n: int, team: str, with_resources: bool) -> list[Any]:
 def setup_auth(workdir: Path) -> dict[str, Any]:
     """An Authenticator of HS256 + JWKS file (RS256, ES256) + API key file; one credential
     header of each kind for a member of dao_a with groups and permissions."""
-    from deployments.config import GatewaySettings
     from serve_app.auth.authenticator import Authenticator
+    from serve_app.settings import GatewaySettings
     from tests.auth_support import (
         EC_KEY,
         PEPPER,

@@ -37,7 +37,7 @@ from batch_ingest.source_store import SourceStore
 from bench.common import markdown_table, rate_summary, setup_logging, write_result
 from bench.corpus import generate_corpus
 from bench.filler import chunk_builder
-from deployments.config import GatewaySettings
+from serve_app.settings import GatewaySettings
 
 logger = logging.getLogger("bench.reindex")
 TEAM = "bench_reindex_t0"

@@ -31,9 +31,10 @@ import numpy as np
 
 from bench import realtext
 from bench.common import environment_info, markdown_table, setup_logging, write_result
-from deployments.config import GatewaySettings, MilvusSettings
+from deployments.config import MilvusSettings
 from deployments.protocols import SearchFilter
 from deployments.retriever import OUTPUT_FIELDS, MilvusStore, build_filter_expr
+from serve_app.settings import GatewaySettings
 
 logger = logging.getLogger("bench.store")
 TEAM = "bench_store_t0"

@@ -22,8 +22,8 @@ from batch_ingest.chunks import ChunkBuilder
 from batch_ingest.chunks import chunk_builder as gateway_chunk_builder
 from batch_ingest.documents import SourceDocument
 from bench.common import Progress
-from deployments.config import GatewaySettings
 from deployments.protocols import ChunkRecord
+from serve_app.settings import GatewaySettings
 
 logger = logging.getLogger("bench.filler")
 

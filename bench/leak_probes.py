@@ -83,7 +83,7 @@ DRAFTS = (
 @contextlib.contextmanager
 def isolated_env(audit_url: str) -> Iterator[None]:
     """No gateway variable of the surrounding shell, and the audit log in ``audit_url``."""
-    from deployments.config import GatewaySettings
+    from serve_app.settings import GatewaySettings
 
     sections = tuple(GatewaySettings.model_fields)
     saved = dict(os.environ)
@@ -545,11 +545,11 @@ class GraphGateway:
         from fastapi.testclient import TestClient
 
         from batch_ingest.chunking import whitespace_tokens
-        from deployments.config import GatewaySettings
         from deployments.graph import Neo4jGraph
         from deployments.protocols import Backends
         from serve_app.composition import build_service
         from serve_app.http import create_app
+        from serve_app.settings import GatewaySettings
         from tests.fakes import FakeEmbedder, FakeVectorStore
 
         settings = GatewaySettings(environment="test", auth=auth, neo4j=neo4j)
@@ -1528,7 +1528,7 @@ def run_probes(
         isolated_env(f"sqlite:///{Path(tmp) / 'audit.db'}"),
     ):
         if graph and neo4j is None:
-            from deployments.config import GatewaySettings
+            from serve_app.settings import GatewaySettings
 
             neo4j = GatewaySettings(environment="test").neo4j
         setup_started = time.perf_counter()

@@ -26,8 +26,8 @@ from batch_ingest.chunks import chunk_builder as chunks_of
 from batch_ingest.documents import SourceDocument
 from bench.common import Progress
 from bench.quality.bible_set import LabeledSet
-from deployments.config import GatewaySettings
 from deployments.protocols import ChunkRecord
+from serve_app.settings import GatewaySettings
 
 logger = logging.getLogger("bench.realtext")
 

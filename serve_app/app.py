@@ -18,7 +18,6 @@ from ray import serve
 from ray.serve import Application
 
 from batch_ingest.source_store import SourceStore
-from deployments.config import GatewaySettings
 from deployments.embedder import EmbedderDeployment, embedding_dim
 from deployments.embedder import deployment_options as embedder_options
 from deployments.graph import GraphDeployment
@@ -32,6 +31,7 @@ from serve_app.composition import build_service
 from serve_app.handles import HandleProxy
 from serve_app.http import create_app
 from serve_app.policy import Policy
+from serve_app.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 # The ingress's Serve options (the other deployments own theirs: deployment_options()).

@@ -33,8 +33,9 @@ import sqlalchemy as sa
 from prometheus_client import Counter
 from sqlalchemy.engine import Engine, make_url
 
+from batch_ingest.documents import parse_iso
 from batch_ingest.sql import resolve_url
-from deployments.config import AuditSettings
+from serve_app.settings import AuditSettings
 
 if TYPE_CHECKING:
     from serve_app.auth.principal import Principal
@@ -433,8 +434,7 @@ def parse_time(value: str, now: datetime | None = None) -> datetime:
     rel = _RELATIVE.match(value)
     if rel:
         return (now or utcnow()) - timedelta(**{_UNITS[rel.group(2)]: int(rel.group(1))})
-    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    return parse_iso(value)
 
 
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--format", choices=["table", "json"], default="table")
     args = parser.parse_args(argv)
 
-    from deployments.config import GatewaySettings
+    from serve_app.settings import GatewaySettings
 
     cfg = GatewaySettings().audit
     store = AuditStore(args.url or cfg.url, cfg.table)

@@ -43,9 +43,9 @@ from serve_app.retrieval import Retrieval, RetrievalResult
 from serve_app.snippets import best_snippet
 
 if TYPE_CHECKING:
-    from deployments.config import GatewaySettings
     from serve_app.auth.principal import Principal
     from serve_app.policy import Policy
+    from serve_app.settings import GatewaySettings
 
 WORD = re.compile(r"\w+", re.UNICODE)
 # Sentence punctuation (with closing quotes/brackets) followed by whitespace: a possible end.

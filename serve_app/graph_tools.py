@@ -13,7 +13,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deployments.config import GatewaySettings
 from deployments.errors import BackendUnavailable, InvalidInput, NotFound
 from deployments.graph import path_sentence
 from deployments.graph_intents import INTENTS, catalogue
@@ -32,6 +31,7 @@ from serve_app.graph_contracts import (
 )
 from serve_app.policy import Policy
 from serve_app.recorder import AuditRecorder
+from serve_app.settings import GatewaySettings
 
 
 class GraphTools:

@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from batch_ingest.chunks import strip_header
-from deployments.config import GatewaySettings
 from deployments.errors import BackendUnavailable
 from deployments.protocols import (
     Embedder,
@@ -30,6 +29,7 @@ from serve_app.ranking import (
     fuse_weighted,
     within_budget,
 )
+from serve_app.settings import GatewaySettings
 from serve_app.timing import stage
 
 

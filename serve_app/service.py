@@ -23,7 +23,6 @@ from batch_ingest.events import (
     count_statuses,
 )
 from batch_ingest.pipeline import IngestPipeline
-from deployments.config import GatewaySettings
 from deployments.errors import Forbidden, InvalidInput
 from deployments.protocols import (
     Embedder,
@@ -51,6 +50,7 @@ from serve_app.graph_tools import GraphTools
 from serve_app.policy import Policy
 from serve_app.recorder import AuditRecorder
 from serve_app.retrieval import Retrieval
+from serve_app.settings import GatewaySettings
 from serve_app.snippets import best_snippet
 from serve_app.timing import stage
 

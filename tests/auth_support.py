@@ -23,13 +23,13 @@ from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
 from batch_ingest.chunking import whitespace_tokens
 from batch_ingest.documents import SourceDocument
-from deployments.config import GatewaySettings
 from deployments.protocols import Backends
 from serve_app.auth.api_keys import hash_key, new_key
 from serve_app.composition import build_service
 from serve_app.http import create_app
 from serve_app.policy import Policy
 from serve_app.service import GatewayService
+from serve_app.settings import GatewaySettings
 from tests.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
 
 SECRET = "unit-test-hs256-shared-secret-0123456789"

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from deployments.config import GatewaySettings
+from serve_app.settings import GatewaySettings
 
 
 def port_open(host: str, port: int) -> bool:

@@ -33,12 +33,12 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from batch_ingest.reindex import SETTINGS_ENV, run_job
 from batch_ingest.reindex_state import ACTIVE, JobStatus, ReindexJob, ReindexState
-from deployments.config import GatewaySettings
 from deployments.errors import BackendUnavailable, Conflict, Forbidden, NotFound
 from serve_app.access import OperatorRight, operator_scope
 from serve_app.api.deps import CurrentPrincipal, Service, TraceId
 from serve_app.auth import Principal
 from serve_app.service import GatewayService
+from serve_app.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["ops"])

@@ -18,8 +18,8 @@ import time
 import jwt
 import yaml
 
-from deployments.config import GatewaySettings
 from serve_app.auth.api_keys import hash_key, new_key
+from serve_app.settings import GatewaySettings
 
 
 def team_roles(value: str) -> tuple[str, list[str]]:

@@ -12,12 +12,12 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
-from deployments.config import AuthSettings, GatewaySettings
 from deployments.errors import BackendUnavailable, Unauthorized
 from serve_app.auth.api_keys import PREFIX as API_KEY_PREFIX
 from serve_app.auth.api_keys import ApiKeyStore
 from serve_app.auth.principal import Principal, principal_from_claims
 from serve_app.auth.tokens import TokenVerifier
+from serve_app.settings import AuthSettings, GatewaySettings
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from deployments.config import ClaimNames
 from deployments.errors import Unauthorized
+from serve_app.settings import ClaimNames
 
 AuthMethod = Literal["jwt", "api_key", "dev"]
 # What a team id, role, group, permission or agent id in a credential may look like: the

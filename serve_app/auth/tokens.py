@@ -18,8 +18,8 @@ from typing import Any
 import jwt
 from jwt import PyJWK, PyJWKClient, PyJWKSet
 
-from deployments.config import AuthSettings
 from deployments.errors import BackendUnavailable, Unauthorized
+from serve_app.settings import AuthSettings
 
 logger = logging.getLogger(__name__)
 

@@ -3,10 +3,11 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from deployments.config import EmbedderSettings, GatewaySettings
+from deployments.config import EmbedderSettings
 from deployments.embedder import LocalEmbedder
 from deployments.graph import Neo4jGraph
 from deployments.retriever import MilvusStore
+from serve_app.settings import GatewaySettings
 from tests.conftest import require_services
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ from urllib.parse import urlparse
 import pytest
 import sqlalchemy as sa
 
-from deployments.config import AuditSettings
 from serve_app.audit import AuditLog, AuditRecord, AuditStore
+from serve_app.settings import AuditSettings
 from tests.auth_support import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
 from tests.conftest import port_open
 

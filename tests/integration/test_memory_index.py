@@ -11,11 +11,11 @@ import uuid
 
 import pytest
 
-from deployments.config import GatewaySettings
 from deployments.memindex.cache import HotIndex
 from deployments.protocols import SearchFilter
 from deployments.retriever import MilvusStore, RetrieverDeployment
 from deployments.search_filter import compile_filter
+from serve_app.settings import GatewaySettings
 from tests.integration.test_milvus_store import chunk, vec
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from deployments.config import GatewaySettings
+from serve_app.settings import GatewaySettings
 
 GATEWAY_SECTIONS = tuple(GatewaySettings.model_fields)
 AUDIT_URL_ENV = "AUDIT__URL"

@@ -103,7 +103,7 @@ def test_build_app_rejects_invalid_settings():
 
 def test_each_shell_owns_its_deployment_options():
     from deployments import embedder, graph, reranker, retriever
-    from deployments.config import GatewaySettings
+    from serve_app.settings import GatewaySettings
 
     settings = GatewaySettings(
         embedder={"max_batch_size": 100, "query_batch_wait_timeout_s": 0.002},

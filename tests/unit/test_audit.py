@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from deployments.config import AuditSettings
 from serve_app.audit import AuditLog, AuditRecord, AuditStore, main, parse_time, sha256_text
+from serve_app.settings import AuditSettings
 from tests.auth_support import (
     TENANCY_POLICY,
     build_gateway,
@@ -100,7 +100,7 @@ def test_query_filters_by_time_subject_decision_and_team_newest_first(store):
 
 
 def test_audit_settings_come_from_the_environment(monkeypatch):
-    from deployments.config import GatewaySettings
+    from serve_app.settings import GatewaySettings
 
     monkeypatch.delenv("AUDIT__URL", raising=False)
     default = GatewaySettings().audit

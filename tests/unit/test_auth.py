@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from deployments.config import AuthSettings, GatewaySettings
 from deployments.errors import BackendUnavailable, Unauthorized
 from serve_app.auth import Authenticator
 from serve_app.auth.api_keys import ApiKeyStore, hash_key, new_key
 from serve_app.auth.tokens import MAX_TOKEN_CHARS, TokenVerifier
+from serve_app.settings import AuthSettings, GatewaySettings
 from tests.auth_support import (
     AUDIENCE,
     EC_KEY,

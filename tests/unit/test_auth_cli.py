@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from deployments.config import AuthSettings
 from serve_app.auth.__main__ import main
 from serve_app.auth.api_keys import ApiKeyStore
 from serve_app.auth.tokens import TokenVerifier
+from serve_app.settings import AuthSettings
 from tests.auth_support import AUDIENCE, ISSUER, PEPPER, SECRET
 
 pytestmark = pytest.mark.usefixtures("clean_gateway_env")

@@ -5,12 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from deployments.config import (
-    PLACEHOLDER_SECRETS,
-    ChunkingSettings,
-    EmbedderSettings,
-    GatewaySettings,
-)
+from batch_ingest.settings import ChunkingSettings
+from deployments.config import PLACEHOLDER_SECRETS, EmbedderSettings
+from serve_app.settings import GatewaySettings
 
 pytestmark = pytest.mark.usefixtures("clean_gateway_env")
 
@@ -139,3 +136,17 @@ def test_memory_index_is_switched_off_by_environment(monkeypatch):
     settings = GatewaySettings()
     assert settings.milvus.memory_index.enabled is False
     assert settings.milvus.memory_index.max_mb == 64
+
+
+def test_the_bus_consumer_reads_nats_settings_from_the_environment(monkeypatch):
+    from batch_ingest.settings import BatchSettings
+
+    monkeypatch.setenv("NATS__URL", "nats://bus.internal:4222")
+    monkeypatch.setenv("NATS__BACKOFF_S", "[1, 2]")
+    monkeypatch.setenv("CHUNKING__MAX_TOKENS", "120")
+    settings = BatchSettings()
+    assert settings.nats.url == "nats://bus.internal:4222"
+    assert settings.nats.backoff_s == (1.0, 2.0)
+    assert settings.chunking.max_tokens == 120
+    # The gateway's root extends the batch root: the same variables, the same values.
+    assert GatewaySettings().nats == settings.nats

@@ -9,11 +9,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from batch_ingest.chunking import TokenCounter, tokenizer_counter
-from deployments.config import GatewaySettings
 from deployments.embedder import default_model_path
 from deployments.protocols import Backends
 from serve_app.composition import build_service
 from serve_app.http import create_app
+from serve_app.settings import GatewaySettings
 from tests.fakes import FakeEmbedder, FakeGraphStore, FakeReranker, FakeVectorStore
 
 TEAM = "dao_greenfood"

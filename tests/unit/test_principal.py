@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from deployments.config import ClaimNames
 from deployments.errors import Unauthorized
 from serve_app.auth.principal import Principal, principal_from_claims
+from serve_app.settings import ClaimNames
 
 NAMES = ClaimNames()
 

@@ -23,9 +23,9 @@ from batch_ingest.reindex import (
 )
 from batch_ingest.reindex_state import IllegalTransition, JobStatus, ReindexJob, ReindexState
 from batch_ingest.source_store import SourceStore
-from deployments.config import GatewaySettings
 from deployments.errors import InvalidInput
 from deployments.protocols import ChunkRecord
+from serve_app.settings import GatewaySettings
 from tests.auth_support import build_gateway, claims, mint
 from tests.fakes import InjectedFailure, failing_after
 

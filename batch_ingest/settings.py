@@ -1,0 +1,128 @@
+"""Settings of ingestion (the pipeline, the bus consumer, reindex jobs) and their root.
+
+``BatchSettings`` is the settings root of the batch entry points (``python -m
+batch_ingest.consumer``, ``python -m batch_ingest.reindex``); the gateway's root,
+``serve_app.settings.BatchSettings``, extends it. Environment variables: ``NATS__URL``,
+``CHUNKING__MAX_TOKENS``, ``STATE__URL``, ``REINDEX__ACTORS``, ...
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from batch_ingest.event_types import EVENT_TYPES
+from deployments.config import PLACEHOLDER_SECRETS, EmbedderSettings, MilvusSettings, Neo4jSettings
+
+
+class ChunkingSettings(BaseModel):
+    """How documents are cut before embedding."""
+
+    max_tokens: int = Field(200, ge=16, le=8192)
+    overlap_tokens: int = Field(30, ge=0, le=1024)
+
+    @model_validator(mode="after")
+    def _overlap_below_size(self) -> ChunkingSettings:
+        if self.overlap_tokens >= self.max_tokens:
+            raise ValueError("chunking.overlap_tokens must be smaller than chunking.max_tokens")
+        return self
+
+
+class StateSettings(BaseModel):
+    """The gateway's own state: the source-document registry (batch_ingest/source_store.py)
+    that reindex reads and the event consumer orders versions by."""
+
+    # SQLAlchemy URL: a SQLite file (relative to the repository root) or PostgreSQL.
+    url: str = "sqlite:///var/state.db"
+
+
+class ReindexSettings(BaseModel):
+    """The reindex job (batch_ingest/reindex.py) and who may start it (POST /admin/reindex)."""
+
+    # Embedding actors of the Ray Data pool, logical CPUs each (fractional: whole CPUs can
+    # starve Ray Data's read tasks on a small machine), and documents per map_batches call.
+    actors: int = Field(1, ge=1, le=256)
+    num_cpus_per_actor: float = Field(0.5, gt=0, le=64)
+    batch_size: int = Field(16, ge=1, le=4096)
+    # Keep the replaced collection version for rollback (else it is dropped after the swap).
+    keep_previous: bool = False
+    # Who may start or read a job: a token permission (every team), or one of these roles in
+    # the team (that team only).
+    admin_permission: str = "admin:reindex"
+    admin_roles: list[str] = Field(default_factory=lambda: ["owner"])
+    # How the admin API runs a job: "ray" (a Ray task on the Serve cluster), "subprocess"
+    # (the CLI, for a gateway running without Ray), or "auto" (ray when Ray is initialised).
+    runner: Literal["auto", "ray", "subprocess"] = "auto"
+
+
+class ConsumerSettings(BaseModel):
+    """The NATS JetStream consumer (batch_ingest/consumer.py): ``NATS__URL`` etc.; its
+    command-line flags override them."""
+
+    url: str = "nats://127.0.0.1:4222"
+    stream: str = "RAG_EVENTS"
+    durable: str = "rag-ingest"
+    subject_prefix: str = ""
+    batch: int = Field(16, ge=1, le=4096)
+    fetch_timeout_s: float = Field(1.0, gt=0)
+    max_deliver: int = Field(5, ge=1)
+    # Seconds before the 2nd, 3rd, ... delivery; fewer steps than max_deliver (server rule).
+    backoff_s: tuple[float, ...] = (5.0, 15.0, 30.0, 60.0)
+    max_ack_pending: int = Field(1000, ge=1)
+    max_age_s: float = Field(7 * 24 * 3600, gt=0)
+    duplicate_window_s: float = Field(120.0, gt=0)
+
+    def subject(self, name: str) -> str:
+        return f"{self.subject_prefix}{name}"
+
+    @property
+    def subjects(self) -> list[str]:
+        return [self.subject(t) for t in EVENT_TYPES]
+
+    @property
+    def dlq_stream(self) -> str:
+        return f"{self.stream}_DLQ"
+
+    def dlq_subject(self, event_type: str) -> str:
+        return self.subject(f"rag.dlq.{event_type or 'invalid'}")
+
+    @property
+    def indexed_subject(self) -> str:
+        return self.subject("rag.document.indexed")
+
+    @property
+    def deleted_subject(self) -> str:
+        return self.subject("rag.document.deleted")
+
+    def backoff_for(self, delivered: int) -> float:
+        steps = self.backoff_s or (1.0,)
+        return steps[min(max(delivered, 1), len(steps)) - 1]
+
+
+class BatchSettings(BaseSettings):
+    """The settings root of ingestion, the bus consumer and reindex jobs, read from the
+    environment (and from arguments, which take precedence)."""
+
+    model_config = SettingsConfigDict(
+        env_nested_delimiter="__", env_prefix="", extra="ignore", case_sensitive=False
+    )
+
+    environment: Literal["development", "test", "production"] = "development"
+    embedder: EmbedderSettings = EmbedderSettings()
+    milvus: MilvusSettings = MilvusSettings()
+    neo4j: Neo4jSettings = Neo4jSettings()
+    state: StateSettings = StateSettings()
+    chunking: ChunkingSettings = ChunkingSettings()
+    reindex: ReindexSettings = ReindexSettings()
+    nats: ConsumerSettings = ConsumerSettings()
+
+    @model_validator(mode="after")
+    def _no_placeholder_secrets_in_production(self) -> BatchSettings:
+        if self.environment == "production" and self.neo4j.password in PLACEHOLDER_SECRETS:
+            raise ValueError(
+                "neo4j.password is a placeholder; set NEO4J__PASSWORD to the real secret "
+                "before running with ENVIRONMENT=production"
+            )
+        return self

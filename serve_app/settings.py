@@ -1,0 +1,258 @@
+"""Settings of the gateway itself (search, enrich, ingestion limits, auth, audit) and its
+root, ``GatewaySettings``: ``BatchSettings`` (the backends and ingestion) plus these sections.
+Environment variables: ``SEARCH__MODE``, ``AUTH__MODE``, ``AUDIT__URL``, ...
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+
+from batch_ingest.settings import BatchSettings
+from deployments.config import PLACEHOLDER_SECRETS, RerankerSettings
+
+# Signature algorithms a token may use; "none" and anything unknown are refused at start-up.
+JWT_ALGORITHMS = (
+    "HS256",
+    "HS384",
+    "HS512",
+    "RS256",
+    "RS384",
+    "RS512",
+    "PS256",
+    "PS384",
+    "PS512",
+    "ES256",
+    "ES384",
+    "ES512",
+    "EdDSA",
+)
+
+
+class SearchSettings(BaseModel):
+    """Defaults and bounds of rag.search_docs."""
+
+    default_top_k: int = Field(5, ge=1)
+    max_top_k: int = Field(50, ge=1)
+    # Candidates fetched from each method before fusion.
+    candidate_multiplier: int = Field(4, ge=1, le=50)
+    mode: Literal["hybrid", "dense", "bm25"] = "hybrid"
+    # How hybrid candidates are combined: min-max-normalised scores with weights ("weighted"),
+    # the same with per-query weights ("adaptive"), or reciprocal-rank fusion ("rrf").
+    # Default adaptive: each method's base weight (dense_weight, bm25_weight, 0.5/0.5) times
+    # the relative drop of its scores from rank 1 to rank adaptive_k ("relgap", a method that
+    # cannot tell its candidates apart gives way), to the power adaptive_gamma. Chosen on the
+    # dev queries of five labeled sets in bench/quality (bench/README.md, "Retrieval
+    # quality"): the largest gain on AppStream (where dense and BM25 complement each other)
+    # among the variants no worse than the fixed 0.3/0.7 on the Bible sets, where MiniLM is
+    # far behind BM25 (short archaic windows, Ukrainian). Fixed 0.5/0.5 fell 0.04 below BM25
+    # on 8-word Bible windows and 0.12 on Ukrainian; equal-weight RRF fell further.
+    fusion: Literal["rrf", "weighted", "adaptive"] = "adaptive"
+    # Graph boost fetches the linked documents' own best chunks too when there are at most
+    # this many (a doc_id filter per search); more only reorder the candidates found.
+    graph_fetch_max_docs: int = Field(200, ge=0, le=5000)
+    fusion_normalisation: Literal["minmax", "theoretical"] = "minmax"
+    rrf_k: int = Field(60, ge=1)
+    # Base weights of weighted and adaptive fusion (a request's "weights" replace them). With
+    # SEARCH__FUSION=weighted and an embedder weak on the corpus, 0.3/0.7 is the safer pair.
+    dense_weight: float = Field(0.5, ge=0.0)
+    bm25_weight: float = Field(0.5, ge=0.0)
+    # fusion "adaptive": per query, each method's weight × (confidence of its candidate list,
+    # serve_app.ranking.list_confidence over the first adaptive_k) ** adaptive_gamma.
+    adaptive_gamma: float = Field(1.0, ge=0.0, le=10.0)
+    adaptive_k: int = Field(10, ge=2, le=100)
+    adaptive_measure: Literal["relgap", "peak", "margin"] = "relgap"
+    # Word-4-gram Jaccard at or above which two passages count as near-duplicates.
+    near_duplicate_threshold: float = Field(0.8, gt=0.0, le=1.0)
+    # Drop matches scoring below this (in the final score's scale); None keeps all.
+    min_score: float | None = None
+    # Token budget of all returned passages together; None = no budget.
+    max_context_tokens: int | None = Field(None, ge=1)
+    snippet_chars: int = Field(320, ge=40, le=4000)
+    max_query_chars: int = Field(2000, ge=1)
+
+
+class IngestSettings(BaseModel):
+    """Bounds on one ingestion request."""
+
+    max_documents: int = Field(256, ge=1)
+    max_document_chars: int = Field(2_000_000, ge=1)
+
+
+class EnrichSettings(BaseModel):
+    """Bounds and support thresholds of rag.enrich_answer (serve_app/enrich.py).
+
+    A claim (one sentence of the draft) is supported by a passage when
+    ``support = dense_weight * max(cosine, 0) + (1 - dense_weight) * coverage`` reaches
+    ``min_support`` and ``coverage`` reaches ``min_term_coverage``. ``cosine`` is the dense
+    score of the claim against the passage (COSINE/IP metric; 0 when dense search did not
+    return the passage), ``coverage`` the share of the claim's content words (cut to
+    ``stem_chars`` characters, so inflected Ukrainian and English forms match) found in the
+    passage. Both are absolute, unlike the fused score, which is normalised per query. Without
+    the embedder (or with the L2 metric) support is the coverage alone.
+    """
+
+    # Longest draft accepted (422 beyond), claims checked (later ones are left unmarked and
+    # counted in skipped_claims), and the shortest sentence that counts as a claim.
+    max_draft_chars: int = Field(8000, ge=1)
+    max_claims: int = Field(20, ge=1, le=200)
+    min_claim_chars: int = Field(12, ge=1)
+    # Passages retrieved per claim (the search pipeline's top_k), and claims searched at once.
+    candidates_per_claim: int = Field(5, ge=1, le=50)
+    concurrency: int = Field(4, ge=1, le=64)
+    # 0.5 / 0.5 / 0.25 were set on all-MiniLM-L6-v2: paraphrases of a passage score 0.6-0.8
+    # cosine, unrelated English 0.0-0.25, but any two Cyrillic texts 0.7-0.85 (the model does
+    # not know Ukrainian), hence the coverage floor. With e5 or bge-m3, whose unrelated pairs
+    # already score 0.7+, raise min_support to about 0.65.
+    min_support: float = Field(0.5, ge=0.0, le=1.0)
+    dense_weight: float = Field(0.5, ge=0.0, le=1.0)
+    min_term_coverage: float = Field(0.25, ge=0.0, le=1.0)
+    stem_chars: int = Field(5, ge=3, le=32)
+    # Citation markers after one claim, at most.
+    max_markers_per_claim: int = Field(2, ge=1, le=20)
+    # Rerank each claim's candidates (when a reranker is configured): one rerank call per claim.
+    rerank: bool = False
+
+
+class ClaimNames(BaseModel):
+    """Where the identity lives in a verified token. A name is tried as one key first, then as
+    a dotted path (``realm_access.roles``), so namespaced claims (``https://x.org/teams``) work."""
+
+    subject: str = "sub"
+    # {"dao_a": ["member"], ...}, ["dao_a", ...] (roles from the roles claim) or
+    # [{"id": "dao_a", "roles": [...]}, ...].
+    teams: str = "teams"
+    # Roles for teams listed without their own roles.
+    roles: str = "roles"
+    groups: str = "groups"
+    # A list, or one space-separated string like OAuth's "scope".
+    permissions: str = "permissions"
+    agent_id: str = "agent_id"
+
+
+class AuthSettings(BaseModel):
+    """Who the caller is: verified bearer JWTs and API keys, or development body trust."""
+
+    # jwt: every request but /healthz and /readyz needs a valid credential.
+    # dev: a request without credentials is trusted from its body (team_id, mode, user_id),
+    #      as before authentication existed; credentials that are sent are still verified.
+    #      Refused with environment=production.
+    mode: Literal["jwt", "dev"] = "dev"
+    # HS* tokens: a shared secret of at least 32 bytes (development, internal services).
+    hs256_secret: SecretStr = SecretStr("")
+    # RS*/PS*/ES*/EdDSA tokens: the OIDC provider's JWKS, from a URL (cached) or a file.
+    jwks_url: str = ""
+    jwks_file: str = ""
+    jwks_cache_s: float = Field(300.0, gt=0)
+    # Least time between two refetches for an unknown key id (a flood of random kids must
+    # not become a flood of requests to the identity provider).
+    jwks_refresh_cooldown_s: float = Field(30.0, ge=0)
+    jwks_timeout_s: float = Field(5.0, gt=0)
+    issuer: str = ""
+    audience: str = ""
+    algorithms: list[str] = Field(default_factory=lambda: ["HS256", "RS256", "ES256"])
+    leeway_s: float = Field(30.0, ge=0, le=600)
+    claims: ClaimNames = ClaimNames()
+    # Roles of a team listed in the token without roles of its own (list form, no roles claim).
+    default_team_roles: list[str] = Field(default_factory=lambda: ["member"])
+    # API keys of service agents: a YAML/JSON file of hashed keys (python -m serve_app.auth).
+    api_keys_file: str = ""
+    # HMAC key of the stored API key hashes; kept outside the key file.
+    api_key_pepper: SecretStr = SecretStr("")
+    # Seconds between checks whether the API key file changed (revocations apply then).
+    api_keys_reload_s: float = Field(5.0, ge=0)
+    # Policy YAML (roles, doc types, project and skill policies); "" = serve_app/policy.yaml.
+    policy_file: str = ""
+    # Team roles of a dev-mode caller without credentials (body trust).
+    dev_roles: list[str] = Field(default_factory=lambda: ["owner"])
+
+    @field_validator("algorithms")
+    @classmethod
+    def _known_algorithms(cls, value: list[str]) -> list[str]:
+        unknown = [a for a in value if a not in JWT_ALGORITHMS]
+        if unknown:
+            raise ValueError(
+                f"unsupported JWT algorithms {unknown}; allowed: {', '.join(JWT_ALGORITHMS)}"
+            )
+        if not value:
+            raise ValueError("auth.algorithms must name at least one algorithm")
+        return value
+
+    @field_validator("hs256_secret")
+    @classmethod
+    def _long_enough(cls, value: SecretStr) -> SecretStr:
+        secret = value.get_secret_value()
+        if secret and len(secret.encode()) < 32:
+            raise ValueError("auth.hs256_secret must be at least 32 bytes (RFC 7518 3.2)")
+        return value
+
+    @property
+    def verifies_tokens(self) -> bool:
+        return bool(self.hs256_secret.get_secret_value() or self.jwks_url or self.jwks_file)
+
+    @model_validator(mode="after")
+    def _jwt_mode_needs_a_credential_source(self) -> AuthSettings:
+        if self.mode == "jwt" and not (self.verifies_tokens or self.api_keys_file):
+            raise ValueError(
+                "auth.mode=jwt needs AUTH__JWKS_URL, AUTH__JWKS_FILE, AUTH__HS256_SECRET or "
+                "AUTH__API_KEYS_FILE; without one every request would be refused"
+            )
+        return self
+
+
+class AuditSettings(BaseModel):
+    """The audit log of every access decision (serve_app/audit.py)."""
+
+    enabled: bool = True
+    # SQLAlchemy URL: a SQLite file (relative paths are relative to the repository root) or
+    # PostgreSQL, e.g. postgresql+psycopg://rag_audit:secret@127.0.0.1:5433/rag_audit.
+    url: str = "sqlite:///var/audit.db"
+    table: str = Field("audit_decisions", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+    # Store the raw query text too (off: only its sha256 is kept).
+    store_query_text: bool = False
+    # Records per INSERT, and the longest a record waits before it is written.
+    batch_size: int = Field(200, ge=1, le=10_000)
+    flush_interval_s: float = Field(0.5, gt=0, le=60)
+    # Records kept in memory while the database is down; beyond that the oldest are dropped
+    # (and counted). Seconds a shutdown waits for the last records.
+    max_pending: int = Field(100_000, ge=1)
+    shutdown_timeout_s: float = Field(10.0, ge=0)
+    retry_interval_s: float = Field(2.0, gt=0)
+    # Who may read it over GET /audit/decisions: a token permission (every team), or one of
+    # these roles in the team asked for (that team only).
+    read_permission: str = "audit:read"
+    reader_roles: list[str] = Field(default_factory=lambda: ["owner"])
+    max_query_limit: int = Field(1000, ge=1)
+    # Whether /readyz answers 503 while the audit database is down (else it only reports it).
+    required_for_ready: bool = False
+
+
+class GatewaySettings(BatchSettings):
+    """All configuration of the gateway, read from the environment and from app args."""
+
+    reranker: RerankerSettings = RerankerSettings()
+    search: SearchSettings = SearchSettings()
+    ingest: IngestSettings = IngestSettings()
+    enrich: EnrichSettings = EnrichSettings()
+    auth: AuthSettings = AuthSettings()
+    audit: AuditSettings = AuditSettings()
+
+    @model_validator(mode="after")
+    def _verified_identity_in_production(self) -> GatewaySettings:
+        if self.environment != "production":
+            return self
+        auth = self.auth
+        if auth.mode == "dev":
+            raise ValueError(
+                "auth.mode=dev trusts the request body; set AUTH__MODE=jwt (with AUTH__JWKS_URL "
+                "or AUTH__HS256_SECRET, AUTH__ISSUER, AUTH__AUDIENCE) for ENVIRONMENT=production"
+            )
+        if auth.verifies_tokens and not (auth.issuer and auth.audience):
+            raise ValueError(
+                "tokens are only checked against an issuer and an audience in production; "
+                "set AUTH__ISSUER and AUTH__AUDIENCE"
+            )
+        if auth.api_keys_file and auth.api_key_pepper.get_secret_value() in PLACEHOLDER_SECRETS:
+            raise ValueError("auth.api_keys_file needs AUTH__API_KEY_PEPPER in production")
+        return self
