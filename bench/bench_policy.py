@@ -13,7 +13,7 @@ b. ``AccessContext.for_search`` + ``search_filter`` of a request with filters, w
 c. the result filter ``AccessContext.may_see`` over ``--hits`` hits;
 d. the whole access path of one search (a + b + c) and its share of the gateway's measured
    search latency (``--gateway-p50-ms``, from bench/README.md);
-e. POST /rag/search_docs through FastAPI's TestClient over fakes (tests.auth_support), auth
+e. POST /rag/search_docs through FastAPI's TestClient over fakes (serve_app.testing), auth
    mode ``jwt`` vs ``dev``: the difference is authentication + policy + the audit record's
    principal fields on the whole HTTP path.
 
@@ -132,7 +132,7 @@ def setup_auth(workdir: Path) -> dict[str, Any]:
     header of each kind for a member of dao_a with groups and permissions."""
     from serve_app.auth.authenticator import Authenticator
     from serve_app.settings import GatewaySettings
-    from tests.auth_support import (
+    from serve_app.testing import (
         EC_KEY,
         PEPPER,
         RSA_KEY,
@@ -241,7 +241,7 @@ def bench_units(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 def bench_http(args: argparse.Namespace) -> dict[str, Any]:
     """POST /rag/search_docs through TestClient, jwt vs dev, interleaved."""
-    from tests.auth_support import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
+    from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
 
     corpus = tenancy_corpus()
     jwt_gw = build_gateway(policy=TENANCY_POLICY, corpus=corpus)
@@ -384,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.leak_probes import isolated_env
+    from serve_app.testing import isolated_env
 
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)

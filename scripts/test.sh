@@ -31,7 +31,7 @@ export RAG_TEST_POSTGRES_URL="${RAG_TEST_POSTGRES_URL:-$("$VENV/bin/python" scri
 export RAG_TEST_NATS_URL="${RAG_TEST_NATS_URL:-$("$VENV/bin/python" scripts/services.py url nats)}"
 "$VENV/bin/ruff" check . || exit 1
 # The import layering (pyproject.toml, [tool.importlinter]): serve_app -> batch_ingest ->
-# deployments, never back up, no cycles.
+# deployments, never back up, no cycles; bench/ and the product never import tests/.
 "$VENV/bin/lint-imports" --no-cache || exit 1
 "$VENV/bin/python" -m pytest tests/unit tests/integration "$@"
 first=$?

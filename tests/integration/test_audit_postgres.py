@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from serve_app.audit import AuditLog, AuditRecord, AuditStore
 from serve_app.settings import AuditSettings
-from tests.auth_support import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
+from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
 from tests.conftest import port_open
 
 pytestmark = pytest.mark.integration

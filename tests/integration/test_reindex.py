@@ -33,7 +33,7 @@ from deployments.embedder import default_model_path
 from deployments.protocols import SearchFilter
 from deployments.retriever import MilvusStore, RetrieverDeployment
 from serve_app.api.admin import ReindexJobs
-from tests.fakes import InjectedFailure, failing_after
+from tests.faults import InjectedFailure, failing_after
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import pytest
 
 from serve_app.audit import AuditLog, AuditRecord, AuditStore, main, parse_time, sha256_text
 from serve_app.settings import AuditSettings
-from tests.auth_support import (
+from serve_app.testing import (
     TENANCY_POLICY,
     build_gateway,
     claims,

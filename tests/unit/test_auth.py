@@ -16,7 +16,7 @@ from serve_app.auth import Authenticator
 from serve_app.auth.api_keys import ApiKeyStore, hash_key, new_key
 from serve_app.auth.tokens import MAX_TOKEN_CHARS, TokenVerifier
 from serve_app.settings import AuthSettings, GatewaySettings
-from tests.auth_support import (
+from serve_app.testing import (
     AUDIENCE,
     EC_KEY,
     ISSUER,

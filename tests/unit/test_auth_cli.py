@@ -8,7 +8,7 @@ from serve_app.auth.__main__ import main
 from serve_app.auth.api_keys import ApiKeyStore
 from serve_app.auth.tokens import TokenVerifier
 from serve_app.settings import AuthSettings
-from tests.auth_support import AUDIENCE, ISSUER, PEPPER, SECRET
+from serve_app.testing import AUDIENCE, ISSUER, PEPPER, SECRET
 
 pytestmark = pytest.mark.usefixtures("clean_gateway_env")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.auth_support import (
+from serve_app.testing import (
     EC_KEY,
     PEPPER,
     RSA_KEY,

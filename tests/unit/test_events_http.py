@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from batch_ingest.source_store import SourceStore
-from tests.auth_support import TENANCY_POLICY, build_gateway, claims, mint
+from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint
 from tests.unit.test_events import delete, envelope, upsert
 
 pytestmark = pytest.mark.usefixtures("clean_gateway_env")

@@ -22,7 +22,7 @@ from deployments.protocols import (
     VectorStore,
 )
 from deployments.retriever import build_filter_expr
-from tests.fakes import (
+from deployments.testing import (
     FakeEmbedder,
     FakeGraphStore,
     FakeReranker,
@@ -128,7 +128,9 @@ async def test_fake_embedder_gives_deterministic_unit_vectors_of_configured_dim(
 
 
 def test_fake_embedder_vectors_do_not_depend_on_python_hash_seed():
-    code = "from tests.fakes import FakeEmbedder; print(FakeEmbedder(4).vector('seeded text'))"
+    code = (
+        "from deployments.testing import FakeEmbedder; print(FakeEmbedder(4).vector('seeded text'))"
+    )
     outputs = {
         subprocess.run(
             [sys.executable, "-c", code],

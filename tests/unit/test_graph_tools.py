@@ -11,7 +11,7 @@ from deployments.errors import InvalidQuery, QueryLimitExceeded
 from deployments.graph_intents import INTENTS
 from deployments.protocols import GraphScope
 from serve_app.audit import sha256_text
-from tests.auth_support import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
+from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
 
 
 def token(teams=None, **overrides) -> str:

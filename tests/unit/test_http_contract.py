@@ -11,10 +11,10 @@ from fastapi.testclient import TestClient
 from batch_ingest.chunking import TokenCounter, tokenizer_counter
 from deployments.embedder import default_model_path
 from deployments.protocols import Backends
+from deployments.testing import FakeEmbedder, FakeGraphStore, FakeReranker, FakeVectorStore
 from serve_app.composition import build_service
 from serve_app.http import create_app
 from serve_app.settings import GatewaySettings
-from tests.fakes import FakeEmbedder, FakeGraphStore, FakeReranker, FakeVectorStore
 
 TEAM = "dao_greenfood"
 OTHER_TEAM = "dao_other"

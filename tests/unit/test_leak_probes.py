@@ -1,4 +1,4 @@
-"""The leak-probe runner (bench/leak_probes.py): no leak and no 500 on the real gateway, and a
+"""The leak-probe runner (tests/leak_probes.py): no leak and no 500 on the real gateway, and a
 deliberately broken access path is reported as a leak (so the probes can fail)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from bench.leak_probes import ENDPOINTS, render_tables, run_probes
+from deployments.testing import MemoryIndexStore
 from serve_app import access
 from serve_app.access import AccessContext
-from tests.fakes import MemoryIndexStore
+from tests.leak_probes import ENDPOINTS, render_tables, run_probes
 
 pytestmark = pytest.mark.usefixtures("clean_gateway_env")
 

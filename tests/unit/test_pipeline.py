@@ -12,7 +12,7 @@ from batch_ingest.documents import SourceDocument, make_chunk_id
 from batch_ingest.pipeline import IngestPipeline
 from deployments.embedder import default_model_path
 from deployments.errors import BackendUnavailable
-from tests.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
+from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
 
 EMBED_MODEL = "fake-embedder@v1"
 

@@ -26,8 +26,8 @@ from batch_ingest.source_store import SourceStore
 from deployments.errors import InvalidInput
 from deployments.protocols import ChunkRecord
 from serve_app.settings import GatewaySettings
-from tests.auth_support import build_gateway, claims, mint
-from tests.fakes import InjectedFailure, failing_after
+from serve_app.testing import build_gateway, claims, mint
+from tests.faults import InjectedFailure, failing_after
 
 TEAM = "dao_re"
 MODEL = "all-MiniLM-L6-v2@v1"

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.auth_support import (
+from serve_app.testing import (
     TEAMS,
     TENANCY_POLICY,
     build_gateway,

@@ -19,7 +19,7 @@ from serve_app.cli.vault import (
     write_policy,
 )
 from serve_app.policy import Policy
-from tests.auth_support import build_gateway, claims, mint
+from serve_app.testing import build_gateway, claims, mint
 
 TEAM = "dao_vault"
 MTIME = 1_700_000_000

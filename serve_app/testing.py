@@ -1,15 +1,21 @@
-"""Credentials for tests: HS256/RS256/ES256 tokens, JWKS documents and a tiny local JWKS
-server, API key files, and an in-process gateway (fakes, no Ray) with authentication on."""
+"""Test support for the gateway, used by the tests and the benchmarks: HS256/RS256/ES256
+tokens, JWKS documents and a tiny local JWKS server, API key files, an in-process gateway over
+the fakes of ``deployments.testing`` (no Ray) with authentication on, a multi-team corpus, and
+an environment without the surrounding shell's gateway variables. Never used by the gateway
+itself."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
+import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -24,13 +30,13 @@ from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 from batch_ingest.chunking import whitespace_tokens
 from batch_ingest.documents import SourceDocument
 from deployments.protocols import Backends
+from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
 from serve_app.auth.api_keys import hash_key, new_key
 from serve_app.composition import build_service
 from serve_app.http import create_app
 from serve_app.policy import Policy
 from serve_app.service import GatewayService
 from serve_app.settings import GatewaySettings
-from tests.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
 
 SECRET = "unit-test-hs256-shared-secret-0123456789"
 ISSUER = "https://id.example.test/application/o/rag/"
@@ -267,3 +273,20 @@ def tenancy_corpus() -> list[dict[str, Any]]:
                 }
             )
     return docs
+
+
+@contextlib.contextmanager
+def isolated_env(audit_url: str) -> Iterator[None]:
+    """No gateway variable of the surrounding shell, and the audit log in ``audit_url``."""
+    sections = tuple(GatewaySettings.model_fields)
+    saved = dict(os.environ)
+    try:
+        for name in list(os.environ):
+            lowered = name.lower()
+            if any(lowered == s or lowered.startswith(s + "__") for s in sections):
+                del os.environ[name]
+        os.environ["AUDIT__URL"] = audit_url
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

@@ -1,7 +1,7 @@
 """Leak probes: random and adversarial requests against the in-process gateway (fakes, no Ray),
 checking that no response carries another team's data or data the caller may not see.
 
-The gateway is built as in tests/unit/test_tenancy_properties.py (``tests.auth_support``: a
+The gateway is built as in tests/unit/test_tenancy_properties.py (``serve_app.testing``: a
 corpus of three teams, both visibilities, several doc types, project and skill policies) with
 JWT (HS256) and API key authentication. Each probe picks an identity, a credential (valid, or
 expired / not yet valid / wrong audience / wrong issuer / forged / ``alg: none`` / garbage /
@@ -17,13 +17,12 @@ a 200 for a team the identity does not grant; a write the caller may not make; a
 a bad credential; audit records of a team the caller may not read. Exit status 1 on any leak
 or any 500.
 
-    .venv/bin/python -m bench.leak_probes --probes 5000
+    .venv/bin/python -m tests.leak_probes --probes 5000
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -37,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import environment_info, markdown_table, setup_logging, write_result
+from serve_app.testing import isolated_env
 
-logger = logging.getLogger("bench.leak_probes")
+logger = logging.getLogger("tests.leak_probes")
 
 ENDPOINTS = (
     "POST /rag/search_docs",
@@ -78,25 +78,6 @@ DRAFTS = (
     "- Milvus gateway search notes about transaction deploy budget\n- Search notes on qmk12q.",
     "Purple elephants dance on quantum keyboards.",
 )
-
-
-@contextlib.contextmanager
-def isolated_env(audit_url: str) -> Iterator[None]:
-    """No gateway variable of the surrounding shell, and the audit log in ``audit_url``."""
-    from serve_app.settings import GatewaySettings
-
-    sections = tuple(GatewaySettings.model_fields)
-    saved = dict(os.environ)
-    try:
-        for name in list(os.environ):
-            lowered = name.lower()
-            if any(lowered == s or lowered.startswith(s + "__") for s in sections):
-                del os.environ[name]
-        os.environ["AUDIT__URL"] = audit_url
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 # --- graph endpoints (real Neo4j; --graph) --------------------------------------------------
@@ -254,7 +235,7 @@ def graph_corpus(teams: tuple[str, ...]) -> list[dict[str, Any]]:
     and a topic of its visibility (ids with a gmk marker), [[links]] to the team's next
     document and, from one document of each visibility, to a note that does not exist (a
     placeholder). Markers qmk<i>q are the document index, as in the tenancy corpus."""
-    from tests.auth_support import marker
+    from serve_app.testing import marker
 
     docs: list[dict[str, Any]] = []
     ents = 0
@@ -547,10 +528,10 @@ class GraphGateway:
         from batch_ingest.chunking import whitespace_tokens
         from deployments.graph import Neo4jGraph
         from deployments.protocols import Backends
+        from deployments.testing import FakeEmbedder, FakeVectorStore
         from serve_app.composition import build_service
         from serve_app.http import create_app
         from serve_app.settings import GatewaySettings
-        from tests.fakes import FakeEmbedder, FakeVectorStore
 
         settings = GatewaySettings(environment="test", auth=auth, neo4j=neo4j)
         self.embedder = FakeEmbedder(dim=32)
@@ -1023,7 +1004,7 @@ class Prober(GraphProbes):
     """Builds the gateways once and sends probes; counts per endpoint and category."""
 
     def __init__(self, seed: int, workdir: Path, neo4j: Any = None, store: Any = None) -> None:
-        from tests.auth_support import (
+        from serve_app.testing import (
             PEPPER,
             TEAMS,
             TENANCY_POLICY,
@@ -1100,7 +1081,7 @@ class Prober(GraphProbes):
             self.open_graph(auth, neo4j)
 
     def open_graph(self, auth: dict[str, Any], neo4j: Any) -> None:
-        from tests.auth_support import TENANCY_POLICY
+        from serve_app.testing import TENANCY_POLICY
 
         self.written = 0
         self.seed_graph = GraphSeed(self.teams, self.corpus)
@@ -1179,7 +1160,7 @@ class Prober(GraphProbes):
     def credential(self, kind: str, identity: dict[str, Any]) -> tuple[dict[str, str], Any]:
         """``(headers, identity the gateway should see)``; the identity is None for a
         credential that must be refused, and ``"dev"`` for development body trust."""
-        from tests.auth_support import claims, hmac_token
+        from serve_app.testing import claims, hmac_token
         from tests.unit.test_tenancy_properties import token_for
 
         if kind == "dev_body_trust":
@@ -1624,7 +1605,7 @@ def render_tables(result: dict[str, Any]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m bench.leak_probes",
+        prog="python -m tests.leak_probes",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
