@@ -75,7 +75,7 @@ from batch_ingest.event_types import (  # noqa: F401  (re-exported: the event co
     FILE_UPLOADED,
     UPSERT_TYPES,
 )
-from batch_ingest.pipeline import IngestPipeline
+from batch_ingest.pipeline import IngestPipeline, IngestReport
 from batch_ingest.source_store import Key, SourceStore
 from deployments.errors import BackendUnavailable
 
@@ -342,6 +342,7 @@ def parse_event(raw: Any) -> MappedEvent | InvalidEvent:
     if isinstance(payload, DeletePayload):
         key = (team, payload.doc_type, payload.doc_id)
         return MappedEvent(env, key, revision, None)
+    assert isinstance(payload, _DocFields)  # every other payload is a document's
     try:
         doc = _document(env, payload)
     except ValidationError as exc:
@@ -591,7 +592,7 @@ async def _apply_winners(
             else:
                 results[i] = _result(
                     ev,
-                    r.status,  # type: ignore[arg-type]
+                    r.status,
                     chunks=r.chunks,
                     removed_chunks=r.removed_chunks,
                     graph=r.graph,
@@ -601,20 +602,21 @@ async def _apply_winners(
     if deletes:
         keys = [events[i].key for i in deletes]  # type: ignore[union-attr]
         versions = {events[i].key: events[i].revision for i in deletes}  # type: ignore[union-attr]
+        removed: IngestReport | None
         try:
-            report = await pipeline.delete(keys, versions)
+            removed = await pipeline.delete(keys, versions)
         except BackendUnavailable as exc:
-            report = None
+            removed = None
             error = exc.message
-        if report is not None:
-            degraded += report.degraded
-            by_key = {(r.team_id, r.doc_type, r.doc_id): r for r in report.results}
+        if removed is not None:
+            degraded += removed.degraded
+            by_key = {(r.team_id, r.doc_type, r.doc_id): r for r in removed.results}
         for i in deletes:
             ev = events[i]
             assert isinstance(ev, MappedEvent)
-            r = by_key.get(ev.key) if report is not None else None
+            r = by_key.get(ev.key) if removed is not None else None
             if r is None:
-                results[i] = _result(ev, "failed", error=error if report is None else "no result")
+                results[i] = _result(ev, "failed", error=error if removed is None else "no result")
             else:
                 results[i] = _result(
                     ev,

@@ -249,7 +249,8 @@ class EmbedderDeployment:
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Batch size and waits come from ``user_config`` so ops can tune without a restart:
         ``batch_wait_timeout_s`` for passages, ``query_batch_wait_timeout_s`` for queries."""
-        waits = {
+        # @serve.batch wraps the methods in queues with setters its stubs do not declare.
+        waits: dict[Any, Any] = {
             self._embed_passages: user_config.get("batch_wait_timeout_s"),
             self._embed_queries: user_config.get("query_batch_wait_timeout_s"),
         }

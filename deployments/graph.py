@@ -430,7 +430,7 @@ class Neo4jGraph:
         await self.start()
         try:
             records, _, _ = await self._driver.execute_query(
-                Query(query, timeout=self.settings.write_timeout_s),  # type: ignore[arg-type]
+                Query(query, timeout=self.settings.write_timeout_s),
                 params or {},
                 database_=self.settings.database,
                 routing_="w" if write else "r",

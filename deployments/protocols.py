@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import numpy as np
+
 Visibility = Literal["public", "confidential"]
 VISIBILITIES: tuple[str, ...] = ("public", "confidential")
 DOC_TYPES: tuple[str, ...] = ("message", "doc", "file", "wiki", "rwa", "transaction")
@@ -128,8 +130,10 @@ class GraphScope:
 
 @runtime_checkable
 class Embedder(Protocol):
-    async def embed(self, texts: list[str], kind: TextKind = "passage") -> list[list[float]]:
-        """One normalised vector per text, in order."""
+    async def embed(
+        self, texts: list[str], kind: TextKind = "passage"
+    ) -> np.ndarray | list[list[float]]:
+        """One normalised vector per text, in order (an array, or lists of floats)."""
         ...
 
     async def status(self) -> dict[str, Any]:

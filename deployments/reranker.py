@@ -145,10 +145,12 @@ class RerankerDeployment:
             raise
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
+        # @serve.batch wraps the method in a queue with setters its stubs do not declare.
+        queue: Any = self._rerank_batch
         if "max_batch_size" in user_config:
-            self._rerank_batch.set_max_batch_size(int(user_config["max_batch_size"]))
+            queue.set_max_batch_size(int(user_config["max_batch_size"]))
         if "batch_wait_timeout_s" in user_config:
-            self._rerank_batch.set_batch_wait_timeout_s(float(user_config["batch_wait_timeout_s"]))
+            queue.set_batch_wait_timeout_s(float(user_config["batch_wait_timeout_s"]))
 
     async def status(self) -> dict[str, Any]:
         return {

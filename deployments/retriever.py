@@ -358,6 +358,7 @@ class MilvusStore:
             by_team.setdefault(chunk.team_id, []).append(chunk_to_row(chunk))
         for team_id, rows in by_team.items():
             name = self._collection(team_id, create=True)
+            assert name is not None  # create=True makes it
             # Always upsert: a plain insert of an existing pk duplicates rows in real Milvus.
             self._call("upsert", "upsert", name, rows)
             self.changes.record(name, [row["chunk_id"] for row in rows])

@@ -263,14 +263,14 @@ class FakeVectorStore:
         self.searches.append((query_text, flt, limit, mode))
         pool = [c for c in self.rows.values() if matches_filter(c, flt)]
         if mode == "dense":
-            ranked = self._dense(query_vector, pool)[:limit]
+            ranked = self._dense(query_vector or [], pool)[:limit]
         elif mode == "bm25":
             ranked = self._bm25(query_text, pool)[:limit]
         else:
             fused: dict[str, float] = {}
             by_id: dict[str, ChunkRecord] = {}
             for ranking in (
-                self._dense(query_vector, pool)[:limit],
+                self._dense(query_vector or [], pool)[:limit],
                 self._bm25(query_text, pool)[:limit],
             ):
                 for rank, (chunk, _) in enumerate(ranking, start=1):

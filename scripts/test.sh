@@ -33,6 +33,8 @@ export RAG_TEST_NATS_URL="${RAG_TEST_NATS_URL:-$("$VENV/bin/python" scripts/serv
 # The import layering (pyproject.toml, [tool.importlinter]): serve_app -> batch_ingest ->
 # deployments, never back up, no cycles; bench/ and the product never import tests/.
 "$VENV/bin/lint-imports" --no-cache || exit 1
+# Types of the three packages (pyproject.toml, [tool.mypy]; the pydantic plugin).
+"$VENV/bin/mypy" || exit 1
 "$VENV/bin/python" -m pytest tests/unit tests/integration "$@"
 first=$?
 "$VENV/bin/python" -m pytest tests/serve "$@"

@@ -10,6 +10,7 @@ names.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from batch_ingest.documents import SourceDocument
@@ -260,7 +261,7 @@ class AccessContext:
                 hint="use a named intent (GET /graph/intents): they apply your policies",
             )
 
-    def check_graph_write(self, visibilities: list[str]) -> None:
+    def check_graph_write(self, visibilities: Sequence[str]) -> None:
         """Raises Forbidden unless the roles may write, and may write confidential entities
         when any is confidential (the request's mode must be confidential too)."""
         if not self.policy.may_write(self.roles):

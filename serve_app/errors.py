@@ -7,6 +7,7 @@ import logging
 import types
 import typing
 import uuid
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -96,7 +97,8 @@ def allowed_keys(request: Request, loc: tuple) -> list[str] | None:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        fields = []
+        fields: list[dict[str, Any]] = []
+        item: dict[str, Any]
         for err in exc.errors():
             if err.get("type") == "json_invalid":
                 # loc holds a character offset here, not a field name.
@@ -136,7 +138,7 @@ def install_error_handlers(app: FastAPI) -> None:
             logger.warning(
                 "%s %s -> %s: %s", request.method, request.url.path, exc.status_code, exc.message
             )
-        content = {
+        content: dict[str, Any] = {
             "error": exc.code,
             "message": exc.message,
             "hint": exc.hint,

@@ -92,6 +92,7 @@ class GraphTools:
 
         async def run(started: float) -> tuple[GraphQueryResponse, dict]:
             ctx = self._context(principal, req)
+            intent_name: str | None = None
             if req.intent:
                 intent = INTENTS.get(req.intent.upper())
                 if intent is None:
@@ -111,11 +112,12 @@ class GraphTools:
                         field="args",
                         hint=f"schema: {intent.args.model_json_schema().get('properties')}",
                     ) from None
-                result = await self._graph_store().run_intent(intent.name, args, ctx.graph_scope())
+                intent_name = intent.name
+                result = await self._graph_store().run_intent(intent_name, args, ctx.graph_scope())
             else:
                 ctx.check_cypher()
                 result = await self._graph_store().run_cypher(
-                    req.cypher, req.params, ctx.graph_scope()
+                    req.cypher or "", req.params, ctx.graph_scope()
                 )
             columns = result["columns"]
             kept, filtered = [], 0
@@ -125,7 +127,7 @@ class GraphTools:
                 else:
                     filtered += 1
             response = GraphQueryResponse(
-                intent=intent.name if req.intent else None,
+                intent=intent_name,
                 columns=columns,
                 rows=kept,
                 filtered_rows=filtered,

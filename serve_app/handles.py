@@ -7,7 +7,6 @@ unexpected crash) becomes ``BackendUnavailable`` naming the backend.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from deployments.errors import BackendUnavailable, GatewayError
@@ -18,7 +17,7 @@ class HandleProxy:
         self._handle = handle
         self._backend = backend
 
-    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+    def __getattr__(self, name: str) -> Any:  # each backend method, as a coroutine function
         if name.startswith("_"):
             raise AttributeError(name)
         method = getattr(self._handle, name)

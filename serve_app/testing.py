@@ -15,7 +15,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -189,7 +189,7 @@ def build_gateway(
     *,
     auth: dict[str, Any] | None = None,
     policy: Policy | None = None,
-    corpus: list[dict[str, Any]] = (),
+    corpus: Sequence[dict[str, Any]] = (),
     environment: str = "test",
     store: FakeVectorStore | None = None,
 ) -> AuthGateway:

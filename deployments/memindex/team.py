@@ -79,7 +79,7 @@ class TeamIndex:
         vectors = np.asarray([c.vector for c in batch], dtype=np.float32).reshape(-1, self.dim)
         if self.metric == "COSINE":
             norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-            vectors = vectors / np.where(norms > 0, norms, 1.0)
+            vectors = (vectors / np.where(norms > 0, norms, 1.0)).astype(np.float32, copy=False)
         with self._lock:
             self._reserve(self._size + len(batch))
             for chunk, vector in zip(batch, vectors, strict=True):

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jwt
 from jwt import PyJWK, PyJWKClient, PyJWKSet
@@ -195,7 +195,7 @@ class TokenVerifier:
                 audience=self.audience,
                 issuer=self.issuer,
                 leeway=self.leeway,
-                options=self.options,
+                options=cast(Any, self.options),
             )
         except jwt.ExpiredSignatureError as exc:
             raise _unauthorized("token expired") from exc
