@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -43,8 +42,8 @@ from serve_app.retrieval import Retrieval, RetrievalResult
 from serve_app.snippets import best_snippet
 
 if TYPE_CHECKING:
-    from serve_app.auth.principal import Principal
     from serve_app.policy import Policy
+    from serve_app.request import RequestContext
     from serve_app.settings import GatewaySettings
 
 WORD = re.compile(r"\w+", re.UNICODE)
@@ -257,11 +256,9 @@ async def enrich_answer(
     settings: GatewaySettings,
     policy: Policy,
     req: EnrichAnswerRequest,
-    trace_id: str,
-    started: float,
-    principal: Principal,
+    rc: RequestContext,
 ) -> EnrichAnswerResponse:
-    """The enriched answer of ``req`` for ``principal`` (audit is the caller's job).
+    """The enriched answer of ``req`` for the caller of ``rc`` (audit is the caller's job).
 
     Raises:
         Forbidden: the team, mode, doc types or project are not granted (before searching).
@@ -270,7 +267,7 @@ async def enrich_answer(
     """
     # Access first, exactly as rag.search_docs: the team's rights narrowed to the mode.
     ctx = AccessContext.for_team(
-        principal, req.team_id, policy, user_id=req.user_id, agent_id=req.agent_id
+        rc.principal, req.team_id, policy, user_id=req.user_id, agent_id=req.agent_id
     ).narrowed_to(req.visibility)
     flt = ctx.search_filter(req.filters)
     ecfg, scfg = settings.enrich, settings.search
@@ -404,8 +401,8 @@ async def enrich_answer(
         unsupported_claims=[c.text for c in out_claims if not c.supported],
         skipped_claims=skipped,
         mode=used,
-        took_ms=round((time.perf_counter() - started) * 1000, 1),
-        trace_id=trace_id,
+        took_ms=rc.elapsed_ms,
+        trace_id=rc.trace_id,
     )
 
 

@@ -31,6 +31,7 @@ from serve_app.graph_contracts import (
 )
 from serve_app.policy import Policy
 from serve_app.recorder import AuditRecorder
+from serve_app.request import RequestContext
 from serve_app.settings import GatewaySettings
 
 
@@ -59,10 +60,9 @@ class GraphTools:
             )
         return self.graph
 
-    async def _audited(self, audit: dict, trace_id: str, principal: Principal, run) -> Any:
-        started = time.perf_counter()
-        with self.recorder.audited(trace_id, principal, audit, started) as allowed:
-            response, allowed.fields = await run(started)
+    async def _audited(self, audit: dict, rc: RequestContext, run) -> Any:
+        with self.recorder.audited(rc, audit) as allowed:
+            response, allowed.fields = await run(rc.started)
         return response
 
     def _context(self, principal: Principal, req: Any) -> AccessContext:
@@ -75,9 +75,7 @@ class GraphTools:
     def graph_intents(self) -> list[dict[str, Any]]:
         return catalogue()
 
-    async def graph_query(
-        self, req: GraphQueryRequest, trace_id: str, principal: Principal
-    ) -> GraphQueryResponse:
+    async def graph_query(self, req: GraphQueryRequest, rc: RequestContext) -> GraphQueryResponse:
         """Run a named intent or a caller's Cypher inside the caller's scope.
 
         Raises:
@@ -88,10 +86,10 @@ class GraphTools:
             BackendUnavailable: Neo4j is down (503).
         """
         resource = f"team:{req.team_id}/" + (f"intent:{req.intent}" if req.intent else "cypher")
-        audit = request_audit(req, principal, "graph.query", resource, req.cypher)
+        audit = request_audit(req, rc.principal, "graph.query", resource, req.cypher)
 
         async def run(started: float) -> tuple[GraphQueryResponse, dict]:
-            ctx = self._context(principal, req)
+            ctx = self._context(rc.principal, req)
             intent_name: str | None = None
             if req.intent:
                 intent = INTENTS.get(req.intent.upper())
@@ -132,23 +130,23 @@ class GraphTools:
                 rows=kept,
                 filtered_rows=filtered,
                 took_ms=round((time.perf_counter() - started) * 1000, 1),
-                trace_id=trace_id,
+                trace_id=rc.trace_id,
             )
             return response, {"doc_ids": _doc_ids(kept)}
 
-        return await self._audited(audit, trace_id, principal, run)
+        return await self._audited(audit, rc, run)
 
     # --- graph.explain_path ----------------------------------------------------------------
     async def explain_path(
-        self, req: ExplainPathRequest, trace_id: str, principal: Principal
+        self, req: ExplainPathRequest, rc: RequestContext
     ) -> ExplainPathResponse:
         """Shortest paths between two entities, every node and relationship in scope."""
         cfg = self.settings.neo4j
-        audit = request_audit(req, principal, "graph.explain_path", f"team:{req.team_id}/path")
+        audit = request_audit(req, rc.principal, "graph.explain_path", f"team:{req.team_id}/path")
         audit["query_text"] = f"{req.source.ref} -> {req.target.ref}"
 
         async def run(started: float) -> tuple[ExplainPathResponse, dict]:
-            ctx = self._context(principal, req)
+            ctx = self._context(rc.principal, req)
             if req.max_hops > cfg.max_path_hops:
                 raise InvalidInput(
                     f"max_hops must be at most {cfg.max_path_hops}", field="max_hops"
@@ -200,21 +198,21 @@ class GraphTools:
                 target=targets,
                 filtered_paths=filtered,
                 took_ms=round((time.perf_counter() - started) * 1000, 1),
-                trace_id=trace_id,
+                trace_id=rc.trace_id,
             )
             return response, {}
 
-        return await self._audited(audit, trace_id, principal, run)
+        return await self._audited(audit, rc, run)
 
     # --- entity upsert ---------------------------------------------------------------------
     async def graph_upsert(
-        self, req: GraphUpsertRequest, trace_id: str, principal: Principal
+        self, req: GraphUpsertRequest, rc: RequestContext
     ) -> GraphUpsertResponse:
         """MERGE entities and relationships into the caller's team (write roles only)."""
-        audit = request_audit(req, principal, "graph.upsert", f"team:{req.team_id}/entities")
+        audit = request_audit(req, rc.principal, "graph.upsert", f"team:{req.team_id}/entities")
 
         async def run(started: float) -> tuple[GraphUpsertResponse, dict]:
-            ctx = self._context(principal, req)
+            ctx = self._context(rc.principal, req)
             ctx.check_graph_write(
                 [n.visibility for n in req.nodes] + [r.visibility for r in req.relationships]
             )
@@ -236,11 +234,11 @@ class GraphTools:
                 nodes=merged["nodes"],
                 relationships=merged["relationships"],
                 took_ms=round((time.perf_counter() - started) * 1000, 1),
-                trace_id=trace_id,
+                trace_id=rc.trace_id,
             )
             return response, {}
 
-        return await self._audited(audit, trace_id, principal, run)
+        return await self._audited(audit, rc, run)
 
 
 def _doc_ids(rows: list[dict[str, Any]]) -> list[str]:

@@ -13,6 +13,7 @@ from typing import Any
 from deployments.errors import Forbidden, GatewayError
 from serve_app.audit import AuditLog, AuditRecord
 from serve_app.auth.principal import Principal
+from serve_app.request import RequestContext
 from serve_app.timing import stage
 
 logger = logging.getLogger(__name__)
@@ -34,18 +35,12 @@ class AuditRecorder:
         self.log = log
 
     @contextlib.contextmanager
-    def audited(
-        self,
-        trace_id: str,
-        principal: Principal | None,
-        fields: dict[str, Any],
-        started: float | None = None,
-    ) -> Iterator[Allowed]:
+    def audited(self, rc: RequestContext, fields: dict[str, Any]) -> Iterator[Allowed]:
         """Audit the request run inside the block: a ``GatewayError`` raised there is
         audited (``error``) and re-raised; otherwise one allow record is written with
         ``fields`` (read at the end, so the block may add to it) and what the block set on
         the yielded ``Allowed`` (reason, status, extra fields such as the returned ids)."""
-        started = time.perf_counter() if started is None else started
+        trace_id, principal, started = rc.trace_id, rc.principal, rc.started
         allowed = Allowed()
         try:
             yield allowed

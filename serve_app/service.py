@@ -33,7 +33,6 @@ from deployments.protocols import (
 )
 from serve_app.access import AccessContext, check_ingest
 from serve_app.audit import AuditLog, request_audit
-from serve_app.auth.principal import Principal
 from serve_app.contracts import (
     EnrichAnswerRequest,
     EnrichAnswerResponse,
@@ -49,6 +48,7 @@ from serve_app.enrich import enrich_answer as run_enrich
 from serve_app.graph_tools import GraphTools
 from serve_app.policy import Policy
 from serve_app.recorder import AuditRecorder
+from serve_app.request import RequestContext
 from serve_app.retrieval import Retrieval
 from serve_app.settings import GatewaySettings
 from serve_app.snippets import best_snippet
@@ -103,9 +103,7 @@ class GatewayService:
         self.recorder.log = log
 
     # --- rag.search_docs -----------------------------------------------------------------
-    async def search_docs(
-        self, req: SearchDocsRequest, trace_id: str, principal: Principal
-    ) -> SearchDocsResponse:
+    async def search_docs(self, req: SearchDocsRequest, rc: RequestContext) -> SearchDocsResponse:
         """Search inside the scope ``principal`` grants in ``req.team_id``; the decision is
         audited (allowed with the returned chunk ids, or denied with its reason).
 
@@ -113,22 +111,19 @@ class GatewayService:
             Forbidden: the team, mode, doc types or project are not granted (before searching).
             InvalidInput: top_k or the query exceed the configured bounds.
         """
-        started = time.perf_counter()
-        audit = request_audit(req, principal, "search", _resource(req), req.query)
-        with self.recorder.audited(trace_id, principal, audit, started) as allowed:
-            response = await self._search_docs(req, trace_id, principal, started)
+        audit = request_audit(req, rc.principal, "search", _resource(req), req.query)
+        with self.recorder.audited(rc, audit) as allowed:
+            response = await self._search_docs(req, rc)
             allowed.fields = {
                 "chunk_ids": [m.chunk_id for m in response.matches],
                 "doc_ids": list(dict.fromkeys(m.source_ref.id for m in response.matches)),
             }
         return response
 
-    async def _search_docs(
-        self, req: SearchDocsRequest, trace_id: str, principal: Principal, started: float
-    ) -> SearchDocsResponse:
+    async def _search_docs(self, req: SearchDocsRequest, rc: RequestContext) -> SearchDocsResponse:
         # Access first: a caller outside the scope learns nothing, not even about limits.
         with stage("access"):
-            ctx = AccessContext.for_search(principal, req, self.policy)
+            ctx = AccessContext.for_search(rc.principal, req, self.policy)
             flt = ctx.search_filter(req.filters)
         cfg = self.settings.search
         top_k = req.top_k or cfg.default_top_k
@@ -148,13 +143,13 @@ class GatewayService:
             matches=matches,
             mode=found.mode,
             graph=GraphInfo(**found.graph) if found.graph else None,
-            took_ms=round((time.perf_counter() - started) * 1000, 1),
-            trace_id=trace_id,
+            took_ms=rc.elapsed_ms,
+            trace_id=rc.trace_id,
         )
 
     # --- rag.enrich_answer --------------------------------------------------------------
     async def enrich_answer(
-        self, req: EnrichAnswerRequest, trace_id: str, principal: Principal
+        self, req: EnrichAnswerRequest, rc: RequestContext
     ) -> EnrichAnswerResponse:
         """Cite the caller's documents after the claims of ``req.draft_answer`` (search
         pipeline and scope of ``search_docs``; see serve_app/enrich.py); audited like it.
@@ -163,12 +158,9 @@ class GatewayService:
             Forbidden: the team, mode, doc types or project are not granted (before searching).
             InvalidInput: the draft exceeds ``enrich.max_draft_chars``.
         """
-        started = time.perf_counter()
-        audit = request_audit(req, principal, "enrich", _resource(req), req.draft_answer)
-        with self.recorder.audited(trace_id, principal, audit, started) as allowed:
-            response = await run_enrich(
-                self.retrieval, self.settings, self.policy, req, trace_id, started, principal
-            )
+        audit = request_audit(req, rc.principal, "enrich", _resource(req), req.draft_answer)
+        with self.recorder.audited(rc, audit) as allowed:
+            response = await run_enrich(self.retrieval, self.settings, self.policy, req, rc)
             allowed.fields = {
                 "chunk_ids": [s.chunk_id for s in response.sources],
                 "doc_ids": [s.id for s in response.sources],
@@ -202,16 +194,17 @@ class GatewayService:
 
     # --- ingestion ----------------------------------------------------------------------
     async def ingest_documents(
-        self, docs: list[SourceDocument], trace_id: str, principal: Principal
+        self, docs: list[SourceDocument], rc: RequestContext
     ) -> IngestDocumentsResponse:
-        """Index ``docs`` after checking that ``principal`` may write every one of them.
+        """Index ``docs`` after checking that the caller (``rc.principal``) may write every one
+        of them.
 
         Raises:
             Forbidden: a document's team, doc type, visibility or project is not writable by
                 the caller; nothing is written then.
             InvalidInput: too many documents or a document too long.
         """
-        started = time.perf_counter()
+        trace_id, principal, started = rc.trace_id, rc.principal, rc.started
         try:
             contexts = check_ingest(principal, docs, self.policy)
         except Forbidden as exc:
@@ -272,7 +265,7 @@ class GatewayService:
         )
 
     async def ingest_events(
-        self, events: list[MappedEvent | InvalidEvent], trace_id: str, principal: Principal
+        self, events: list[MappedEvent | InvalidEvent], rc: RequestContext
     ) -> IngestEventsResponse:
         """Apply bus-event envelopes (``POST /ingest/events``): the write rules of
         ``ingest_documents`` per event's ``meta.team_id`` (a delete is checked against the
@@ -283,7 +276,7 @@ class GatewayService:
             Forbidden: an event the caller may not write; nothing is applied then.
             InvalidInput: too many events or a document too long.
         """
-        started = time.perf_counter()
+        trace_id, principal, started = rc.trace_id, rc.principal, rc.started
         valid = [e for e in events if isinstance(e, MappedEvent)]
         checked: list[tuple[int, MappedEvent, SourceDocument]] = []
         for i, ev in enumerate(events):

@@ -23,7 +23,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from batch_ingest.reindex import SETTINGS_ENV, run_job
 from batch_ingest.reindex_state import ACTIVE, JobStatus, ReindexJob, ReindexState
 from deployments.errors import BackendUnavailable, Conflict, Forbidden, NotFound
 from serve_app.access import OperatorRight, operator_scope
-from serve_app.api.deps import CurrentPrincipal, Service, TraceId
+from serve_app.api.deps import Caller, Service
 from serve_app.auth import Principal
 from serve_app.service import GatewayService
 from serve_app.settings import GatewaySettings
@@ -177,14 +176,13 @@ def _jobs(request: Request, service: GatewayService) -> ReindexJobs:
 async def start_reindex(
     body: ReindexRequest,
     request: Request,
-    principal: CurrentPrincipal,
+    caller: Caller,
     service: Service,
-    trace_id: TraceId,
 ) -> dict[str, Any]:
     """Start re-embedding ``team_id`` into a new collection version (swapped in when done)."""
-    started = time.perf_counter()
+    principal, trace_id = caller.principal, caller.trace_id
     fields = {"action": "admin.reindex", "team_id": body.team_id, "path": request.url.path}
-    with service.recorder.audited(trace_id, principal, fields, started) as allowed:
+    with service.recorder.audited(caller, fields) as allowed:
         allowed.reason = reindex_scope(service, principal, body.team_id)
         job = await asyncio.to_thread(
             _jobs(request, service).submit, body.team_id, principal.sub or "dev"
@@ -197,14 +195,13 @@ async def start_reindex(
 async def reindex_status(
     job_id: str,
     request: Request,
-    principal: CurrentPrincipal,
+    caller: Caller,
     service: Service,
-    trace_id: TraceId,
 ) -> dict[str, Any]:
     """A reindex job: status, progress (done/total documents, rate, ETA), counts, error."""
-    started = time.perf_counter()
+    principal, trace_id = caller.principal, caller.trace_id
     fields = {"action": "admin.reindex.status", "path": request.url.path[:256]}
-    with service.recorder.audited(trace_id, principal, fields, started) as allowed:
+    with service.recorder.audited(caller, fields) as allowed:
         job = await asyncio.to_thread(_jobs(request, service).get, job_id[:64])
         if job is None:
             # Same answer whoever asks: a missing job says nothing about other teams.

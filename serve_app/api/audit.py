@@ -1,14 +1,13 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 
 from serve_app.access import OperatorRight, operator_scope
-from serve_app.api.deps import CurrentPrincipal, Service, TraceId
+from serve_app.api.deps import Caller, Service
 from serve_app.auth import Principal
 from serve_app.errors import BackendUnavailable, InvalidInput
 from serve_app.service import GatewayService
@@ -37,9 +36,8 @@ def audit_scope(service: GatewayService, principal: Principal, team_id: str | No
 @router.get("/audit/decisions")
 async def audit_decisions(
     request: Request,
-    principal: CurrentPrincipal,
+    caller: Caller,
     service: Service,
-    trace_id: TraceId,
     since: Annotated[datetime | None, Query(description="ISO 8601; ts >= since")] = None,
     until: Annotated[datetime | None, Query(description="ISO 8601; ts < until")] = None,
     subject: Annotated[str | None, Query(max_length=256)] = None,
@@ -49,9 +47,9 @@ async def audit_decisions(
 ) -> dict[str, Any]:
     """Audited decisions, newest first. Needs the ``audit:read`` permission (every team), or
     a reader role (``audit.reader_roles``) in the ``team_id`` asked for."""
-    started = time.perf_counter()
+    principal, trace_id = caller.principal, caller.trace_id
     fields = {"action": "audit.read", "team_id": team_id or "", "path": request.url.path}
-    with service.recorder.audited(trace_id, principal, fields, started) as allowed:
+    with service.recorder.audited(caller, fields) as allowed:
         allowed.reason = audit_scope(service, principal, team_id)
         allowed.fields = {"resource": f"audit:{team_id or '*'}"}
         cfg = service.settings.audit

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from serve_app.auth import Authenticator, Principal
 from serve_app.errors import GatewayError, trace_id_of
 from serve_app.graph_tools import GraphTools
+from serve_app.request import RequestContext
 from serve_app.service import GatewayService
 from serve_app.timing import stage
 
@@ -65,7 +66,14 @@ async def _principal(request: Request) -> Principal:
         raise
 
 
+async def _caller(
+    request: Request, principal: Annotated[Principal, Depends(_principal)]
+) -> RequestContext:
+    return RequestContext(trace_id_of(request), principal)
+
+
 Service = Annotated[GatewayService, Depends(_service)]
 Graph = Annotated[GraphTools, Depends(_graph_tools)]
-TraceId = Annotated[str, Depends(trace_id_of)]
 CurrentPrincipal = Annotated[Principal, Depends(_principal)]
+# The verified caller, the trace id and the start of the request, as one value.
+Caller = Annotated[RequestContext, Depends(_caller)]

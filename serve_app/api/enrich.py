@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from serve_app.api.deps import CurrentPrincipal, Service, TraceId
+from serve_app.api.deps import Caller, Service
 from serve_app.contracts import EnrichAnswerRequest, EnrichAnswerResponse
 
 router = APIRouter(tags=["rag"])
@@ -11,9 +11,7 @@ router = APIRouter(tags=["rag"])
 @router.post(
     "/rag/enrich_answer", response_model=EnrichAnswerResponse, response_model_exclude_none=True
 )
-async def enrich_answer(
-    body: EnrichAnswerRequest, principal: CurrentPrincipal, service: Service, trace_id: TraceId
-):
+async def enrich_answer(body: EnrichAnswerRequest, caller: Caller, service: Service):
     """rag.enrich_answer: cite the caller's documents after the claims of a draft answer, and
     report the claims nothing in the caller's tenant and visibility supports."""
-    return await service.enrich_answer(body, trace_id, principal)
+    return await service.enrich_answer(body, caller)

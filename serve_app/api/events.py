@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
 from batch_ingest.events import IngestEventsResponse, InvalidEvent, parse_event
-from serve_app.api.deps import CurrentPrincipal, Service, TraceId
+from serve_app.api.deps import Caller, Service
 
 router = APIRouter(tags=["ingest"])
 
@@ -26,9 +26,7 @@ class IngestEventsRequest(BaseModel):
 
 
 @router.post("/ingest/events", response_model=IngestEventsResponse)
-async def ingest_events(
-    body: IngestEventsRequest, principal: CurrentPrincipal, service: Service, trace_id: TraceId
-):
+async def ingest_events(body: IngestEventsRequest, caller: Caller, service: Service):
     """Apply upsert/delete events idempotently: per document, only an event newer than the
     stored revision changes anything. Per-event status: indexed, unchanged, skipped_stale,
     deleted, failed, invalid."""
@@ -46,4 +44,4 @@ async def ingest_events(
         ]
         if errors:
             raise RequestValidationError(errors)
-    return await service.ingest_events(parsed, trace_id, principal)
+    return await service.ingest_events(parsed, caller)

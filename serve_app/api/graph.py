@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from serve_app.api.deps import CurrentPrincipal, Graph, TraceId
+from serve_app.api.deps import Caller, CurrentPrincipal, Graph
 from serve_app.graph_contracts import (
     ExplainPathRequest,
     ExplainPathResponse,
@@ -16,12 +16,10 @@ router = APIRouter(tags=["graph"])
 
 
 @router.post("/graph/query", response_model=GraphQueryResponse)
-async def graph_query(
-    body: GraphQueryRequest, principal: CurrentPrincipal, graph: Graph, trace_id: TraceId
-):
+async def graph_query(body: GraphQueryRequest, caller: Caller, graph: Graph):
     """graph.query_context: a named intent with args, or read-only Cypher for roles allowed
     to send it; answers only what lies in the caller's team and visibility."""
-    return await graph.graph_query(body, trace_id, principal)
+    return await graph.graph_query(body, caller)
 
 
 @router.get("/graph/intents")
@@ -31,17 +29,13 @@ async def graph_intents(principal: CurrentPrincipal, graph: Graph):
 
 
 @router.post("/graph/explain_path", response_model=ExplainPathResponse)
-async def explain_path(
-    body: ExplainPathRequest, principal: CurrentPrincipal, graph: Graph, trace_id: TraceId
-):
+async def explain_path(body: ExplainPathRequest, caller: Caller, graph: Graph):
     """graph.explain_path: shortest connections between two entities, with a sentence each."""
-    return await graph.explain_path(body, trace_id, principal)
+    return await graph.explain_path(body, caller)
 
 
 @router.post("/graph/entities", response_model=GraphUpsertResponse)
-async def upsert_entities(
-    body: GraphUpsertRequest, principal: CurrentPrincipal, graph: Graph, trace_id: TraceId
-):
+async def upsert_entities(body: GraphUpsertRequest, caller: Caller, graph: Graph):
     """MERGE users, agents, resources and their relationships (MEMBER_OF, SERVES, USES, ...)
     into the caller's team; idempotent."""
-    return await graph.graph_upsert(body, trace_id, principal)
+    return await graph.graph_upsert(body, caller)

@@ -2,15 +2,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from serve_app.api.deps import CurrentPrincipal, Service, TraceId
+from serve_app.api.deps import Caller, Service
 from serve_app.contracts import IngestDocumentsRequest, IngestDocumentsResponse
 
 router = APIRouter(tags=["ingest"])
 
 
 @router.post("/ingest/documents", response_model=IngestDocumentsResponse)
-async def ingest_documents(
-    body: IngestDocumentsRequest, principal: CurrentPrincipal, service: Service, trace_id: TraceId
-):
+async def ingest_documents(body: IngestDocumentsRequest, caller: Caller, service: Service):
     """Chunk, embed and upsert documents; idempotent per (team_id, doc_type, doc_id)."""
-    return await service.ingest_documents(body.documents, trace_id, principal)
+    return await service.ingest_documents(body.documents, caller)

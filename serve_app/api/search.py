@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from serve_app.api.deps import CurrentPrincipal, Service, TraceId
+from serve_app.api.deps import Caller, Service
 from serve_app.contracts import SearchDocsRequest, SearchDocsResponse
 
 router = APIRouter(tags=["rag"])
@@ -11,8 +11,6 @@ router = APIRouter(tags=["rag"])
 @router.post(
     "/rag/search_docs", response_model=SearchDocsResponse, response_model_exclude_none=True
 )
-async def search_docs(
-    body: SearchDocsRequest, principal: CurrentPrincipal, service: Service, trace_id: TraceId
-):
+async def search_docs(body: SearchDocsRequest, caller: Caller, service: Service):
     """rag.search_docs: hybrid search inside the caller's tenant and visibility."""
-    return await service.search_docs(body, trace_id, principal)
+    return await service.search_docs(body, caller)

@@ -1,0 +1,22 @@
+"""RequestContext: what every audited request carries from its route to the audit record —
+the verified caller, the trace id and when the request began. Built once per request by the
+``Caller`` dependency (serve_app/api/deps.py)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from serve_app.auth.principal import Principal
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    trace_id: str
+    principal: Principal
+    # time.perf_counter() when the request's own work began (after authentication).
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def elapsed_ms(self) -> float:
+        return round((time.perf_counter() - self.started) * 1000, 1)
