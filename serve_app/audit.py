@@ -52,6 +52,14 @@ RECORDS = Counter(
 )
 
 
+def scope_resource(req: Any) -> str:
+    """The audited resource of a search-scoped request: its team and project."""
+    resource = f"team:{req.team_id}"
+    if req.filters.project_id:
+        resource += f"/project:{req.filters.project_id}"
+    return resource
+
+
 def request_audit(
     req: Any, principal: Principal, action: str, resource: str, text: str | None = None
 ) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from batch_ingest.chunks import strip_header
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.protocols import ChunkRecord, SearchHit
 from serve_app.access import AccessContext
+from serve_app.audit import request_audit, scope_resource
 from serve_app.contracts import (
     EnrichAnswerRequest,
     EnrichAnswerResponse,
@@ -38,6 +39,7 @@ from serve_app.contracts import (
     EnrichSource,
     SearchDocsRequest,
 )
+from serve_app.recorder import AuditRecorder
 from serve_app.retrieval import Retrieval, RetrievalResult
 from serve_app.snippets import best_snippet
 
@@ -456,3 +458,38 @@ def _sources(
             )
         )
     return out
+
+
+class EnrichService:
+    """rag.enrich_answer over the shared retrieval pipeline, audited like a search."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        policy: Policy,
+        retrieval: Retrieval,
+        recorder: AuditRecorder,
+    ) -> None:
+        self.settings = settings
+        self.policy = policy
+        self.retrieval = retrieval
+        self.recorder = recorder
+
+    async def enrich_answer(
+        self, req: EnrichAnswerRequest, rc: RequestContext
+    ) -> EnrichAnswerResponse:
+        """Cite the caller's documents after the claims of ``req.draft_answer`` (search
+        pipeline and scope of ``search_docs``; see serve_app/enrich.py); audited like it.
+
+        Raises:
+            Forbidden: the team, mode, doc types or project are not granted (before searching).
+            InvalidInput: the draft exceeds ``enrich.max_draft_chars``.
+        """
+        audit = request_audit(req, rc.principal, "enrich", scope_resource(req), req.draft_answer)
+        with self.recorder.audited(rc, audit) as allowed:
+            response = await enrich_answer(self.retrieval, self.settings, self.policy, req, rc)
+            allowed.fields = {
+                "chunk_ids": [s.chunk_id for s in response.sources],
+                "doc_ids": [s.id for s in response.sources],
+            }
+        return response

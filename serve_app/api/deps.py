@@ -8,9 +8,12 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from serve_app.auth import Authenticator, Principal
+from serve_app.enrich import EnrichService
 from serve_app.errors import GatewayError, trace_id_of
 from serve_app.graph_tools import GraphTools
+from serve_app.ingest import IngestService
 from serve_app.request import RequestContext
+from serve_app.search import SearchService
 from serve_app.service import GatewayService
 from serve_app.timing import stage
 
@@ -35,6 +38,18 @@ def _service(request: Request) -> GatewayService:
 
 def _graph_tools(request: Request) -> GraphTools:
     return request.app.state.service.graph_tools
+
+
+def _search(request: Request) -> SearchService:
+    return request.app.state.service.search
+
+
+def _enrich(request: Request) -> EnrichService:
+    return request.app.state.service.enrich
+
+
+def _ingest(request: Request) -> IngestService:
+    return request.app.state.service.ingest
 
 
 async def _principal(request: Request) -> Principal:
@@ -74,6 +89,9 @@ async def _caller(
 
 Service = Annotated[GatewayService, Depends(_service)]
 Graph = Annotated[GraphTools, Depends(_graph_tools)]
+Search = Annotated[SearchService, Depends(_search)]
+Enrich = Annotated[EnrichService, Depends(_enrich)]
+Ingest = Annotated[IngestService, Depends(_ingest)]
 CurrentPrincipal = Annotated[Principal, Depends(_principal)]
 # The verified caller, the trace id and the start of the request, as one value.
 Caller = Annotated[RequestContext, Depends(_caller)]

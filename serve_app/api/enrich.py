@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from serve_app.api.deps import Caller, Service
+from serve_app.api.deps import Caller, Enrich
 from serve_app.contracts import EnrichAnswerRequest, EnrichAnswerResponse
 
 router = APIRouter(tags=["rag"])
@@ -11,7 +11,7 @@ router = APIRouter(tags=["rag"])
 @router.post(
     "/rag/enrich_answer", response_model=EnrichAnswerResponse, response_model_exclude_none=True
 )
-async def enrich_answer(body: EnrichAnswerRequest, caller: Caller, service: Service):
+async def enrich_answer(body: EnrichAnswerRequest, caller: Caller, enrich: Enrich):
     """rag.enrich_answer: cite the caller's documents after the claims of a draft answer, and
     report the claims nothing in the caller's tenant and visibility supports."""
-    return await service.enrich_answer(body, caller)
+    return await enrich.enrich_answer(body, caller)

@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
 from batch_ingest.events import IngestEventsResponse, InvalidEvent, parse_event
-from serve_app.api.deps import Caller, Service
+from serve_app.api.deps import Caller, Ingest
 
 router = APIRouter(tags=["ingest"])
 
@@ -26,7 +26,7 @@ class IngestEventsRequest(BaseModel):
 
 
 @router.post("/ingest/events", response_model=IngestEventsResponse)
-async def ingest_events(body: IngestEventsRequest, caller: Caller, service: Service):
+async def ingest_events(body: IngestEventsRequest, caller: Caller, ingest: Ingest):
     """Apply upsert/delete events idempotently: per document, only an event newer than the
     stored revision changes anything. Per-event status: indexed, unchanged, skipped_stale,
     deleted, failed, invalid."""
@@ -44,4 +44,4 @@ async def ingest_events(body: IngestEventsRequest, caller: Caller, service: Serv
         ]
         if errors:
             raise RequestValidationError(errors)
-    return await service.ingest_events(parsed, caller)
+    return await ingest.ingest_events(parsed, caller)

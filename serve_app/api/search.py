@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from serve_app.api.deps import Caller, Service
+from serve_app.api.deps import Caller, Search
 from serve_app.contracts import SearchDocsRequest, SearchDocsResponse
 
 router = APIRouter(tags=["rag"])
@@ -11,6 +11,6 @@ router = APIRouter(tags=["rag"])
 @router.post(
     "/rag/search_docs", response_model=SearchDocsResponse, response_model_exclude_none=True
 )
-async def search_docs(body: SearchDocsRequest, caller: Caller, service: Service):
+async def search_docs(body: SearchDocsRequest, caller: Caller, search: Search):
     """rag.search_docs: hybrid search inside the caller's tenant and visibility."""
-    return await service.search_docs(body, caller)
+    return await search.search_docs(body, caller)

@@ -77,7 +77,7 @@ def gateway():
 def with_enrich_settings(**enrich: Any):
     gw = build_gateway(auth={"mode": "dev"}, corpus=CORPUS)
     settings = gw.service.settings
-    gw.service.settings = settings.model_copy(
+    gw.service.enrich.settings = settings.model_copy(
         update={"enrich": settings.enrich.model_copy(update=enrich)}
     )
     return gw

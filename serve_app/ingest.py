@@ -1,0 +1,235 @@
+"""Ingestion over HTTP (``POST /ingest/documents``, ``POST /ingest/events``): the caller's
+write rights and the request limits checked first, every document's decision audited, then
+the idempotent pipeline (batch_ingest/pipeline.py, batch_ingest/events.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from batch_ingest.documents import SourceDocument
+from batch_ingest.events import (
+    IngestEventsResponse,
+    InvalidEvent,
+    MappedEvent,
+    apply_events,
+    count_statuses,
+)
+from batch_ingest.pipeline import IngestPipeline
+from deployments.errors import Forbidden, InvalidInput
+from serve_app.access import AccessContext, check_ingest
+from serve_app.contracts import IngestDocumentsResponse, IngestedDocument
+from serve_app.policy import Policy
+from serve_app.recorder import AuditRecorder
+from serve_app.request import RequestContext
+from serve_app.settings import GatewaySettings
+
+
+class IngestService:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        policy: Policy,
+        pipeline: IngestPipeline,
+        recorder: AuditRecorder,
+    ) -> None:
+        self.settings = settings
+        self.policy = policy
+        self.pipeline = pipeline
+        self.recorder = recorder
+
+    async def ingest_documents(
+        self, docs: list[SourceDocument], rc: RequestContext
+    ) -> IngestDocumentsResponse:
+        """Index ``docs`` after checking that the caller (``rc.principal``) may write every one
+        of them.
+
+        Raises:
+            Forbidden: a document's team, doc type, visibility or project is not writable by
+                the caller; nothing is written then.
+            InvalidInput: too many documents or a document too long.
+        """
+        trace_id, principal, started = rc.trace_id, rc.principal, rc.started
+        try:
+            contexts = check_ingest(principal, docs, self.policy)
+        except Forbidden as exc:
+            doc = _failing_document(exc, docs)
+            self.recorder.error(
+                exc,
+                trace_id,
+                principal,
+                started,
+                action="ingest",
+                team_id=doc.team_id if doc else "",
+                resource=_doc_resource(doc) if doc else "",
+                doc_ids=[doc.doc_id] if doc else None,
+                declared_agent_id="",
+            )
+            raise
+        try:
+            self._check_ingest_limits(docs)
+        except InvalidInput as exc:
+            # Access was granted; the request is refused for its size.
+            self.recorder.error(
+                exc,
+                trace_id,
+                principal,
+                started,
+                action="ingest",
+                team_id=docs[0].team_id if docs else "",
+                doc_ids=[d.doc_id for d in docs[:1000]],
+            )
+            raise
+        for doc in docs:
+            ctx = contexts[doc.team_id]
+            self.recorder.decision(
+                trace_id,
+                principal,
+                started,
+                action="ingest",
+                decision="allow",
+                reason="granted",
+                http_status=200,
+                team_id=doc.team_id,
+                resource=_doc_resource(doc),
+                doc_ids=[doc.doc_id],
+                subject=ctx.user_id if principal.trusts_body else principal.sub,
+            )
+        report = await self.pipeline.ingest(docs)
+        counts = {
+            s: sum(r.status == s for r in report.results)
+            for s in ("indexed", "unchanged", "failed")
+        }
+        return IngestDocumentsResponse(
+            degraded=bool(report.degraded or counts["failed"]),
+            degraded_reasons=report.degraded + [f"{r.doc_id}: {r.error}" for r in report.failed],
+            documents=[IngestedDocument(**vars(r)) for r in report.results],
+            took_ms=report.took_ms,
+            trace_id=trace_id,
+            **counts,
+        )
+
+    async def ingest_events(
+        self, events: list[MappedEvent | InvalidEvent], rc: RequestContext
+    ) -> IngestEventsResponse:
+        """Apply bus-event envelopes (``POST /ingest/events``): the write rules of
+        ``ingest_documents`` per event's ``meta.team_id`` (a delete is checked against the
+        stored document's doc type, visibility and project when the registry has it), every
+        allowed event audited; then ``batch_ingest.events.apply_events``.
+
+        Raises:
+            Forbidden: an event the caller may not write; nothing is applied then.
+            InvalidInput: too many events or a document too long.
+        """
+        trace_id, principal, started = rc.trace_id, rc.principal, rc.started
+        valid = [e for e in events if isinstance(e, MappedEvent)]
+        checked: list[tuple[int, MappedEvent, SourceDocument]] = []
+        for i, ev in enumerate(events):
+            if isinstance(ev, MappedEvent):
+                checked.append((i, ev, await self._event_document(ev)))
+        contexts: dict[str, AccessContext] = {}
+        for i, _ev, doc in checked:
+            where = f"events.{i}"
+            try:
+                ctx = contexts.get(doc.team_id)
+                if ctx is None:
+                    ctx = AccessContext.for_team(
+                        principal, doc.team_id, self.policy, field_name=f"{where}.meta.team_id"
+                    )
+                    contexts[doc.team_id] = ctx
+                ctx.check_write(doc, where)
+            except Forbidden as exc:
+                self.recorder.error(
+                    exc,
+                    trace_id,
+                    principal,
+                    started,
+                    action="ingest.events",
+                    team_id=doc.team_id,
+                    resource=_doc_resource(doc),
+                    doc_ids=[doc.doc_id],
+                    declared_agent_id="",
+                )
+                raise
+        docs = [ev.document for ev in valid if ev.document is not None]
+        if len(events) > self.settings.ingest.max_documents:
+            raise InvalidInput(
+                f"events: at most {self.settings.ingest.max_documents} per request, "
+                f"got {len(events)}",
+                hint="split the batch into several requests",
+                field="events",
+            )
+        self._check_ingest_limits(docs)
+        for _, ev, doc in checked:
+            self.recorder.decision(
+                trace_id,
+                principal,
+                started,
+                action="ingest.events",
+                decision="allow",
+                reason="granted",
+                http_status=200,
+                team_id=doc.team_id,
+                resource=f"{_doc_resource(doc)}/{ev.envelope.type}@{ev.revision}",
+                doc_ids=[doc.doc_id],
+                subject=contexts[doc.team_id].user_id if principal.trusts_body else principal.sub,
+            )
+        results, degraded = await apply_events(self.pipeline, events)
+        counts = count_statuses(results)
+        return IngestEventsResponse(
+            degraded=bool(degraded or counts["failed"]),
+            degraded_reasons=degraded
+            + [f"{r.event_id}: {r.error}" for r in results if r.status == "failed"],
+            counts=counts,
+            events=results,
+            took_ms=round((time.perf_counter() - started) * 1000, 1),
+            trace_id=trace_id,
+        )
+
+    async def _event_document(self, ev: MappedEvent) -> SourceDocument:
+        """The document an event writes; for a delete, the stored one (its real doc type,
+        visibility and project), or a public stand-in when the registry does not know it."""
+        if ev.document is not None:
+            return ev.document
+        sources = self.pipeline.sources
+        if sources is not None:
+            row = await asyncio.to_thread(sources.get, ev.key)
+            if row is not None and row.document is not None:
+                return row.document
+        team_id, doc_type, doc_id = ev.key
+        return SourceDocument(team_id=team_id, doc_type=doc_type, doc_id=doc_id, text="-")
+
+    def _check_ingest_limits(self, docs: list[SourceDocument]) -> None:
+        limits = self.settings.ingest
+        if len(docs) > limits.max_documents:
+            raise InvalidInput(
+                f"documents: at most {limits.max_documents} per request, got {len(docs)}",
+                hint="split the batch into several requests",
+                field="documents",
+            )
+        for i, doc in enumerate(docs):
+            if len(doc.text) > limits.max_document_chars:
+                raise InvalidInput(
+                    f"documents.{i}.text: {len(doc.text)} characters, the limit is "
+                    f"{limits.max_document_chars}",
+                    field=f"documents.{i}.text",
+                )
+
+    # --- health -------------------------------------------------------------------------
+
+
+def _failing_document(exc: Forbidden, docs: list[SourceDocument]) -> SourceDocument | None:
+    """The document a ``check_ingest`` refusal names (``documents.<i>....``)."""
+    parts = (exc.field or "").split(".")
+    if len(parts) > 1 and parts[0] == "documents" and parts[1].isdigit():
+        i = int(parts[1])
+        if i < len(docs):
+            return docs[i]
+    return None
+
+
+def _doc_resource(doc: SourceDocument) -> str:
+    resource = f"team:{doc.team_id}"
+    if doc.project_id:
+        resource += f"/project:{doc.project_id}"
+    return f"{resource}/{doc.doc_type}:{doc.doc_id}"
