@@ -1,6 +1,6 @@
 """Ingestion over HTTP (``POST /ingest/documents``, ``POST /ingest/events``): the caller's
 write rights and the request limits checked first, every document's decision audited, then
-the idempotent pipeline (batch_ingest/pipeline.py, batch_ingest/events.py)."""
+the idempotent pipeline (batch_ingest/pipeline.py, batch_ingest/events/)."""
 
 from __future__ import annotations
 

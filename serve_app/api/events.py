@@ -1,4 +1,4 @@
-"""POST /ingest/events: a batch of bus-event envelopes (batch_ingest/events.py)."""
+"""POST /ingest/events: a batch of bus-event envelopes (batch_ingest/events/)."""
 
 from __future__ import annotations
 

@@ -44,15 +44,8 @@ endpoint ``POST /ingest/events`` and the bus consumer (``batch_ingest.consumer``
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import logging
-import os
 import re
-import socket
-import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -67,32 +60,19 @@ from pydantic import (
 )
 
 from batch_ingest.documents import Identifier, OptionalId, SourceDocument, Tag, parse_iso
-from batch_ingest.event_types import (  # noqa: F401  (re-exported: the event contract)
+from batch_ingest.event_types import (
     CHAT_MESSAGE_CREATED,
     DOC_DELETED,
     DOC_UPSERTED,
     EVENT_TYPES,
     FILE_UPLOADED,
-    UPSERT_TYPES,
 )
-from batch_ingest.pipeline import IngestPipeline, IngestReport
-from batch_ingest.source_store import Key, SourceStore
-from deployments.errors import BackendUnavailable
-
-logger = logging.getLogger(__name__)
+from batch_ingest.source_store import Key
 
 SUPPORTED_MAJOR = 1
-# A writer's lease on a document (seconds), renewed every third of it while its batch runs:
-# a writer that dies holds its documents this long at most (the consumer's redelivery
-# backoff, 5+15+30+60 s by default, spans it).
-LEASE_TTL_S = 60.0
-# How long a batch waits for a document another writer is applying before reporting it busy.
-LEASE_WAIT_S = 10.0
 SUBJECT_RE = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)+$")
 # Epoch numbers above this are milliseconds (10^11 s is the year 5138).
 _MS_THRESHOLD = 100_000_000_000
-
-EventStatus = Literal["indexed", "unchanged", "skipped_stale", "deleted", "failed", "invalid"]
 
 
 def parse_ts_ms(value: object) -> int:
@@ -263,34 +243,6 @@ class InvalidEvent:
         return "; ".join(f"{f['field']}: {f['problem']}" for f in self.fields)
 
 
-class EventResult(BaseModel):
-    """The outcome of one event (``POST /ingest/events`` and the consumer)."""
-
-    event_id: str
-    type: str = ""
-    team_id: str = ""
-    doc_type: str = ""
-    doc_id: str = ""
-    revision: int | None = None
-    status: EventStatus
-    chunks: int = 0
-    removed_chunks: int = 0
-    graph: bool = False
-    # The document's new chunks were written (also on a ``failed`` whose graph write failed).
-    searchable: bool = False
-    error: str | None = None
-    fields: list[dict[str, Any]] | None = None
-
-
-class IngestEventsResponse(BaseModel):
-    degraded: bool = False
-    degraded_reasons: list[str] = Field(default_factory=list)
-    counts: dict[str, int]
-    events: list[EventResult]
-    took_ms: float
-    trace_id: str
-
-
 def _fields(
     exc: ValidationError, prefix: tuple[Any, ...] = (), default: str = "event"
 ) -> list[dict[str, Any]]:
@@ -383,251 +335,3 @@ def _document(env: EventEnvelope, p: _DocFields) -> SourceDocument:
 def subject_type(subject: str, prefix: str = "") -> str:
     """The event type a subject carries (the subject minus the deployment ``prefix``)."""
     return subject[len(prefix) :] if prefix and subject.startswith(prefix) else subject
-
-
-# --- applying a batch -------------------------------------------------------------------------
-def _result(ev: MappedEvent, status: EventStatus, **kw: Any) -> EventResult:
-    return EventResult(
-        event_id=ev.event_id,
-        type=ev.envelope.type,
-        team_id=ev.key[0],
-        doc_type=ev.key[1],
-        doc_id=ev.key[2],
-        revision=ev.revision,
-        status=status,
-        **kw,
-    )
-
-
-def invalid_result(ev: InvalidEvent) -> EventResult:
-    return EventResult(
-        event_id=ev.event_id, type=ev.type, status="invalid", error=ev.message, fields=ev.fields
-    )
-
-
-async def apply_events(
-    pipeline: IngestPipeline,
-    events: list[MappedEvent | InvalidEvent],
-    *,
-    lease_ttl_s: float = LEASE_TTL_S,
-    lease_wait_s: float = LEASE_WAIT_S,
-) -> tuple[list[EventResult], list[str]]:
-    """Apply a batch in revision order per document; one result per event, in input order,
-    and the pipeline's degraded reasons.
-
-    Per document only the newest event of the batch is applied, and only when it is newer
-    than the registry's revision (``pipeline.sources``; without a registry every event
-    applies). All upserts go through one ``pipeline.ingest`` call (one embedding call).
-
-    With a registry, each document's lease (``SourceStore.claim``) is held from the revision
-    check to the registry write, so two writers of one document apply its events one after
-    the other; a document still leased by another writer after ``lease_wait_s`` is
-    ``failed`` ("busy", retried on redelivery). An upsert whose graph write failed is
-    ``failed`` as well (its chunks are searchable, ``searchable`` says so): the registry keeps
-    the old revision, so the redelivery is applied again and retries the graph.
-
-    Raises:
-        BackendUnavailable: Milvus or the embedder failed before anything was written.
-    """
-    results: list[EventResult | None] = [None] * len(events)
-    winners: dict[Key, int] = {}
-    for i, ev in enumerate(events):
-        if isinstance(ev, InvalidEvent):
-            results[i] = invalid_result(ev)
-            continue
-        best = winners.get(ev.key)
-        if best is None or ev.revision > events[best].revision:  # type: ignore[union-attr]
-            winners[ev.key] = i
-    for i, ev in enumerate(events):
-        if isinstance(ev, MappedEvent) and winners[ev.key] != i:
-            newest = events[winners[ev.key]]
-            assert isinstance(newest, MappedEvent)
-            results[i] = _result(
-                ev, "unchanged" if ev.revision == newest.revision else "skipped_stale"
-            )
-
-    sources = pipeline.sources
-    if sources is None or not winners:
-        return await _apply_winners(pipeline, events, winners, results)
-    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-    keys = list(winners)
-    try:
-        # Cancelled mid-batch (consumer stopped or killed), its claims and writes still run
-        # on in threads that cannot be stopped: they end before the leases are given back (a
-        # lease released under a running claim or write would not protect anything). The
-        # batch is not acked; its redelivery finds what was written.
-        return await _to_the_end(
-            _leased_apply(pipeline, events, winners, results, owner, lease_ttl_s, lease_wait_s)
-        )
-    finally:
-        # Synchronous on purpose: a cancelled batch must still give its leases back, or its
-        # documents would wait out the lease TTL. Only this batch's (owner's) rows go.
-        try:
-            sources.release(keys, owner)
-        except Exception as exc:  # expires after lease_ttl_s anyway
-            logger.warning("leases not released (they expire): %s", exc)
-
-
-async def _leased_apply(
-    pipeline: IngestPipeline,
-    events: list[MappedEvent | InvalidEvent],
-    winners: dict[Key, int],
-    results: list[EventResult | None],
-    owner: str,
-    ttl_s: float,
-    wait_s: float,
-) -> tuple[list[EventResult], list[str]]:
-    """Claim the winners' leases, fail the documents still busy, apply the rest while the
-    held leases are renewed."""
-    sources = pipeline.sources
-    assert sources is not None
-    held = await _claim(sources, list(winners), owner, ttl_s, wait_s)
-    for key in [k for k in winners if k not in held]:
-        i = winners.pop(key)
-        ev = events[i]
-        assert isinstance(ev, MappedEvent)
-        results[i] = _result(
-            ev,
-            "failed",
-            error=f"busy: another writer is applying {'/'.join(key)}; retry later",
-        )
-    renew = asyncio.ensure_future(_renew(sources, list(held), owner, ttl_s))
-    try:
-        return await _apply_winners(pipeline, events, winners, results)
-    finally:
-        renew.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await renew  # its claim thread, if one runs, ends first
-
-
-async def _renew(sources: SourceStore, keys: list[Key], owner: str, ttl_s: float) -> None:
-    """Extend ``owner``'s leases on ``keys`` every third of ``ttl_s`` until cancelled."""
-    while keys:
-        await asyncio.sleep(ttl_s / 3)
-        try:
-            await _in_thread(sources.claim, keys, owner, ttl_s)
-        except Exception as exc:  # the leases may lapse; the revision check still holds
-            logger.warning("leases not renewed: %s", exc)
-
-
-async def _to_the_end(aw: Any) -> Any:
-    """Await ``aw``; when cancelled, let it end first (threads cannot be stopped), then
-    re-raise the cancellation."""
-    fut = asyncio.ensure_future(aw)
-    try:
-        return await asyncio.shield(fut)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await fut
-        raise
-
-
-async def _in_thread(fn: Any, *args: Any) -> Any:
-    """``asyncio.to_thread`` whose thread has ended when this returns, cancelled or not (a
-    lease claimed by a thread still running after its batch gave the leases back would be
-    held until it expires)."""
-    return await _to_the_end(asyncio.to_thread(fn, *args))
-
-
-async def _claim(
-    sources: SourceStore, keys: list[Key], owner: str, ttl_s: float, wait_s: float
-) -> set[Key]:
-    """The leases of ``keys`` that could be taken within ``wait_s`` (polling with backoff)."""
-    held: set[Key] = await _in_thread(sources.claim, keys, owner, ttl_s)
-    deadline = time.monotonic() + wait_s
-    delay = 0.05
-    while len(held) < len(keys) and time.monotonic() < deadline:
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 1.0)
-        missing = [k for k in keys if k not in held]
-        held |= await _in_thread(sources.claim, missing, owner, ttl_s)
-    return held
-
-
-async def _apply_winners(
-    pipeline: IngestPipeline,
-    events: list[MappedEvent | InvalidEvent],
-    winners: dict[Key, int],
-    results: list[EventResult | None],
-) -> tuple[list[EventResult], list[str]]:
-    sources = pipeline.sources
-    upserts: list[int] = []
-    deletes: list[int] = []
-    for key, i in winners.items():
-        ev = events[i]
-        assert isinstance(ev, MappedEvent)
-        if sources is not None:
-            row = await asyncio.to_thread(sources.get, key)
-            if row is not None and row.version is not None and ev.revision <= row.version:
-                results[i] = _result(
-                    ev, "unchanged" if ev.revision == row.version else "skipped_stale"
-                )
-                continue
-        (deletes if ev.action == "delete" else upserts).append(i)
-
-    degraded: list[str] = []
-    if upserts:
-        docs = [events[i].document for i in upserts]  # type: ignore[union-attr]
-        versions = {events[i].key: events[i].revision for i in upserts}  # type: ignore[union-attr]
-        report = await pipeline.ingest(docs, versions)  # type: ignore[arg-type]
-        degraded += report.degraded
-        by_key = {(r.team_id, r.doc_type, r.doc_id): r for r in report.results}
-        for i in upserts:
-            ev = events[i]
-            assert isinstance(ev, MappedEvent)
-            r = by_key.get(ev.key)
-            if r is None:
-                results[i] = _result(ev, "failed", error="no result from the pipeline")
-            elif r.status != "failed" and pipeline.graph is not None and not r.graph:
-                results[i] = _result(
-                    ev,
-                    "failed",
-                    chunks=r.chunks,
-                    removed_chunks=r.removed_chunks,
-                    # Announced once: not again when a redelivery's graph write fails too.
-                    searchable=r.status == "indexed",
-                    error="chunks indexed but the graph was not updated; "
-                    "a redelivery retries the graph",
-                )
-            else:
-                results[i] = _result(
-                    ev,
-                    r.status,
-                    chunks=r.chunks,
-                    removed_chunks=r.removed_chunks,
-                    graph=r.graph,
-                    searchable=r.status == "indexed",
-                    error=r.error,
-                )
-    if deletes:
-        keys = [events[i].key for i in deletes]  # type: ignore[union-attr]
-        versions = {events[i].key: events[i].revision for i in deletes}  # type: ignore[union-attr]
-        removed: IngestReport | None
-        try:
-            removed = await pipeline.delete(keys, versions)
-        except BackendUnavailable as exc:
-            removed = None
-            error = exc.message
-        if removed is not None:
-            degraded += removed.degraded
-            by_key = {(r.team_id, r.doc_type, r.doc_id): r for r in removed.results}
-        for i in deletes:
-            ev = events[i]
-            assert isinstance(ev, MappedEvent)
-            r = by_key.get(ev.key) if removed is not None else None
-            if r is None:
-                results[i] = _result(ev, "failed", error=error if removed is None else "no result")
-            else:
-                results[i] = _result(
-                    ev,
-                    "deleted" if r.status == "deleted" else "failed",
-                    removed_chunks=r.removed_chunks,
-                    graph=r.graph,
-                    error=r.error,
-                )
-    return [r for r in results if r is not None], degraded
-
-
-def count_statuses(results: list[EventResult]) -> dict[str, int]:
-    statuses = ("indexed", "unchanged", "skipped_stale", "deleted", "failed", "invalid")
-    return {s: sum(r.status == s for r in results) for s in statuses}

@@ -1,0 +1,66 @@
+"""The outcome of applying events: per-event results and the HTTP response model."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    Field,
+)
+
+from batch_ingest.events.envelope import InvalidEvent, MappedEvent
+
+EventStatus = Literal["indexed", "unchanged", "skipped_stale", "deleted", "failed", "invalid"]
+
+
+class EventResult(BaseModel):
+    """The outcome of one event (``POST /ingest/events`` and the consumer)."""
+
+    event_id: str
+    type: str = ""
+    team_id: str = ""
+    doc_type: str = ""
+    doc_id: str = ""
+    revision: int | None = None
+    status: EventStatus
+    chunks: int = 0
+    removed_chunks: int = 0
+    graph: bool = False
+    # The document's new chunks were written (also on a ``failed`` whose graph write failed).
+    searchable: bool = False
+    error: str | None = None
+    fields: list[dict[str, Any]] | None = None
+
+
+class IngestEventsResponse(BaseModel):
+    degraded: bool = False
+    degraded_reasons: list[str] = Field(default_factory=list)
+    counts: dict[str, int]
+    events: list[EventResult]
+    took_ms: float
+    trace_id: str
+
+
+def result_of(ev: MappedEvent, status: EventStatus, **kw: Any) -> EventResult:
+    return EventResult(
+        event_id=ev.event_id,
+        type=ev.envelope.type,
+        team_id=ev.key[0],
+        doc_type=ev.key[1],
+        doc_id=ev.key[2],
+        revision=ev.revision,
+        status=status,
+        **kw,
+    )
+
+
+def invalid_result(ev: InvalidEvent) -> EventResult:
+    return EventResult(
+        event_id=ev.event_id, type=ev.type, status="invalid", error=ev.message, fields=ev.fields
+    )
+
+
+def count_statuses(results: list[EventResult]) -> dict[str, int]:
+    statuses = ("indexed", "unchanged", "skipped_stale", "deleted", "failed", "invalid")
+    return {s: sum(r.status == s for r in results) for s in statuses}
