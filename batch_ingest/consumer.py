@@ -376,7 +376,7 @@ def build_pipeline(settings: Any = None) -> IngestPipeline:
     all configured by ``BatchSettings`` (the same environment variables as the gateway)."""
     from batch_ingest import pipeline
     from batch_ingest.source_store import SourceStore
-    from deployments.embedder import LocalEmbedder, embedding_dim
+    from deployments.embedding import LocalEmbedder, embedding_dim
     from deployments.graph import Neo4jGraph
     from deployments.protocols import Backends
     from deployments.retriever import RetrieverDeployment

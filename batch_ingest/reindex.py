@@ -137,7 +137,7 @@ class ReindexWorker:
             builder = chunk_builder(ChunkingSettings.model_validate(spec["chunking"]), emb)
         self.builder = builder
         if embed is None:
-            from deployments.embedder import EmbedderCore
+            from deployments.embedding import EmbedderCore
 
             core = EmbedderCore(emb)
             core.start()
@@ -379,7 +379,7 @@ class Reindexer:
         self.sources = sources or SourceStore(settings.state.url)
         self.state = state or ReindexState(self.sources.engine)
         if store is None:
-            from deployments.embedder import embedding_dim
+            from deployments.embedding import embedding_dim
             from deployments.retriever import MilvusStore
 
             store = MilvusStore(settings.milvus, dim=embedding_dim(settings.embedder))

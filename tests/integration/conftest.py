@@ -4,7 +4,7 @@ import pytest
 import pytest_asyncio
 
 from deployments.config import EmbedderSettings
-from deployments.embedder import LocalEmbedder
+from deployments.embedding import LocalEmbedder
 from deployments.graph import Neo4jGraph
 from deployments.retriever import MilvusStore
 from serve_app.settings import GatewaySettings

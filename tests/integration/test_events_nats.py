@@ -23,7 +23,7 @@ from batch_ingest.documents import SourceDocument
 from batch_ingest.events import parse_event
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.source_store import SourceStore
-from deployments.embedder import default_model_path
+from deployments.embedding import default_model_path
 from deployments.errors import InvalidInput
 from deployments.retriever import RetrieverDeployment
 from tests.conftest import port_open

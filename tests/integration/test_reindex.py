@@ -29,7 +29,7 @@ from batch_ingest.reindex import (
 )
 from batch_ingest.reindex_state import ReindexState
 from batch_ingest.source_store import SourceStore
-from deployments.embedder import default_model_path
+from deployments.embedding import default_model_path
 from deployments.protocols import SearchFilter
 from deployments.retriever import MilvusStore, RetrieverDeployment
 from serve_app.api.admin import ReindexJobs

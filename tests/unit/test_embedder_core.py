@@ -9,7 +9,7 @@ import pytest
 
 from batch_ingest.chunking import tokenizer_counter
 from deployments.config import EmbedderSettings
-from deployments.embedder import (
+from deployments.embedding import (
     EmbedderCore,
     default_model_path,
     embedding_dim,

@@ -10,7 +10,7 @@ from batch_ingest.chunking import Chunker, tokenizer_counter
 from batch_ingest.chunks import compose_text, context_header, strip_header
 from batch_ingest.documents import SourceDocument, make_chunk_id
 from batch_ingest.pipeline import IngestPipeline
-from deployments.embedder import default_model_path
+from deployments.embedding import default_model_path
 from deployments.errors import BackendUnavailable
 from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
 

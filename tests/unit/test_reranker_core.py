@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from deployments.config import RerankerSettings
-from deployments.embedder import default_model_path
+from deployments.embedding import default_model_path
 from deployments.errors import InvalidInput
 from deployments.reranker import RerankerCore
 
