@@ -11,8 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from deployments.protocols import DOC_TYPES
-from deployments.retriever import MAX_ID, MAX_TAG, MAX_TAGS, MAX_TITLE, MAX_URL
+from deployments.protocols import DOC_TYPES, MAX_ID, MAX_TAG, MAX_TAGS, MAX_TITLE, MAX_URL
 
 ID_PATTERN = r"^[^\x00-\x1f]+$"
 Identifier = Annotated[

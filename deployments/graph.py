@@ -207,17 +207,6 @@ RETURN count(doc) AS merged
 """
 
 # Readable phrases of the relationship types, for explain_path.
-PHRASES = {
-    "MEMBER_OF": "is a member of",
-    "SERVES": "serves",
-    "MENTIONS": "mentions",
-    "USES": "uses",
-    "LINKS_TO": "links to",
-    "PART_OF": "is part of",
-    "POSTED_IN": "was posted in",
-    "AUTHORED": "authored",
-}
-
 # Entities named in a query (full-text index over names and titles) and the documents one
 # relationship away from them, or the documents themselves when a title matched.
 RELATED_DOCS = f"""
@@ -310,29 +299,10 @@ def _relationship(rel: Any) -> dict[str, Any]:
     }
 
 
-def _label(node: dict[str, Any]) -> str:
+def node_label(node: dict[str, Any]) -> str:
+    """A serialised node's first label (``Node`` when it has none)."""
     labels = node.get("labels") or []
     return labels[0] if labels else "Node"
-
-
-def _display(node: dict[str, Any]) -> str:
-    name = node.get("name") or node.get("title") or node.get("id") or "?"
-    return f"{_label(node)} '{name}'"
-
-
-def path_sentence(path: dict[str, Any]) -> str:
-    """One readable sentence for a serialised path: each hop in its stored direction."""
-    nodes = path["nodes"]
-    clauses = []
-    for i, rel in enumerate(path["relationships"]):
-        a, b = nodes[i], nodes[i + 1]
-        forward = rel["start"]["id"] == a.get("id") and rel["start"]["label"] in a["labels"]
-        src, dst = (a, b) if forward else (b, a)
-        phrase = PHRASES.get(rel["type"], rel["type"].lower().replace("_", " "))
-        clauses.append(f"{_display(src)} {phrase} {_display(dst)}")
-    if not clauses:
-        return f"{_display(nodes[0])} is the entity itself."
-    return "; ".join(clauses) + "."
 
 
 class Neo4jGraph:
@@ -675,8 +645,8 @@ WHERE all(n IN nodes(p) WHERE n.team_id = $team_id AND n.visibility IN $visibili
 RETURN p ORDER BY length(p) LIMIT $max_paths
 """,
             {
-                "sources": [[_label(n), n["id"]] for n in ends[0]],
-                "targets": [[_label(n), n["id"]] for n in ends[1]],
+                "sources": [[node_label(n), n["id"]] for n in ends[0]],
+                "targets": [[node_label(n), n["id"]] for n in ends[1]],
                 "max_paths": max_paths,
                 **scope.params,
             },

@@ -18,6 +18,16 @@ DOC_TYPES: tuple[str, ...] = ("message", "doc", "file", "wiki", "rwa", "transact
 TextKind = Literal["query", "passage"]
 
 
+# Field sizes of a chunk row (the Milvus schema is built from them; ingestion validates
+# documents against the same numbers).
+MAX_ID = 256
+MAX_TITLE = 1024
+MAX_URL = 2048
+MAX_TEXT = 16384
+MAX_TAGS = 64
+MAX_TAG = 128
+
+
 @dataclass(frozen=True)
 class ChunkRecord:
     """One row of the Milvus chunk collection (see docs/data_contracts.md)."""

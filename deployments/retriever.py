@@ -22,7 +22,17 @@ from deployments.config import MilvusSettings
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.memindex.cache import HotIndex
 from deployments.memindex.changes import ChangeLog
-from deployments.protocols import ChunkRecord, SearchFilter, SearchHit
+from deployments.protocols import (
+    MAX_ID,
+    MAX_TAG,
+    MAX_TAGS,
+    MAX_TEXT,
+    MAX_TITLE,
+    MAX_URL,
+    ChunkRecord,
+    SearchFilter,
+    SearchHit,
+)
 from deployments.search_filter import (  # noqa: F401  (re-exported: the store's filter API)
     build_filter_expr,
     compile_filter,
@@ -32,13 +42,6 @@ from deployments.search_filter import (  # noqa: F401  (re-exported: the store's
 
 logger = logging.getLogger(__name__)
 
-# Field sizes of the chunk schema; ingestion validates against the same numbers.
-MAX_ID = 256
-MAX_TITLE = 1024
-MAX_URL = 2048
-MAX_TEXT = 16384
-MAX_TAGS = 64
-MAX_TAG = 128
 SEARCH_MODES = ("hybrid", "dense", "bm25")
 
 OUTPUT_FIELDS = [

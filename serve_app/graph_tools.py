@@ -14,7 +14,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from deployments.errors import BackendUnavailable, InvalidInput, NotFound
-from deployments.graph import path_sentence
 from deployments.graph_intents import INTENTS, catalogue
 from deployments.protocols import GraphStore
 from serve_app.access import AccessContext
@@ -29,6 +28,7 @@ from serve_app.graph_contracts import (
     GraphUpsertResponse,
     PathOut,
 )
+from serve_app.graph_text import path_sentence
 from serve_app.policy import Policy
 from serve_app.recorder import AuditRecorder
 from serve_app.request import RequestContext

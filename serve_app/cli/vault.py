@@ -37,7 +37,7 @@ from pydantic import ValidationError
 from batch_ingest.documents import SourceDocument, parse_timestamp
 from batch_ingest.wikilinks import extract_links, wiki_key
 from deployments.errors import InvalidInput
-from deployments.retriever import MAX_TITLE
+from deployments.protocols import MAX_TITLE
 from serve_app.policy import DEFAULT_POLICY_FILE, SKILL_TAG_PREFIX, Policy, ResourcePolicy
 
 logger = logging.getLogger("serve_app.cli.vault")

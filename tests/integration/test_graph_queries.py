@@ -17,9 +17,10 @@ from deployments.errors import (
     NotFound,
     QueryLimitExceeded,
 )
-from deployments.graph import Neo4jGraph, path_sentence
+from deployments.graph import Neo4jGraph
 from deployments.graph_intents import INTENTS
 from deployments.protocols import GraphDocument, GraphScope
+from serve_app.graph_text import path_sentence
 
 pytestmark = pytest.mark.integration
 
