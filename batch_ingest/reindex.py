@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 from batch_ingest.documents import SourceDocument, make_chunk_id
 from batch_ingest.reindex_state import JobStatus, ReindexJob, ReindexState
-from batch_ingest.settings import BatchSettings
+from batch_ingest.settings import BatchSettings, ReindexSettings
 from batch_ingest.source_store import SourceStore
 from deployments.errors import GatewayError
 from deployments.protocols import ChunkRecord
@@ -64,17 +64,23 @@ class ReindexError(GatewayError):
     code = "reindex_failed"
 
 
+_DEFAULTS = ReindexSettings()
+
+
 @dataclass
 class ReindexOptions:
+    """One run of a job. The pool and version options default to ``ReindexSettings``
+    (``REINDEX__*``; ``from_settings`` reads a configured section)."""
+
     team_id: str
     resume: bool = False
     # Documents per map_batches call (each call embeds all their chunks in one forward loop).
-    batch_size: int = 16
-    actors: int = 1
+    batch_size: int = _DEFAULTS.batch_size
+    actors: int = _DEFAULTS.actors
     # Fractional: whole CPUs let the actors take every core and starve Ray Data's read tasks.
-    num_cpus_per_actor: float = 0.5
+    num_cpus_per_actor: float = _DEFAULTS.num_cpus_per_actor
     engine: Literal["ray", "local"] = "ray"
-    keep_previous: bool = False
+    keep_previous: bool = _DEFAULTS.keep_previous
     # Continue this (queued) job, e.g. one the admin API created.
     job_id: str | None = None
     log_every_s: float = 5.0
@@ -83,6 +89,18 @@ class ReindexOptions:
     # ingestion that wrote to the old version has recorded its document before the last look.
     clock_skew_s: float = 5.0
     switch_grace_s: float = 2.0
+
+    @classmethod
+    def from_settings(cls, team_id: str, cfg: ReindexSettings, **given: Any) -> ReindexOptions:
+        """Options for ``team_id`` with the pool and version options of ``cfg``; ``given``
+        (``None`` values ignored) overrides any of them."""
+        base = {
+            "batch_size": cfg.batch_size,
+            "actors": cfg.actors,
+            "num_cpus_per_actor": cfg.num_cpus_per_actor,
+            "keep_previous": cfg.keep_previous,
+        }
+        return cls(team_id=team_id, **{**base, **{k: v for k, v in given.items() if v is not None}})
 
 
 @dataclass
@@ -679,15 +697,7 @@ def run_job(job_id: str, team_id: str, settings_overrides: dict[str, Any] | None
     """Entry point of a job the admin API submitted (a Ray task, or the CLI's ``--job-id``):
     settings from the environment of the process, plus ``settings_overrides``."""
     settings = BatchSettings(**(settings_overrides or {}))
-    cfg = settings.reindex
-    options = ReindexOptions(
-        team_id=team_id,
-        job_id=job_id,
-        actors=cfg.actors,
-        batch_size=cfg.batch_size,
-        num_cpus_per_actor=cfg.num_cpus_per_actor,
-        keep_previous=cfg.keep_previous,
-    )
+    options = ReindexOptions.from_settings(team_id, settings.reindex, job_id=job_id)
     result = reindex(settings, options)
     return result.job.public()
 
@@ -724,16 +734,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.state_url:
         overrides["state"] = {**overrides.get("state", {}), "url": args.state_url}
     settings = BatchSettings(**overrides)
-    cfg = settings.reindex
-    options = ReindexOptions(
-        team_id=args.team,
+    options = ReindexOptions.from_settings(
+        args.team,
+        settings.reindex,
         resume=args.resume,
         job_id=args.job_id,
-        batch_size=args.batch_size or cfg.batch_size,
-        actors=args.actors or cfg.actors,
-        num_cpus_per_actor=args.num_cpus or cfg.num_cpus_per_actor,
+        batch_size=args.batch_size,
+        actors=args.actors,
+        num_cpus_per_actor=args.num_cpus,
         engine=args.engine,
-        keep_previous=args.keep_previous or cfg.keep_previous,
+        keep_previous=args.keep_previous or None,
         log_every_s=args.log_every,
     )
     try:

@@ -496,3 +496,12 @@ def test_job_status_moves_only_along_its_transitions():
         queued.move_to(JobStatus.SWITCHING)
     queued.move_to(JobStatus.SUPERSEDED, "superseded by a newer job")
     assert (queued.status, queued.error) == ("superseded", "superseded by a newer job")
+
+
+def test_options_default_to_the_reindex_settings_and_given_values_win():
+    from batch_ingest.settings import ReindexSettings
+
+    cfg = ReindexSettings(actors=3, batch_size=40, keep_previous=True)
+    opts = ReindexOptions.from_settings(TEAM, cfg, batch_size=None, actors=2)
+    assert (opts.actors, opts.batch_size, opts.keep_previous) == (2, 40, True)
+    assert ReindexOptions(team_id=TEAM).batch_size == ReindexSettings().batch_size
