@@ -200,9 +200,13 @@ def split_conjuncts(text: str) -> list[str]:
     return out
 
 
-def _balanced(text: str) -> bool:
-    depth, quote = 0, ""
-    for ch in text:
+def _scan(text: str) -> tuple[list[int], bool]:
+    """The one bracket and quote scanner: the indexes of the characters outside every quote
+    and bracket (and not one themselves), and whether every bracket and quote closes without
+    the depth ever going below zero."""
+    top: list[int] = []
+    depth, quote, closed = 0, "", True
+    for i, ch in enumerate(text):
         if quote:
             if ch == quote:
                 quote = ""
@@ -212,9 +216,14 @@ def _balanced(text: str) -> bool:
             depth += 1
         elif ch in ")]}":
             depth -= 1
-            if depth < 0:
-                return False
-    return depth == 0 and not quote
+            closed = closed and depth >= 0
+        elif depth == 0:
+            top.append(i)
+    return top, closed and depth == 0 and not quote
+
+
+def _balanced(text: str) -> bool:
+    return _scan(text)[1]
 
 
 def scope_facts(predicate: str, default_var: str | None = None) -> set[tuple[str, str]]:
@@ -244,23 +253,12 @@ def _ids(op: dict[str, Any]) -> set[str]:
 
 def _split_top(text: str, sep: str = ",") -> list[str]:
     """``text`` split at ``sep`` outside brackets and quotes, parts stripped, empty dropped."""
-    parts, depth, quote, start, i = [], 0, "", 0, 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "'\"`":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif depth == 0 and text.startswith(sep, i):
+    parts: list[str] = []
+    start = 0
+    for i in _scan(text)[0]:
+        if i >= start and text.startswith(sep, i):
             parts.append(text[start:i])
-            i = start = i + len(sep)
-            continue
-        i += 1
+            start = i + len(sep)
     parts.append(text[start:])
     return [p.strip() for p in parts if p.strip()]
 
