@@ -278,20 +278,14 @@ def _sources(
     return out
 
 
+@dataclass
 class EnrichService:
     """rag.enrich_answer over the shared retrieval pipeline, audited like a search."""
 
-    def __init__(
-        self,
-        settings: GatewaySettings,
-        policy: Policy,
-        retrieval: Retrieval,
-        recorder: AuditRecorder,
-    ) -> None:
-        self.settings = settings
-        self.policy = policy
-        self.retrieval = retrieval
-        self.recorder = recorder
+    settings: GatewaySettings
+    policy: Policy
+    retrieval: Retrieval
+    recorder: AuditRecorder
 
     async def enrich_answer(
         self, req: EnrichAnswerRequest, rc: RequestContext

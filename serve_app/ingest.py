@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 from batch_ingest.documents import SourceDocument
 from batch_ingest.events import (
@@ -25,18 +26,12 @@ from serve_app.request import RequestContext
 from serve_app.settings import GatewaySettings
 
 
+@dataclass
 class IngestService:
-    def __init__(
-        self,
-        settings: GatewaySettings,
-        policy: Policy,
-        pipeline: IngestPipeline,
-        recorder: AuditRecorder,
-    ) -> None:
-        self.settings = settings
-        self.policy = policy
-        self.pipeline = pipeline
-        self.recorder = recorder
+    settings: GatewaySettings
+    policy: Policy
+    pipeline: IngestPipeline
+    recorder: AuditRecorder
 
     async def ingest_documents(
         self, docs: list[SourceDocument], rc: RequestContext

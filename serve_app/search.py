@@ -3,6 +3,8 @@ the pipeline)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from batch_ingest.chunks import strip_header
 from deployments.errors import InvalidInput
 from deployments.protocols import SearchHit
@@ -18,18 +20,12 @@ from serve_app.snippets import best_snippet
 from serve_app.timing import stage
 
 
+@dataclass
 class SearchService:
-    def __init__(
-        self,
-        settings: GatewaySettings,
-        policy: Policy,
-        retrieval: Retrieval,
-        recorder: AuditRecorder,
-    ) -> None:
-        self.settings = settings
-        self.policy = policy
-        self.retrieval = retrieval
-        self.recorder = recorder
+    settings: GatewaySettings
+    policy: Policy
+    retrieval: Retrieval
+    recorder: AuditRecorder
 
     async def search_docs(self, req: SearchDocsRequest, rc: RequestContext) -> SearchDocsResponse:
         """Search inside the scope ``principal`` grants in ``req.team_id``; the decision is
