@@ -57,7 +57,7 @@ async def apply_events(
             results[i] = invalid_result(ev)
             continue
         best = winners.get(ev.key)
-        if best is None or ev.revision > events[best].revision:  # type: ignore[union-attr]
+        if best is None or ev.revision > _mapped(events, best).revision:
             winners[ev.key] = i
     for i, ev in enumerate(events):
         if isinstance(ev, MappedEvent) and winners[ev.key] != i:
@@ -144,9 +144,10 @@ async def _apply_winners(
 
     degraded: list[str] = []
     if upserts:
-        docs = [events[i].document for i in upserts]  # type: ignore[union-attr]
-        versions = {events[i].key: events[i].revision for i in upserts}  # type: ignore[union-attr]
-        report = await pipeline.ingest(docs, versions)  # type: ignore[arg-type]
+        upserted = [_mapped(events, i) for i in upserts]
+        docs = [ev.document for ev in upserted if ev.document is not None]
+        versions = {ev.key: ev.revision for ev in upserted}
+        report = await pipeline.ingest(docs, versions)
         degraded += report.degraded
         by_key = {(r.team_id, r.doc_type, r.doc_id): r for r in report.results}
         for i in upserts:
@@ -177,8 +178,9 @@ async def _apply_winners(
                     error=r.error,
                 )
     if deletes:
-        keys = [events[i].key for i in deletes]  # type: ignore[union-attr]
-        versions = {events[i].key: events[i].revision for i in deletes}  # type: ignore[union-attr]
+        deleted = [_mapped(events, i) for i in deletes]
+        keys = [ev.key for ev in deleted]
+        versions = {ev.key: ev.revision for ev in deleted}
         removed: IngestReport | None
         try:
             removed = await pipeline.delete(keys, versions)
@@ -205,3 +207,10 @@ async def _apply_winners(
                     error=r.error,
                 )
     return [r for r in results if r is not None], degraded
+
+
+def _mapped(events: list[MappedEvent | InvalidEvent], i: int) -> MappedEvent:
+    """``events[i]``, which the caller knows is valid (a winner, an upsert or a delete)."""
+    ev = events[i]
+    assert isinstance(ev, MappedEvent)
+    return ev
