@@ -377,7 +377,7 @@ def build_pipeline(settings: Any = None) -> IngestPipeline:
     from batch_ingest import pipeline
     from batch_ingest.source_store import SourceStore
     from deployments.embedding import LocalEmbedder, embedding_dim
-    from deployments.graph import Neo4jGraph
+    from deployments.graph_store import Neo4jGraph
     from deployments.protocols import Backends
     from deployments.retriever import RetrieverDeployment
 

@@ -19,7 +19,7 @@ from pydantic import (
 
 from batch_ingest.documents import Identifier, OptionalId
 from deployments.cypher_guard import RESERVED_PARAMS
-from deployments.graph import NODE_LABELS, RELATIONSHIPS
+from deployments.graph_cypher import NODE_LABELS, RELATIONSHIPS
 from serve_app.contracts import TEAM_ALIASES, _one_tenant_key
 
 # Labels the upsert may write: documents come only through ingestion.

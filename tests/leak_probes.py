@@ -526,7 +526,7 @@ class GraphGateway:
         from fastapi.testclient import TestClient
 
         from batch_ingest.chunking import whitespace_tokens
-        from deployments.graph import Neo4jGraph
+        from deployments.graph_store import Neo4jGraph
         from deployments.protocols import Backends
         from deployments.testing import FakeEmbedder, FakeVectorStore
         from serve_app.composition import build_service
@@ -805,7 +805,7 @@ class GraphProbes:
         self.record(GRAPH_ENDPOINTS[0], kind, response, self.check_graph(expected, body, response))
 
     def probe_graph_cypher(self, kind: str) -> None:
-        from deployments.graph import NODE_LABELS
+        from deployments.graph_cypher import NODE_LABELS
 
         rng = self.rng
         _, headers, expected, gw = self.graph_identity(kind, elevated=0.6, unrestricted=0.6)
@@ -855,7 +855,7 @@ class GraphProbes:
         self.record(GRAPH_ENDPOINTS[1], f"{kind} {category}", response, problem)
 
     def probe_explain_path(self, kind: str) -> None:
-        from deployments.graph import NODE_LABELS
+        from deployments.graph_cypher import NODE_LABELS
 
         rng = self.rng
         _, headers, expected, gw = self.graph_identity(kind)

@@ -17,8 +17,8 @@ from deployments.errors import (
     NotFound,
     QueryLimitExceeded,
 )
-from deployments.graph import Neo4jGraph
 from deployments.graph_intents import INTENTS
+from deployments.graph_store import Neo4jGraph
 from deployments.protocols import GraphDocument, GraphScope
 from serve_app.graph_text import path_sentence
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deployments.graph import NODE_LABELS
+from deployments.graph_cypher import NODE_LABELS
 from deployments.graph_intents import INTENTS
 from tests.leak_probes import (
     INJECTIONS,
