@@ -165,7 +165,7 @@ class ReindexWorker:
             dim = None
         self.embed = embed
         if store is None:
-            from deployments.retriever import MilvusStore
+            from deployments.milvus_store import MilvusStore
 
             store = MilvusStore(MilvusSettings.model_validate(spec["milvus"]), dim=dim or 0)
             store.start()
@@ -398,7 +398,7 @@ class Reindexer:
         self.state = state or ReindexState(self.sources.engine)
         if store is None:
             from deployments.embedding import embedding_dim
-            from deployments.retriever import MilvusStore
+            from deployments.milvus_store import MilvusStore
 
             store = MilvusStore(settings.milvus, dim=embedding_dim(settings.embedder))
             store.start()
@@ -533,7 +533,7 @@ class Reindexer:
         store.flush_physical(physical)
         job.expected_chunks = sum(done.values())
         job.rows_in_target = store.count_in(physical)
-        from deployments.retriever import milvus_literal
+        from deployments.search_filter import milvus_literal
 
         other = store.count_in(physical, f"embed_model != {milvus_literal(tag)}")
         if job.rows_in_target != job.expected_chunks or other:

@@ -32,8 +32,10 @@ import numpy as np
 from bench import realtext
 from bench.common import environment_info, markdown_table, setup_logging, write_result
 from deployments.config import MilvusSettings
+from deployments.milvus_rows import OUTPUT_FIELDS
+from deployments.milvus_store import MilvusStore
 from deployments.protocols import SearchFilter
-from deployments.retriever import OUTPUT_FIELDS, MilvusStore, build_filter_expr
+from deployments.search_filter import build_filter_expr
 from serve_app.settings import GatewaySettings
 
 logger = logging.getLogger("bench.store")

@@ -3,7 +3,7 @@
 They let the pipeline, the service and the HTTP layer run without Ray, Milvus, Neo4j or a
 model. Vectors come from SHA-256 (never Python's salted ``hash``), so every run and every
 process sees the same numbers. The vector store evaluates a ``SearchFilter`` term by term the
-way ``deployments.retriever.build_filter_expr`` compiles it for Milvus, and validates it by
+way ``deployments.search_filter.build_filter_expr`` compiles it for Milvus, and validates it by
 calling that very function, so a filter Milvus would refuse is refused here too.
 """
 
@@ -16,9 +16,9 @@ from dataclasses import replace
 from typing import Any
 
 from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.milvus_rows import SEARCH_MODES
 from deployments.protocols import ChunkRecord, GraphDocument, GraphScope, SearchFilter, SearchHit
-from deployments.retriever import SEARCH_MODES, build_filter_expr
-from deployments.search_filter import compile_filter
+from deployments.search_filter import build_filter_expr, compile_filter
 
 WORD = re.compile(r"\w+", re.UNICODE)
 

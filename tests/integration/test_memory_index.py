@@ -12,8 +12,9 @@ import uuid
 import pytest
 
 from deployments.memindex.cache import HotIndex
+from deployments.milvus_store import MilvusStore
 from deployments.protocols import SearchFilter
-from deployments.retriever import MilvusStore, RetrieverDeployment
+from deployments.retriever import RetrieverDeployment
 from deployments.search_filter import compile_filter
 from serve_app.settings import GatewaySettings
 from tests.integration.test_milvus_store import chunk, vec

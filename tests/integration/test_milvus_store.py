@@ -10,8 +10,8 @@ import pytest
 
 from deployments.config import MilvusSettings
 from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.milvus_store import MilvusStore
 from deployments.protocols import ChunkRecord, SearchFilter
-from deployments.retriever import MilvusStore
 
 pytestmark = pytest.mark.integration
 

@@ -30,8 +30,9 @@ from batch_ingest.reindex import (
 from batch_ingest.reindex_state import ReindexState
 from batch_ingest.source_store import SourceStore
 from deployments.embedding import default_model_path
+from deployments.milvus_store import MilvusStore
 from deployments.protocols import SearchFilter
-from deployments.retriever import MilvusStore, RetrieverDeployment
+from deployments.retriever import RetrieverDeployment
 from serve_app.api.admin import ReindexJobs
 from tests.faults import InjectedFailure, failing_after
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deployments.retriever import MilvusStore
+from deployments.milvus_store import MilvusStore
 from tests.conftest import require_services
 from tests.tiny_models import build_tiny_cross_encoder
 

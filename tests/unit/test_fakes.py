@@ -21,7 +21,7 @@ from deployments.protocols import (
     SearchFilter,
     VectorStore,
 )
-from deployments.retriever import build_filter_expr
+from deployments.search_filter import build_filter_expr
 from deployments.testing import (
     FakeEmbedder,
     FakeGraphStore,

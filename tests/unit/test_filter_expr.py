@@ -14,7 +14,7 @@ import pytest
 
 from deployments.errors import InvalidInput
 from deployments.protocols import SearchFilter
-from deployments.retriever import build_filter_expr, milvus_list, milvus_literal
+from deployments.search_filter import build_filter_expr, milvus_list, milvus_literal
 
 ADVERSARIAL = [
     '"',

@@ -1,0 +1,109 @@
+"""Chunk rows of the Milvus collections: the fields a search returns, ``ChunkRecord`` ↔ row,
+and the names of a team's collections."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import replace
+from typing import Any
+
+from deployments.config import MilvusSettings
+from deployments.protocols import (
+    ChunkRecord,
+)
+from deployments.search_filter import (
+    milvus_literal,
+)
+
+SEARCH_MODES = ("hybrid", "dense", "bm25")
+
+OUTPUT_FIELDS = [
+    "chunk_id",
+    "doc_id",
+    "team_id",
+    "project_id",
+    "channel_id",
+    "agent_id",
+    "visibility",
+    "doc_type",
+    "tags",
+    "created_at",
+    "title",
+    "heading",
+    "url",
+    "text",
+    "chunk_index",
+    "content_hash",
+    "embed_model",
+]
+
+
+def doc_expr(team_id: str, doc_type: str, doc_id: str) -> str:
+    return (
+        f"team_id == {milvus_literal(team_id)} and doc_type == {milvus_literal(doc_type)} "
+        f"and doc_id == {milvus_literal(doc_id)}"
+    )
+
+
+def chunk_to_row(chunk: ChunkRecord) -> dict[str, Any]:
+    return {
+        "chunk_id": chunk.chunk_id,
+        "doc_id": chunk.doc_id,
+        "team_id": chunk.team_id,
+        "project_id": chunk.project_id,
+        "channel_id": chunk.channel_id,
+        "agent_id": chunk.agent_id,
+        "visibility": chunk.visibility,
+        "doc_type": chunk.doc_type,
+        "tags": list(chunk.tags),
+        "created_at": int(chunk.created_at),
+        "title": chunk.title,
+        "heading": chunk.heading,
+        "url": chunk.url,
+        "text": chunk.text,
+        "chunk_index": int(chunk.chunk_index),
+        "content_hash": chunk.content_hash,
+        "embed_model": chunk.embed_model,
+        "dense": [float(x) for x in chunk.vector],
+    }
+
+
+def row_to_chunk(row: dict[str, Any]) -> ChunkRecord:
+    return ChunkRecord(
+        chunk_id=row["chunk_id"],
+        doc_id=row["doc_id"],
+        team_id=row["team_id"],
+        chunk_index=int(row["chunk_index"]),
+        text=row["text"],
+        title=row["title"],
+        content_hash=row["content_hash"],
+        embed_model=row["embed_model"],
+        visibility=row["visibility"],
+        doc_type=row["doc_type"],
+        project_id=row["project_id"],
+        channel_id=row["channel_id"],
+        agent_id=row["agent_id"],
+        url=row["url"],
+        tags=tuple(row.get("tags") or ()),
+        created_at=int(row["created_at"]),
+        heading=row.get("heading", ""),
+    )
+
+
+def chunk_with_vector(row: dict[str, Any]) -> ChunkRecord:
+    return replace(row_to_chunk(row), vector=[float(x) for x in row["dense"]])
+
+
+def team_slug(team_id: str) -> str:
+    """A collection-name-safe, collision-free token for ``team_id``: readable prefix + hash."""
+    readable = re.sub(r"[^a-z0-9]+", "_", team_id.lower()).strip("_")[:32]
+    digest = hashlib.sha256(team_id.encode("utf-8")).hexdigest()[:12]
+    return f"{readable}_{digest}" if readable else f"t_{digest}"
+
+
+def collection_for(settings: MilvusSettings, team_id: str) -> str:
+    """The logical collection (an alias) that holds ``team_id``'s chunks."""
+    if settings.layout == "shared":
+        return settings.collection
+    return f"{settings.collection}__{team_slug(team_id)}"
