@@ -457,28 +457,21 @@ class MilvusStore:
             return []
         dense_param = {"metric_type": self.settings.metric_type, "params": {"ef": max(64, limit)}}
         bm25_param = {"metric_type": "BM25"}
-        if mode == "dense":
-            result = self._call(
-                "search",
-                "search",
-                name,
-                data=[query_vector],
-                anns_field="dense",
-                filter=expr,
-                limit=limit,
-                search_params=dense_param,
-                output_fields=OUTPUT_FIELDS,
+        if mode != "hybrid":
+            data, field, params = (
+                ([query_vector], "dense", dense_param)
+                if mode == "dense"
+                else ([query_text], "sparse", bm25_param)
             )
-        elif mode == "bm25":
             result = self._call(
                 "search",
                 "search",
                 name,
-                data=[query_text],
-                anns_field="sparse",
+                data=data,
+                anns_field=field,
                 filter=expr,
                 limit=limit,
-                search_params=bm25_param,
+                search_params=params,
                 output_fields=OUTPUT_FIELDS,
             )
         else:

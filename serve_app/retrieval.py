@@ -115,14 +115,14 @@ class Retrieval:
         try:
             lists: dict[str, list[SearchHit]] = {}
             if mode in ("hybrid", "dense"):
-                try:
-                    if embed_error is not None:
-                        raise BackendUnavailable("embedder", embed_error)
-                    vector = await self._query_vector(req.query, vector)
-                except BackendUnavailable as exc:
+                if embed_error is None:
+                    try:
+                        vector = await self._query_vector(req.query, vector)
+                    except BackendUnavailable as exc:
+                        embed_error = exc.message
+                if embed_error is not None:
                     # Keyword search still answers; say so at the top of the response.
-                    reason = embed_error if embed_error is not None else exc.message
-                    degraded.append(f"embedder unavailable, fell back to BM25 only: {reason}")
+                    degraded.append(f"embedder unavailable, fell back to BM25 only: {embed_error}")
                     mode = "bm25"
                     if bm25_task is None:
                         bm25_task = asyncio.create_task(

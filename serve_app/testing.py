@@ -233,7 +233,7 @@ TENANCY_POLICY = Policy(
     ],
 )
 # (doc_id suffix, visibility, doc_type, project_id)
-_LAYOUT = (
+TENANCY_LAYOUT = (
     ("pub_doc", "public", "doc", ""),
     ("conf_doc", "confidential", "doc", ""),
     ("pub_tx", "public", "transaction", ""),
@@ -253,7 +253,7 @@ def marker(index: int) -> str:
 def tenancy_corpus() -> list[dict[str, Any]]:
     docs: list[dict[str, Any]] = []
     for team in TEAMS:
-        rows = [(f"{team}_{s}", v, t, p) for s, v, t, p in _LAYOUT]
+        rows = [(f"{team}_{s}", v, t, p) for s, v, t, p in TENANCY_LAYOUT]
         rows.append(("SKILL-deploy", "public", "wiki", ""))
         for doc_id, visibility, doc_type, project in rows:
             index = len(docs)

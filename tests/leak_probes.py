@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import environment_info, markdown_table, setup_logging, write_result
-from serve_app.testing import isolated_env
+from serve_app.testing import TENANCY_LAYOUT, isolated_env
 
 logger = logging.getLogger("tests.leak_probes")
 
@@ -94,14 +94,7 @@ GRAPH_ENDPOINTS = (
 GRAPH_MARKER = re.compile(r"gmk(\d+)g")
 # The tenancy layout plus a project only confidential documents name.
 GRAPH_LAYOUT = (
-    ("pub_doc", "public", "doc", ""),
-    ("conf_doc", "confidential", "doc", ""),
-    ("pub_tx", "public", "transaction", ""),
-    ("conf_wiki", "confidential", "wiki", "prj_open"),
-    ("pub_msg", "public", "message", "prj_open"),
-    ("ops_doc", "public", "doc", "prj_ops"),
-    ("board_doc", "public", "doc", "prj_board"),
-    ("board_conf", "confidential", "file", "prj_board"),
+    *TENANCY_LAYOUT,
     ("secret_plan", "confidential", "doc", "prj_secret"),
     ("skill", "public", "wiki", ""),
 )
