@@ -485,6 +485,11 @@ def main(argv: list[str] | None = None) -> int:
         "args": vars(args),
         "environment": environment_info(),
         "search_settings": harness.settings.search.model_dump(),
+        "query_embedding": {
+            "location": harness.settings.embedder.query_location,
+            "in_ingress": harness.settings.embedder.queries_in_ingress,
+            "ingress_query_slots": harness.settings.embedder.ingress_query_slots,
+        },
     }
     run_benchmark("search_real", harness, result, lambda h: run(args, h), render, args.out)
     print(result["table_markdown"])

@@ -54,6 +54,20 @@ class EmbedderSettings(BaseModel):
     max_batch_size: int = Field(EMBED_BATCH, ge=1, le=1024)
     batch_wait_timeout_s: float = Field(EMBED_BATCH_WAIT_S, ge=0.0, le=1.0)
     query_batch_wait_timeout_s: float = Field(0.0, ge=0.0, le=1.0)
+    # Where search queries are embedded: "ingress" (the model also loaded in each Ingress
+    # replica, a query pays no hop), "embedder" (the Embedder deployment, batched across
+    # ingress replicas: GPUs and large models) or "auto" (ingress on a CPU device, else the
+    # Embedder). Passages are always embedded by the Embedder deployment.
+    query_location: Literal["auto", "ingress", "embedder"] = "auto"
+    # Query embeddings the ingress runs at once; a query beyond them spills to the Embedder.
+    ingress_query_slots: int = Field(1, ge=1, le=64)
+
+    @property
+    def queries_in_ingress(self) -> bool:
+        """Whether the ingress embeds search queries itself (``query_location`` resolved)."""
+        if self.query_location == "auto":
+            return self.device.split(":")[0] == "cpu"
+        return self.query_location == "ingress"
 
     @property
     def embed_model_tag(self) -> str:

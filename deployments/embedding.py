@@ -210,3 +210,51 @@ class LocalEmbedder:
             "model": self.core.settings.embed_model_tag,
             "dim": self.core.dim,
         }
+
+
+class SplitEmbedder:
+    """Search queries to a local embedder while it is free, everything else to a shared one.
+
+    The ingress uses it to embed a query with the model in its own process (no hop) while
+    ingestion's passages go to the batched Embedder deployment. A query that finds
+    ``local_slots`` local embeddings already in flight spills to the shared embedder too:
+    on a busy ingress the model's other copy, on another core, is faster than the queue.
+    Both must load the same model with the same settings, so a query and the passages it is
+    matched against are vectors of one space.
+    """
+
+    def __init__(self, queries: Any, passages: Any, local_slots: int = 1) -> None:
+        self.queries = queries
+        self.passages = passages
+        self.local_slots = local_slots
+        self._in_flight = 0
+        self._local = 0
+        self._spilled = 0
+
+    async def embed(self, texts: list[str], kind: str = "passage") -> Any:
+        if kind != "query" or self._in_flight >= self.local_slots:
+            if kind == "query":
+                self._spilled += 1
+            return await self.passages.embed(texts, kind)
+        self._in_flight += 1
+        self._local += 1
+        try:
+            return await self.queries.embed(texts, kind)
+        finally:
+            self._in_flight -= 1
+
+    async def status(self) -> dict[str, Any]:
+        """The shared embedder's status, ``queries`` the local one's and how many queries it
+        took or spilled; ready when both are."""
+        passages, queries = await asyncio.gather(self.passages.status(), self.queries.status())
+        return {
+            **passages,
+            "ready": bool(passages.get("ready")) and bool(queries.get("ready")),
+            "queries": {
+                "location": "ingress",
+                "local_slots": self.local_slots,
+                "local": self._local,
+                "spilled": self._spilled,
+                **queries,
+            },
+        }

@@ -69,6 +69,11 @@ def test_readyz_reports_every_component(client: httpx.Client):
     assert r.status_code == 200
     assert set(r.json()["components"]) == {"embedder", "milvus", "neo4j", "audit"}
     assert r.json()["components"]["audit"]["ready"] is True
+    # On a CPU device the ingress embeds search queries with its own copy of the model.
+    queries = r.json()["components"]["embedder"]["queries"]
+    assert queries["location"] == "ingress" and queries["ready"] is True
+    assert queries["local_slots"] == 1
+    assert queries["model"] == r.json()["components"]["embedder"]["model"]
     assert client.get("/healthz").json() == {"status": "ok"}
 
 

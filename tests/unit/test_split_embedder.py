@@ -1,0 +1,120 @@
+"""SplitEmbedder (search queries embedded in the ingress, passages by the Embedder
+deployment) and where ``embedder.query_location`` puts the queries."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from deployments.config import EmbedderSettings
+from deployments.embedding import SplitEmbedder
+
+
+class Recording:
+    def __init__(self, name: str, ready: bool = True) -> None:
+        self.name = name
+        self.ready = ready
+        self.calls: list[tuple[list[str], str]] = []
+
+    async def embed(self, texts: list[str], kind: str = "passage") -> Any:
+        self.calls.append((list(texts), kind))
+        return np.zeros((len(texts), 3), dtype=np.float32)
+
+    async def status(self) -> dict[str, Any]:
+        return {"ready": self.ready, "model": "m@1", "dim": 3, "who": self.name}
+
+
+def test_queries_and_passages_go_to_their_own_embedder():
+    queries, passages = Recording("q"), Recording("p")
+    split = SplitEmbedder(queries=queries, passages=passages)
+    asyncio.run(split.embed(["what is milvus"], "query"))
+    asyncio.run(split.embed(["a passage", "another"], "passage"))
+    asyncio.run(split.embed(["default kind"]))
+    assert queries.calls == [(["what is milvus"], "query")]
+    assert passages.calls == [(["a passage", "another"], "passage"), (["default kind"], "passage")]
+
+
+@pytest.mark.parametrize(("q_ready", "p_ready"), [(True, True), (False, True), (True, False)])
+def test_status_is_ready_only_when_both_are(q_ready, p_ready):
+    split = SplitEmbedder(queries=Recording("q", q_ready), passages=Recording("p", p_ready))
+    status = asyncio.run(split.status())
+    assert status["ready"] is (q_ready and p_ready)
+    assert status["who"] == "p"
+    assert status["queries"] == {
+        "location": "ingress",
+        "local_slots": 1,
+        "local": 0,
+        "spilled": 0,
+        "ready": q_ready,
+        "model": "m@1",
+        "dim": 3,
+        "who": "q",
+    }
+
+
+class Gated(Recording):
+    """Holds each query until released, so callers overlap."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.release = asyncio.Event()
+
+    async def embed(self, texts: list[str], kind: str = "passage") -> Any:
+        await self.release.wait()
+        return await super().embed(texts, kind)
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_queries_beyond_the_local_slots_spill_to_the_shared_embedder(slots):
+    async def scenario():
+        local, shared = Gated("q"), Recording("p")
+        split = SplitEmbedder(queries=local, passages=shared, local_slots=slots)
+        held = [asyncio.create_task(split.embed([f"held {i}"], "query")) for i in range(slots)]
+        await asyncio.sleep(0)
+        await split.embed(["while busy"], "query")  # answered by the shared embedder
+        assert shared.calls == [(["while busy"], "query")]
+        local.release.set()
+        await asyncio.gather(*held)
+        await split.embed(["free again"], "query")
+        assert [c[0][0] for c in local.calls] == [f"held {i}" for i in range(slots)] + [
+            "free again"
+        ]
+        status = await split.status()
+        assert (status["queries"]["local"], status["queries"]["spilled"]) == (slots + 1, 1)
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_local_query_frees_its_slot():
+    class Failing(Recording):
+        async def embed(self, texts, kind="passage"):
+            raise RuntimeError("model crashed")
+
+    split = SplitEmbedder(queries=Failing("q"), passages=Recording("p"))
+    for _ in range(2):  # the second query is local again (and fails again): the slot is free
+        with pytest.raises(RuntimeError):
+            asyncio.run(split.embed(["boom"], "query"))
+    assert split.passages.calls == []
+
+
+@pytest.mark.parametrize(
+    ("location", "device", "in_ingress"),
+    [
+        ("auto", "cpu", True),
+        ("auto", "cuda", False),
+        ("auto", "cuda:1", False),
+        ("ingress", "cuda", True),
+        ("embedder", "cpu", False),
+    ],
+)
+def test_query_location_resolves_by_device(location, device, in_ingress):
+    settings = EmbedderSettings(query_location=location, device=device)
+    assert settings.queries_in_ingress is in_ingress
+
+
+def test_query_location_rejects_unknown_values():
+    with pytest.raises(ValueError, match="query_location"):
+        EmbedderSettings(query_location="proxy")
