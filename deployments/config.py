@@ -59,7 +59,8 @@ class EmbedderSettings(BaseModel):
     # ingress replicas: GPUs and large models) or "auto" (ingress on a CPU device, else the
     # Embedder). Passages are always embedded by the Embedder deployment.
     query_location: Literal["auto", "ingress", "embedder"] = "auto"
-    # Query embeddings the ingress runs at once; a query beyond them spills to the Embedder.
+    # A query is embedded in the ingress only while fewer than this many queries are being
+    # embedded (there or by the Embedder); otherwise the Embedder deployment takes it.
     ingress_query_slots: int = Field(1, ge=1, le=64)
 
     @property

@@ -213,14 +213,16 @@ class LocalEmbedder:
 
 
 class SplitEmbedder:
-    """Search queries to a local embedder while it is free, everything else to a shared one.
+    """Search queries to a local embedder while the process is quiet, everything else to a
+    shared one.
 
     The ingress uses it to embed a query with the model in its own process (no hop) while
     ingestion's passages go to the batched Embedder deployment. A query that finds
-    ``local_slots`` local embeddings already in flight spills to the shared embedder too:
-    on a busy ingress the model's other copy, on another core, is faster than the queue.
-    Both must load the same model with the same settings, so a query and the passages it is
-    matched against are vectors of one space.
+    ``local_slots`` query embeddings already in flight (here or in the shared embedder) goes
+    to the shared embedder as well: when several requests are in the ingress, the model's
+    other copy runs on another core while this process serves the others, where a local
+    forward pass would hold them all. Both must load the same model with the same settings,
+    so a query and the passages it is matched against are vectors of one space.
     """
 
     def __init__(self, queries: Any, passages: Any, local_slots: int = 1) -> None:
@@ -232,14 +234,16 @@ class SplitEmbedder:
         self._spilled = 0
 
     async def embed(self, texts: list[str], kind: str = "passage") -> Any:
-        if kind != "query" or self._in_flight >= self.local_slots:
-            if kind == "query":
-                self._spilled += 1
+        if kind != "query":
             return await self.passages.embed(texts, kind)
+        target = self.queries if self._in_flight < self.local_slots else self.passages
+        if target is self.queries:
+            self._local += 1
+        else:
+            self._spilled += 1
         self._in_flight += 1
-        self._local += 1
         try:
-            return await self.queries.embed(texts, kind)
+            return await target.embed(texts, kind)
         finally:
             self._in_flight -= 1
 

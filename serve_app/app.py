@@ -93,8 +93,8 @@ class Ingress:
 def _query_embedder(settings: GatewaySettings, remote: Any) -> Any:
     """The Embedder handle, or, when ``embedder.query_location`` resolves to the ingress,
     the same model loaded in this replica for search queries (a query then pays no hop: ~7
-    ms of a ~50 ms search on 2 vCPUs, bench/README.md) with passages, and queries arriving
-    while the local model is busy, sent to the Embedder deployment."""
+    ms of a ~50 ms search on 2 vCPUs, bench/README.md) with passages, and a query arriving
+    while another is being embedded, sent to the Embedder deployment."""
     if not settings.embedder.queries_in_ingress:
         return remote
     local = EmbedderDeployment(settings.embedder)
@@ -133,7 +133,7 @@ def build_app(args: AppArgs) -> Application:
     return ingress.bind(
         settings,
         embedder.bind(settings.embedder),
-        retriever.bind(settings.milvus, dim, settings.search.rrf_k),
+        retriever.bind(settings.milvus, dim),
         graph.bind(settings.neo4j) if graph is not None else None,
         reranker.bind(settings.reranker) if reranker is not None else None,
     )

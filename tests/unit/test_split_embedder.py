@@ -88,6 +88,27 @@ def test_queries_beyond_the_local_slots_spill_to_the_shared_embedder(slots):
     asyncio.run(scenario())
 
 
+def test_a_query_in_flight_at_the_shared_embedder_counts_too():
+    async def scenario():
+        local, shared = Gated("q"), Gated("p")
+        split = SplitEmbedder(queries=local, passages=shared, local_slots=1)
+        first = asyncio.create_task(split.embed(["first"], "query"))  # local
+        await asyncio.sleep(0)
+        second = asyncio.create_task(split.embed(["second"], "query"))  # shared
+        await asyncio.sleep(0)
+        local.release.set()
+        await first
+        # The local model is free, but "second" is still being embedded by the shared one.
+        third = asyncio.create_task(split.embed(["third"], "query"))
+        await asyncio.sleep(0)
+        shared.release.set()
+        await asyncio.gather(second, third)
+        assert [c[0] for c in local.calls] == [["first"]]
+        assert [c[0] for c in shared.calls] == [["second"], ["third"]]
+
+    asyncio.run(scenario())
+
+
 def test_a_failed_local_query_frees_its_slot():
     class Failing(Recording):
         async def embed(self, texts, kind="passage"):
