@@ -39,7 +39,7 @@ class StateSettings(BaseModel):
 
 
 class ReindexSettings(BaseModel):
-    """The reindex job (batch_ingest/reindex.py) and who may start it (POST /admin/reindex)."""
+    """The reindex job (batch_ingest/reindex/) and who may start it (POST /admin/reindex)."""
 
     # Embedding actors of the Ray Data pool, logical CPUs each (fractional: whole CPUs can
     # starve Ray Data's read tasks on a small machine), and documents per map_batches call.

@@ -120,14 +120,14 @@ def sequential_rates(settings, store, sources: SourceStore, reps: int) -> dict:
     rates = []
     for rep in range(reps):
         scratch = 9000 + rep
-        physical = store.create_version(TEAM, scratch)
+        physical = store.versions.create(TEAM, scratch)
         started = time.perf_counter()
         pending: list = []
         written = 0
 
         def flush(batch: list, physical: str = physical) -> int:
             vectors = core.embed([c.text for c in batch])
-            store.upsert_into(
+            store.versions.upsert(
                 physical,
                 [replace(c, vector=v.tolist()) for c, v in zip(batch, vectors, strict=True)],
             )
@@ -140,17 +140,17 @@ def sequential_rates(settings, store, sources: SourceStore, reps: int) -> dict:
                 pending = pending[32:]
         if pending:
             written += flush(pending)
-        store.flush_physical(physical)
+        store.versions.flush(physical)
         rates.append(written / (time.perf_counter() - started))
         logger.info("sequential rep %d: %d chunks, %.1f chunks/s", rep + 1, written, rates[-1])
-        store.drop_version(TEAM, scratch)
+        store.versions.drop(TEAM, scratch)
     return {"threads": 1, "chunks_per_s": rate_summary(rates)}
 
 
 def reindex_rates(settings, store, sources, actors: int, reps: int, batch_size: int) -> dict:
     e2e, steady, verified = [], [], []
     for rep in range(reps):
-        job_runner = TimedReindexer(settings, store=store, sources=sources)
+        job_runner = TimedReindexer(settings, versions=store.versions, sources=sources)
         started = time.perf_counter()
         result = job_runner.run(
             ReindexOptions(

@@ -38,6 +38,7 @@ from bench.common import (
 )
 from bench.corpus import generate_corpus, make_queries
 from bench.serve_harness import ServeHarness, run_benchmark
+from deployments.milvus_baseline import search_by_mode
 
 logger = logging.getLogger("bench.search")
 
@@ -177,7 +178,7 @@ async def baseline(
         # Warm-up (connection, caches); not measured.
         for team_id, query in queries[:3]:
             vec = (await handle.embed.remote([query], "query"))[0] if mode != "bm25" else None
-            store.search(query, _as_list(vec), search_filter(team_id, query), limit, mode)
+            search_by_mode(store, query, _as_list(vec), search_filter(team_id, query), limit, mode)
         for team_id, query in queries:
             flt = search_filter(team_id, query)
             t0 = time.perf_counter()
@@ -185,7 +186,9 @@ async def baseline(
             if mode != "bm25":
                 vec = (await handle.embed.remote([query], "query"))[0]
             t1 = time.perf_counter()
-            hits = store.search(query, _as_list(vec), flt, limit, mode, settings.search.rrf_k)
+            hits = search_by_mode(
+                store, query, _as_list(vec), flt, limit, mode, settings.search.rrf_k
+            )
             t2 = time.perf_counter()
             embed_s.append(t1 - t0)
             milvus_s.append(t2 - t1)
@@ -258,8 +261,7 @@ async def run(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
 
     store = h.milvus_store()
     try:
-        # MilvusStore methods other than ping()/drop() read self._client before _call() runs
-        # start(), so a fresh store must be started explicitly.
+        # Connect before the timed work (every call would connect on first use anyway).
         await asyncio.to_thread(store.start)
         if filler_docs:
             from bench.filler import insert_filler

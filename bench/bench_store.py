@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["load_s"] = round(load(store, chunks, args.upsert_batch, not args.no_final_flush), 1)
     logger.info("loaded %d chunks in %.1fs", len(chunks), result["load_s"])
     name = store.collection_for(TEAM)
-    client = store._client
+    client = store.conn.client
     expr = build_filter_expr(SearchFilter(team_id=TEAM, visibilities=("public",)))
     dense_params = {"metric_type": "COSINE", "params": {"ef": max(64, args.limit)}}
     n = len(queries)

@@ -16,7 +16,8 @@ from deployments.search_filter import (
     milvus_literal,
 )
 
-SEARCH_MODES = ("hybrid", "dense", "bm25")
+# The single-method searches of the store (the gateway fuses their lists itself).
+SEARCH_METHODS = ("dense", "bm25")
 
 OUTPUT_FIELDS = [
     "chunk_id",

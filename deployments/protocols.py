@@ -189,15 +189,6 @@ class VectorStore(Protocol):
         ``(chunk_id, content_hash, embed_model)`` by chunk index, in one round trip."""
         ...
 
-    async def search(
-        self,
-        query_text: str,
-        query_vector: list[float] | None,
-        flt: SearchFilter,
-        limit: int,
-        mode: str,
-    ) -> list[SearchHit]: ...
-
     async def candidates(
         self,
         query_text: str,

@@ -33,13 +33,12 @@ class RetrieverDeployment:
     search is answered from memory when the team is loaded and in sync, else by Milvus.
     Every blocking call runs in a thread."""
 
-    def __init__(self, settings: MilvusSettings, dim: int, rrf_k: int = 60) -> None:
+    def __init__(self, settings: MilvusSettings, dim: int) -> None:
         self.store = MilvusStore(settings, dim=dim)
-        self.rrf_k = rrf_k
         mem = settings.memory_index
         self.hot = (
             HotIndex(
-                self.store,
+                self.store.versions,
                 metric=settings.metric_type,
                 max_mb=mem.max_mb,
                 lookback_s=mem.lookback_s,
@@ -73,18 +72,6 @@ class RetrieverDeployment:
         self, docs: list[tuple[str, str, str]]
     ) -> dict[tuple[str, str, str], list[tuple[str, str, str]]]:
         return await asyncio.to_thread(self.store.fingerprints, docs)
-
-    async def search(
-        self,
-        query_text: str,
-        query_vector: list[float] | None,
-        flt: SearchFilter,
-        limit: int,
-        mode: str,
-    ) -> list[SearchHit]:
-        return await asyncio.to_thread(
-            self.store.search, query_text, query_vector, flt, limit, mode, self.rrf_k
-        )
 
     async def candidates(
         self,

@@ -16,11 +16,14 @@ from dataclasses import replace
 from typing import Any
 
 from deployments.errors import BackendUnavailable, InvalidInput
-from deployments.milvus_rows import SEARCH_MODES
 from deployments.protocols import ChunkRecord, GraphDocument, GraphScope, SearchFilter, SearchHit
 from deployments.search_filter import build_filter_expr, compile_filter
 
 WORD = re.compile(r"\w+", re.UNICODE)
+
+
+# What the fakes' search() answers: the store's two methods, and both fused.
+SEARCH_MODES = ("hybrid", "dense", "bm25")
 
 
 def words(text: str) -> list[str]:

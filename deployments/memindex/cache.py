@@ -40,7 +40,7 @@ READS_KEPT = 256
 
 
 class RowSource(Protocol):
-    """What ``HotIndex`` reads from the store (``MilvusStore`` implements it)."""
+    """What ``HotIndex`` reads from the store (``MilvusStore.versions`` implements it)."""
 
     changes: ChangeLog
     dim: int

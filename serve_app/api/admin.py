@@ -7,43 +7,30 @@ Only callers with the permission ``reindex.admin_permission`` (``admin:reindex``
 or one of ``reindex.admin_roles`` (``owner``) in the job's team may call them; every decision
 is audited (actions ``admin.reindex`` and ``admin.reindex.status``).
 
-The job runs ``batch_ingest.reindex.run_job`` — on the Serve cluster as a Ray task (the ingress
-replica is a Ray worker; the task drives the Ray Data job on the same cluster, and its actors
-take fractional CPUs beside the Serve replicas), else as a subprocess of the CLI
-(``python -m batch_ingest.reindex --job-id``). Either way the job row in the state database
-(``state.url``) is the record: any ingress replica answers the GET, and a job survives the
-replica that started it.
+``batch_ingest.reindex.launcher.ReindexJobs`` creates the job row and starts its runner (a Ray
+task on the Serve cluster, else a subprocess); the row in the state database (``state.url``)
+is the record: any ingress replica answers the GET, and a job survives the replica that
+started it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
-import subprocess
-import sys
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from batch_ingest.reindex import SETTINGS_ENV, run_job
-from batch_ingest.reindex_state import ACTIVE, JobStatus, ReindexJob, ReindexState
-from deployments.errors import BackendUnavailable, Conflict, Forbidden, NotFound
+from batch_ingest.reindex.launcher import ReindexJobs
+from deployments.errors import Forbidden, NotFound
 from serve_app.access import OperatorRight, operator_scope
 from serve_app.api.deps import Caller, Service
 from serve_app.auth import Principal
 from serve_app.service import GatewayService
-from serve_app.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["ops"])
-ROOT = Path(__file__).resolve().parents[2]
-# An active job whose row was not updated for this long no longer blocks a new one.
-STALE_AFTER_S = 120.0
 
 
 class ReindexRequest(BaseModel):
@@ -71,98 +58,6 @@ def reindex_scope(service: GatewayService, principal: Principal, team_id: str) -
     )
     production = service.settings.environment == "production"
     return operator_scope(principal, team_id, right, production=production)
-
-
-class ReindexJobs:
-    """Creates job rows and starts their runner; reads them back."""
-
-    def __init__(self, settings: GatewaySettings, state: ReindexState | None = None) -> None:
-        self.settings = settings
-        self._state = state
-        self._tasks: dict[str, Any] = {}  # job_id → Ray ObjectRef or Popen
-
-    @property
-    def state(self) -> ReindexState:
-        if self._state is None:
-            from batch_ingest.source_store import SourceStore
-
-            self._state = ReindexState(SourceStore(self.settings.state.url).engine)
-        return self._state
-
-    def runner(self) -> str:
-        choice = self.settings.reindex.runner
-        if choice != "auto":
-            return choice
-        try:
-            import ray
-
-            return "ray" if ray.is_initialized() else "subprocess"
-        except ImportError:
-            return "subprocess"
-
-    def submit(self, team_id: str, submitted_by: str) -> ReindexJob:
-        now = datetime.now(UTC)
-        for job in self.state.unfinished(team_id):
-            fresh = job.updated_at and (now - job.updated_at).total_seconds() < STALE_AFTER_S
-            if job.status in ACTIVE and fresh:
-                raise Conflict(
-                    f"reindex job {job.job_id} of this team is {job.status}",
-                    hint=f"follow it at GET /admin/reindex/{job.job_id}",
-                )
-        runner = self.runner()
-        job = self.state.create(team_id, {"runner": runner, "submitted_by": submitted_by})
-        try:
-            self._tasks[job.job_id] = self._start(runner, job)
-        except Exception as exc:
-            job.move_to(JobStatus.FAILED, f"could not start: {type(exc).__name__}: {exc}")
-            job.finished_at = datetime.now(UTC)
-            self.state.save(job)
-            raise BackendUnavailable("reindex", f"the job could not be started: {exc}") from exc
-        return job
-
-    def _start(self, runner: str, job: ReindexJob) -> Any:
-        s = self.settings
-        overrides = {
-            name: getattr(s, name).model_dump()
-            for name in ("embedder", "milvus", "chunking", "state", "reindex")
-        }
-        if runner == "ray":
-            import ray
-
-            # The task only drives the Ray Data job; the embedding actors ask for CPUs.
-            task = ray.remote(run_job).options(num_cpus=0, max_retries=0, name="reindex")
-            return task.remote(job.job_id, job.team_id, overrides)
-        log_dir = ROOT / "var" / "reindex"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "batch_ingest.reindex", "--team", job.team_id]
-        cmd += ["--job-id", job.job_id]
-        env = {**os.environ, SETTINGS_ENV: json.dumps(overrides)}
-        with open(log_dir / f"{job.job_id}.log", "ab") as log:
-            return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    def get(self, job_id: str) -> ReindexJob | None:
-        job = self.state.get(job_id)
-        if job is None or job.status not in ACTIVE:
-            return job
-        # A runner that died before it could record its failure.
-        task = self._tasks.get(job_id)
-        error = None
-        if isinstance(task, subprocess.Popen) and task.poll() not in (None, 0):
-            error = f"the reindex process exited with status {task.returncode}"
-        elif task is not None and not isinstance(task, subprocess.Popen):
-            import ray
-
-            ready, _ = ray.wait([task], timeout=0)
-            if ready:
-                try:
-                    ray.get(ready[0])
-                except Exception as exc:
-                    error = f"the reindex task failed: {type(exc).__name__}: {exc}"
-        if error:
-            job = self.state.get(job_id) or job
-            if job.status in ACTIVE:
-                job.error = job.error or error
-        return job
 
 
 def _jobs(request: Request, service: GatewayService) -> ReindexJobs:

@@ -58,7 +58,7 @@ def team() -> str:
 
 def hot_over(reader: MilvusStore) -> HotIndex:
     s = reader.settings
-    return HotIndex(reader, metric=s.metric_type, k1=s.bm25_k1, b=s.bm25_b)
+    return HotIndex(reader.versions, metric=s.metric_type, k1=s.bm25_k1, b=s.bm25_b)
 
 
 def ids(found, method: str = "dense") -> list[str]:
@@ -132,12 +132,12 @@ def test_reindex_swap_is_seen_by_the_next_search(stores, team):
     assert hot.wait_loaded(team, timeout_s=60)
     flt = compile_filter(SearchFilter(team_id=team))
 
-    physical = writer.create_version(team, 2)
+    physical = writer.versions.create(team, 2)
     only = chunk(team, "v2only", 0, text="only in version two")
-    writer.upsert_into(physical, [only])  # not live yet: nobody's to see
+    writer.versions.upsert(physical, [only])  # not live yet: nobody's to see
     assert only.chunk_id not in ids(hot.candidates("two", vec("two"), flt, 100, ("dense",)))
-    writer.flush_physical(physical)
-    writer.switch_alias(team, 2)
+    writer.versions.flush(physical)
+    writer.versions.switch(team, 2)
     # Never the old copy: Milvus answers until the team is loaded again.
     assert hot.candidates("two", vec("two"), flt, 100, ("dense",)) is None
     assert hot.wait_loaded(team, timeout_s=60)
@@ -145,9 +145,9 @@ def test_reindex_swap_is_seen_by_the_next_search(stores, team):
 
     # A reindex catching up after the swap writes the now-live version directly.
     late = chunk(team, "late", 0, text="caught up after the swap")
-    writer.upsert_into(physical, [late])
+    writer.versions.upsert(physical, [late])
     assert late.chunk_id in ids(hot.candidates("x", vec("x"), flt, 100, ("dense",)))
-    writer.delete_in(physical, [late.chunk_id])
+    writer.versions.delete(physical, [late.chunk_id])
     assert late.chunk_id not in ids(hot.candidates("x", vec("x"), flt, 100, ("dense",)))
     hot.close()
 

@@ -10,6 +10,7 @@ import pytest
 
 from deployments.config import MilvusSettings
 from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.milvus_baseline import search_by_mode
 from deployments.milvus_store import MilvusStore
 from deployments.protocols import ChunkRecord, SearchFilter
 
@@ -76,10 +77,10 @@ def test_search_stays_inside_team_and_visibility(store: MilvusStore, team: str, 
     )
     query = "milvus vector database"
     flt = SearchFilter(team_id=team, visibilities=("public",))
-    hits = store.search(query, vec(query), flt, 10, mode)
+    hits = search_by_mode(store, query, vec(query), flt, 10, mode)
     assert ids(hits) == {"pub"}
     wide = SearchFilter(team_id=team, visibilities=("public", "confidential"))
-    assert ids(store.search(query, vec(query), wide, 10, mode)) == {"pub", "conf"}
+    assert ids(search_by_mode(store, query, vec(query), wide, 10, mode)) == {"pub", "conf"}
 
 
 def test_every_filter_field_narrows(store: MilvusStore, team: str):
@@ -182,7 +183,7 @@ def test_each_team_gets_its_own_aliased_collection(settings, store: MilvusStore,
     assert {name_a, name_b} <= set(aliases)
     assert {name_a + "__v1", name_b + "__v1"} <= set(physical)
     # The rows of one team are physically absent from the other team's collection.
-    rows = store._call("q", "query", name_a, filter="", output_fields=["team_id"], limit=100)
+    rows = store.conn.call("q", "query", name_a, filter="", output_fields=["team_id"], limit=100)
     assert {r["team_id"] for r in rows} == {a}
 
 
@@ -226,7 +227,7 @@ def test_unreachable_milvus_is_backend_unavailable():
 
 def test_dropped_connection_is_reestablished_transparently(store: MilvusStore, team: str):
     store.upsert([chunk(team, "doc")])
-    store._client.close()  # what an idle GOAWAY from the server amounts to
+    store.conn.client.close()  # what an idle GOAWAY from the server amounts to
     assert store.count(team) == 1
 
 

@@ -10,6 +10,7 @@ from batch_ingest.chunking import Chunker, tokenizer_counter
 from batch_ingest.documents import SourceDocument
 from batch_ingest.pipeline import IngestPipeline
 from deployments.embedding import default_model_path
+from deployments.milvus_baseline import hybrid_search
 from deployments.protocols import SearchFilter
 from deployments.retriever import RetrieverDeployment
 
@@ -58,7 +59,7 @@ async def test_ingest_then_search_finds_the_document(pipeline, store, embedder, 
     assert all(r.graph for r in report.results)
     query = "which vector database do we use?"
     vector = (await embedder.embed([query], "query"))[0]
-    hits = store.search(query, list(vector), SearchFilter(team_id=team), 2, "hybrid")
+    hits = hybrid_search(store, query, list(vector), SearchFilter(team_id=team), 2)
     assert hits[0].chunk.doc_id == "milvus"
     assert hits[0].chunk.embed_model == "all-MiniLM-L6-v2@v1"
 

@@ -21,19 +21,16 @@ from batch_ingest.chunking import Chunker, tokenizer_counter
 from batch_ingest.chunks import chunk_builder
 from batch_ingest.documents import SourceDocument
 from batch_ingest.pipeline import IngestPipeline
-from batch_ingest.reindex import (
-    Reindexer,
-    ReindexOptions,
-    ReindexWorker,
-    worker_spec,
-)
-from batch_ingest.reindex_state import ReindexState
+from batch_ingest.reindex import Reindexer, ReindexOptions
+from batch_ingest.reindex.launcher import ReindexJobs
+from batch_ingest.reindex.state import ReindexState
+from batch_ingest.reindex.worker import ReindexWorker, worker_spec
 from batch_ingest.source_store import SourceStore
 from deployments.embedding import default_model_path
+from deployments.milvus_baseline import hybrid_search, search_by_mode
 from deployments.milvus_store import MilvusStore
 from deployments.protocols import SearchFilter
 from deployments.retriever import RetrieverDeployment
-from serve_app.api.admin import ReindexJobs
 from tests.faults import InjectedFailure, failing_after
 
 pytestmark = pytest.mark.integration
@@ -121,7 +118,7 @@ def expected_chunks(job_settings, docs) -> int:
 
 
 def models_in(store: MilvusStore, team: str) -> dict[str, int]:
-    rows = store._call(
+    rows = store.conn.call(
         "query",
         "query",
         store.collection_for(team),
@@ -142,7 +139,7 @@ async def test_reindex_while_searching_swaps_without_a_failed_or_empty_search(
 ):
     docs = documents(team, 8)
     await ingest_old(job_settings, store, embedder, docs)
-    assert store.current_version(team) == 1
+    assert store.versions.current(team) == 1
     assert set(models_in(store, team)) == {OLD_MODEL}
 
     # A second client, as a Serve replica would have, searching in a loop.
@@ -159,7 +156,7 @@ async def test_reindex_while_searching_swaps_without_a_failed_or_empty_search(
             text, vector = queries[i % len(queries)]
             mode = ("hybrid", "dense", "bm25")[i % 3]
             try:
-                hits = searcher.search(text, vector, flt, 5, mode)
+                hits = search_by_mode(searcher, text, vector, flt, 5, mode)
                 results.append(len(hits))
                 if not hits:
                     errors.append(f"empty {mode} search for {text!r}")
@@ -197,8 +194,8 @@ async def test_reindex_while_searching_swaps_without_a_failed_or_empty_search(
     assert (job.source_version, job.target_version) == (1, 2)
     assert job.total_docs == job.done_docs == len(docs)
     assert job.rate_chunks_s > 0 and job.eta_s == 0
-    assert store.current_version(team) == 2
-    assert store.versions(team) == [2]  # the old version is dropped (no --keep-previous)
+    assert store.versions.current(team) == 2
+    assert store.versions.existing(team) == [2]  # the old version is dropped (no --keep-previous)
     n = expected_chunks(job_settings, docs)
     assert job.expected_chunks == job.rows_in_target == n
     assert store.count(team) == n
@@ -206,7 +203,7 @@ async def test_reindex_while_searching_swaps_without_a_failed_or_empty_search(
     # Every document is still found by its own topic.
     for i, doc in enumerate(docs[: len(TOPICS)]):
         text, vector = queries[i]
-        hits = store.search(text, vector, flt, 10, "hybrid")
+        hits = hybrid_search(store, text, vector, flt, 10)
         assert doc.doc_id in {h.chunk.doc_id for h in hits}
 
 
@@ -222,7 +219,7 @@ async def test_crash_mid_way_then_resume_completes_exactly(
             spec,
             physical,
             check,
-            store=store,
+            versions=store.versions,
             embed=lambda texts: embedder.core.embed(texts, "passage"),
         )
 
@@ -231,7 +228,7 @@ async def test_crash_mid_way_then_resume_completes_exactly(
     with pytest.raises(InjectedFailure):
         Reindexer(
             job_settings,
-            store=store,
+            versions=store.versions,
             sources=sources,
             worker_factory=local_worker,
             wrap_sink=failing_after(4),
@@ -240,11 +237,11 @@ async def test_crash_mid_way_then_resume_completes_exactly(
     [job] = state.unfinished(team)
     assert job.status == "failed" and job.target_version == 2
     assert len(state.done(job.job_id)) == 4
-    physical = store.physical_name(team, 2)
-    assert 0 < store.count_in(physical) < expected_chunks(job_settings, docs)
-    assert store.current_version(team) == 1  # searches still see the complete v1
+    physical = store.versions.name(team, 2)
+    assert 0 < store.versions.count(physical) < expected_chunks(job_settings, docs)
+    assert store.versions.current(team) == 1  # searches still see the complete v1
 
-    result = Reindexer(job_settings, store=store, sources=sources).run(
+    result = Reindexer(job_settings, versions=store.versions, sources=sources).run(
         ReindexOptions(
             team_id=team, engine="ray", actors=1, batch_size=2, resume=True, clock_skew_s=0
         )
@@ -253,7 +250,7 @@ async def test_crash_mid_way_then_resume_completes_exactly(
     assert job.status == "succeeded" and job.target_version == 2
     n = expected_chunks(job_settings, docs)
     assert job.rows_in_target == job.expected_chunks == n
-    assert store.current_version(team) == 2 and store.versions(team) == [2]
+    assert store.versions.current(team) == 2 and store.versions.existing(team) == [2]
     assert models_in(store, team) == {job_settings.embedder.embed_model_tag: n}
     # The unrecorded batch was found in v2 by chunk id and not embedded again.
     assert job.skipped_docs == 2
@@ -282,7 +279,9 @@ async def test_a_job_waiting_for_cpus_says_so_and_runs_once_they_are_free(
 
     def run() -> None:
         try:
-            outcome["result"] = Reindexer(job_settings, store=store, sources=sources).run(
+            outcome["result"] = Reindexer(
+                job_settings, versions=store.versions, sources=sources
+            ).run(
                 ReindexOptions(
                     team_id=team, engine="ray", batch_size=2, clock_skew_s=0, log_every_s=0.5
                 )

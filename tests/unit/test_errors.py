@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from batch_ingest.reindex import ReindexError
-from batch_ingest.reindex_state import IllegalTransition
+from batch_ingest.reindex.state import IllegalTransition
 from deployments.cypher_guard import CypherRejected
 from deployments.errors import (
     BackendUnavailable,

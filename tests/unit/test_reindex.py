@@ -13,15 +13,10 @@ import pytest
 from batch_ingest.chunking import Chunker, whitespace_tokens
 from batch_ingest.chunks import ChunkBuilder
 from batch_ingest.documents import SourceDocument
-from batch_ingest.reindex import (
-    Reindexer,
-    ReindexError,
-    ReindexOptions,
-    ReindexWorker,
-    cpu_shortage,
-    worker_spec,
-)
-from batch_ingest.reindex_state import IllegalTransition, JobStatus, ReindexJob, ReindexState
+from batch_ingest.reindex import Reindexer, ReindexError, ReindexOptions
+from batch_ingest.reindex.engines import cpu_shortage
+from batch_ingest.reindex.state import IllegalTransition, JobStatus, ReindexJob, ReindexState
+from batch_ingest.reindex.worker import ReindexWorker, worker_spec
 from batch_ingest.source_store import SourceStore
 from deployments.errors import InvalidInput
 from deployments.protocols import ChunkRecord
@@ -33,8 +28,8 @@ TEAM = "dao_re"
 MODEL = "all-MiniLM-L6-v2@v1"
 
 
-class VersionedStore:
-    """The version methods of ``MilvusStore`` over dicts: ``{version: {chunk_id: row}}``."""
+class FakeVersions:
+    """``CollectionVersions`` over dicts: ``{physical name: {chunk_id: row}}``."""
 
     def __init__(self, team: str = TEAM) -> None:
         self.alias = f"base__{team}"
@@ -42,53 +37,53 @@ class VersionedStore:
         self.live: str | None = None
         self.switches = 0
 
-    def physical_name(self, team_id: str, version: int) -> str:
+    def name(self, team_id: str, version: int) -> str:
         return f"{self.alias}__v{version}"
 
-    def current_version(self, team_id: str) -> int | None:
+    def current(self, team_id: str) -> int | None:
         return int(self.live.rsplit("__v", 1)[1]) if self.live else None
 
-    def versions(self, team_id: str) -> list[int]:
+    def existing(self, team_id: str) -> list[int]:
         return sorted(int(n.rsplit("__v", 1)[1]) for n in self.collections)
 
-    def create_version(self, team_id: str, version: int) -> str:
-        name = self.physical_name(team_id, version)
+    def create(self, team_id: str, version: int) -> str:
+        name = self.name(team_id, version)
         self.collections.setdefault(name, {})
         return name
 
-    def upsert_into(self, physical: str, chunks: list[ChunkRecord]) -> int:
+    def upsert(self, physical: str, chunks: list[ChunkRecord]) -> int:
         for c in chunks:
             self.collections[physical][c.chunk_id] = c
         return len(chunks)
 
-    def lookup_in(self, physical: str, ids: list[str]) -> dict[str, tuple[str, str]]:
+    def lookup(self, physical: str, ids: list[str]) -> dict[str, tuple[str, str]]:
         rows = self.collections[physical]
         return {i: (rows[i].content_hash, rows[i].embed_model) for i in ids if i in rows}
 
-    def delete_in(self, physical: str, ids: list[str]) -> int:
+    def delete(self, physical: str, ids: list[str]) -> int:
         for i in ids:
             self.collections[physical].pop(i, None)
         return len(ids)
 
-    def count_in(self, physical: str, expr: str = "") -> int:
+    def count(self, physical: str, expr: str = "") -> int:
         rows = self.collections[physical].values()
         if expr.startswith("embed_model != "):
             tag = json.loads(expr.removeprefix("embed_model != "))
             return sum(1 for r in rows if r.embed_model != tag)
         return len(rows)
 
-    def flush_physical(self, physical: str) -> None:
+    def flush(self, physical: str) -> None:
         pass
 
-    def switch_alias(self, team_id: str, version: int) -> str:
-        self.live = self.physical_name(team_id, version)
+    def switch(self, team_id: str, version: int) -> str:
+        self.live = self.name(team_id, version)
         self.switches += 1
         return self.live
 
-    def drop_version(self, team_id: str, version: int) -> bool:
-        if version == self.current_version(team_id):
+    def drop(self, team_id: str, version: int) -> bool:
+        if version == self.current(team_id):
             raise InvalidInput("live")
-        return self.collections.pop(self.physical_name(team_id, version), None) is not None
+        return self.collections.pop(self.name(team_id, version), None) is not None
 
     def live_rows(self) -> dict[str, ChunkRecord]:
         return self.collections[self.live] if self.live else {}
@@ -114,7 +109,7 @@ def env(tmp_path):
         milvus={"collection": "base"}, state={"url": f"sqlite:///{tmp_path}/state.db"}
     )
     sources = SourceStore(settings.state.url)
-    store = VersionedStore()
+    versions = FakeVersions()
     embed = CountingEmbed()
     builder = ChunkBuilder(Chunker(whitespace_tokens, 50, 5), MODEL)
 
@@ -122,10 +117,10 @@ def env(tmp_path):
         spec = worker_spec(settings)
         return Reindexer(
             settings,
-            store=store,
+            versions=versions,
             sources=sources,
             worker_factory=lambda physical, check: ReindexWorker(
-                spec, physical, check, store=store, embed=embed, builder=builder
+                spec, physical, check, versions=versions, embed=embed, builder=builder
             ),
             **kw,
         )
@@ -134,10 +129,10 @@ def env(tmp_path):
         pass
 
     e = Env()
-    e.settings, e.sources, e.store, e.embed, e.builder, e.make = (
+    e.settings, e.sources, e.versions, e.embed, e.builder, e.make = (
         settings,
         sources,
-        store,
+        versions,
         embed,
         builder,
         make,
@@ -164,18 +159,18 @@ def expected_chunks(env, docs: list[SourceDocument]) -> int:
 def test_reindex_builds_next_version_verifies_and_swaps(env):
     docs = [doc(i) for i in range(7)]
     env.sources.put(docs)
-    env.store.create_version(TEAM, 1)
-    env.store.switch_alias(TEAM, 1)
+    env.versions.create(TEAM, 1)
+    env.versions.switch(TEAM, 1)
     result = env.make().run(options())
     job = result.job
     assert job.status == "succeeded"
     assert (job.source_version, job.target_version) == (1, 2)
-    assert env.store.current_version(TEAM) == 2
-    assert env.store.versions(TEAM) == [2]  # the old version is dropped by default
+    assert env.versions.current(TEAM) == 2
+    assert env.versions.existing(TEAM) == [2]  # the old version is dropped by default
     assert result.dropped_versions == [1]
     n = expected_chunks(env, docs)
-    assert job.expected_chunks == job.rows_in_target == len(env.store.live_rows()) == n
-    assert {c.embed_model for c in env.store.live_rows().values()} == {MODEL}
+    assert job.expected_chunks == job.rows_in_target == len(env.versions.live_rows()) == n
+    assert {c.embed_model for c in env.versions.live_rows().values()} == {MODEL}
     assert job.total_docs == job.done_docs == 7
     assert env.embed.texts == n
 
@@ -184,15 +179,15 @@ def test_keep_previous_keeps_exactly_one_version_for_rollback(env):
     env.sources.put([doc(1)])
     for _ in range(3):
         env.make().run(options(keep_previous=True))
-    assert env.store.current_version(TEAM) == 3
-    assert env.store.versions(TEAM) == [2, 3]
+    assert env.versions.current(TEAM) == 3
+    assert env.versions.existing(TEAM) == [2, 3]
 
 
 def test_team_without_a_collection_gets_v1_and_its_alias(env):
     env.sources.put([doc(1), doc(2)])
     result = env.make().run(options())
     assert result.job.target_version == 1
-    assert env.store.current_version(TEAM) == 1
+    assert env.versions.current(TEAM) == 1
 
 
 def test_crash_then_resume_continues_into_the_same_version_without_duplicates(env):
@@ -205,7 +200,7 @@ def test_crash_then_resume_continues_into_the_same_version_without_duplicates(en
     assert job.status == "failed" and "injected" in job.error
     assert len(state.done(job.job_id)) == 6
     # The batch after the last recorded one reached Milvus but was not recorded.
-    assert env.store.current_version(TEAM) is None
+    assert env.versions.current(TEAM) is None
     embedded_before = env.embed.texts
     with pytest.raises(ReindexError):
         env.make().run(ReindexOptions(team_id="other", resume=True, engine="local"))
@@ -213,7 +208,7 @@ def test_crash_then_resume_continues_into_the_same_version_without_duplicates(en
     assert result.job.job_id == job.job_id
     assert result.job.target_version == job.target_version == 1
     n = expected_chunks(env, docs)
-    assert len(env.store.live_rows()) == result.job.rows_in_target == n
+    assert len(env.versions.live_rows()) == result.job.rows_in_target == n
     # Recorded documents were skipped; the unrecorded batch was found by pk lookup.
     assert env.embed.texts - embedded_before == n - expected_chunks(env, docs[:9])
     assert result.job.skipped_docs == 3
@@ -224,16 +219,16 @@ def test_new_run_supersedes_a_dead_job_and_drops_its_half_built_version(env):
     env.sources.put([doc(i) for i in range(4)])
     with pytest.raises(InjectedFailure):
         env.make(wrap_sink=failing_after(2)).run(options())
-    assert env.store.versions(TEAM) == [1]
+    assert env.versions.existing(TEAM) == [1]
     dropped = []
-    original = env.store.drop_version
-    env.store.drop_version = lambda team, v: dropped.append(v) or original(team, v)
+    original = env.versions.drop
+    env.versions.drop = lambda team, v: dropped.append(v) or original(team, v)
     result = env.make().run(options())
     # The never-live v1 was dropped and rebuilt from scratch (its number is free again).
     assert dropped == [1]
     assert result.job.target_version == 1
-    assert env.store.versions(TEAM) == [1]
-    assert len(env.store.live_rows()) == result.job.rows_in_target
+    assert env.versions.existing(TEAM) == [1]
+    assert len(env.versions.live_rows()) == result.job.rows_in_target
     state = ReindexState(env.sources.engine)
     assert state.unfinished(TEAM) == []
 
@@ -264,7 +259,7 @@ def test_documents_changed_or_deleted_during_the_job_are_caught_up(env):
 
     reindexer._process = process_then_write
     result = reindexer.run(options())
-    live = env.store.live_rows()
+    live = env.versions.live_rows()
     final = [doc(0), doc(1, words=20), doc(3), doc(4), doc(5), doc(99)]
     assert len(live) == result.job.rows_in_target == expected_chunks(env, final)
     assert {c.doc_id for c in live.values()} == {d.doc_id for d in final}
@@ -272,20 +267,20 @@ def test_documents_changed_or_deleted_during_the_job_are_caught_up(env):
 
 def test_verification_failure_leaves_the_alias_alone(env):
     env.sources.put([doc(i) for i in range(3)])
-    env.store.create_version(TEAM, 1)
-    env.store.switch_alias(TEAM, 1)
-    original = env.store.upsert_into
+    env.versions.create(TEAM, 1)
+    env.versions.switch(TEAM, 1)
+    original = env.versions.upsert
 
     def old_model(physical, chunks):
         from dataclasses import replace
 
         return original(physical, [replace(c, embed_model="old@v0") for c in chunks])
 
-    env.store.upsert_into = old_model
+    env.versions.upsert = old_model
     with pytest.raises(ReindexError, match="verification failed"):
         env.make().run(options())
-    assert env.store.current_version(TEAM) == 1
-    assert env.store.switches == 1
+    assert env.versions.current(TEAM) == 1
+    assert env.versions.switches == 1
 
 
 def test_shared_layout_is_refused(env):
@@ -293,7 +288,7 @@ def test_shared_layout_is_refused(env):
         update={"milvus": env.settings.milvus.model_copy(update={"layout": "shared"})}
     )
     with pytest.raises(ReindexError, match="collection_per_team"):
-        Reindexer(settings, store=env.store, sources=env.sources).run(options())
+        Reindexer(settings, versions=env.versions, sources=env.sources).run(options())
 
 
 def test_source_store_changed_since_includes_tombstones(tmp_path):
@@ -429,56 +424,87 @@ def test_body_is_validated(admin):
 
 
 def test_jobs_start_the_cli_as_a_subprocess_and_refuse_a_second_active_job(tmp_path, monkeypatch):
+    import io
     import subprocess
 
-    from serve_app.api import admin as admin_api
+    from batch_ingest.reindex import launcher
 
     started: list[dict[str, Any]] = []
+
+    class Stdin(io.BytesIO):
+        def close(self) -> None:
+            started[-1]["stdin"] = self.getvalue()
+            super().close()
 
     class FakePopen:
         returncode = 3
 
         def __init__(self, cmd, **kw):
             started.append({"cmd": cmd, **kw})
+            self.stdin = Stdin()
 
         def poll(self):
             return self.returncode
 
     monkeypatch.setattr(subprocess, "Popen", FakePopen)
-    monkeypatch.setattr(admin_api, "ROOT", tmp_path)  # its log goes to ROOT/var/reindex
+    monkeypatch.setattr(launcher, "ROOT", tmp_path)  # its log goes to ROOT/var/reindex
     settings = GatewaySettings(
         state={"url": f"sqlite:///{tmp_path}/s.db"}, reindex={"runner": "subprocess"}
     )
-    jobs = admin_api.ReindexJobs(settings)
+    jobs = launcher.ReindexJobs(settings)
     job = jobs.submit("dao_a", "op")
     [run] = started
-    assert run["cmd"][-4:] == ["--team", "dao_a", "--job-id", job.job_id]
-    assert json.loads(run["env"]["RAG_REINDEX_SETTINGS"])["state"]["url"].endswith("s.db")
-    assert "RAG_REINDEX_SETTINGS" not in " ".join(run["cmd"])
-    with pytest.raises(admin_api.Conflict):
+    assert run["cmd"][-5:] == ["--team", "dao_a", "--job-id", job.job_id, "--settings-stdin"]
+    # The settings sections travel on the child's standard input, not argv or environment.
+    sent = json.loads(run["stdin"])
+    assert set(sent) == set(launcher.JOB_SECTIONS)
+    assert sent["state"]["url"].endswith("s.db")
+    assert "env" not in run and "s.db" not in " ".join(run["cmd"])
+    with pytest.raises(launcher.Conflict):
         jobs.submit("dao_a", "op")
     # The process died before it wrote anything: the status says so.
     assert "exited with status 3" in jobs.get(job.job_id).error
 
 
+def test_the_cli_reads_its_settings_from_standard_input(monkeypatch, capsys):
+    import io
+
+    from batch_ingest.reindex import cli
+    from batch_ingest.reindex.options import ReindexResult
+
+    seen: dict[str, Any] = {}
+
+    def fake_reindex(settings, options):
+        seen.update(settings=settings, options=options)
+        return ReindexResult(job=ReindexJob(job_id="j9", team_id=options.team_id))
+
+    monkeypatch.setattr(cli, "reindex", fake_reindex)
+    body = {"milvus": {"uri": "http://milvus.example:19530"}, "reindex": {"actors": 3}}
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(body)))
+    assert cli.main(["--team", "dao_a", "--job-id", "j9", "--settings-stdin"]) == 0
+    assert seen["settings"].milvus.uri == "http://milvus.example:19530"
+    assert (seen["options"].actors, seen["options"].job_id) == (3, "j9")
+    assert json.loads(capsys.readouterr().out)["job_id"] == "j9"
+
+
 def test_crash_after_the_switch_resumes_into_the_clean_up(env):
     env.sources.put([doc(1), doc(2)])
-    env.store.create_version(TEAM, 1)
-    env.store.switch_alias(TEAM, 1)
-    original = env.store.drop_version
+    env.versions.create(TEAM, 1)
+    env.versions.switch(TEAM, 1)
+    original = env.versions.drop
 
     def broken(team, version):
         raise RuntimeError("milvus went away")
 
-    env.store.drop_version = broken
+    env.versions.drop = broken
     with pytest.raises(RuntimeError):
         env.make().run(options())
-    assert env.store.current_version(TEAM) == 2 and env.store.versions(TEAM) == [1, 2]
-    env.store.drop_version = original
+    assert env.versions.current(TEAM) == 2 and env.versions.existing(TEAM) == [1, 2]
+    env.versions.drop = original
     embedded = env.embed.texts
     result = env.make().run(options(resume=True))
     assert result.job.status == "succeeded"
-    assert env.store.versions(TEAM) == [2]
+    assert env.versions.existing(TEAM) == [2]
     assert env.embed.texts == embedded  # nothing re-embedded
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from batch_ingest.reindex.cli import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""``python -m batch_ingest.reindex``: run (or resume) one team's reindex job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+import batch_ingest.reindex as package
+from batch_ingest.reindex.job import reindex
+from batch_ingest.reindex.options import ReindexError, ReindexOptions
+from batch_ingest.settings import BatchSettings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m batch_ingest.reindex", description=package.__doc__
+    )
+    parser.add_argument("--team", required=True, help="team_id to reindex")
+    parser.add_argument("--milvus-uri", help="overrides MILVUS__URI")
+    parser.add_argument("--state-url", help="overrides STATE__URL (source registry + jobs)")
+    parser.add_argument("--resume", action="store_true", help="continue the unfinished job")
+    parser.add_argument("--job-id", help="run this queued job (as submitted by the admin API)")
+    parser.add_argument("--batch-size", type=int, help="documents per map_batches call")
+    parser.add_argument("--actors", type=int, help="embedding actors in the Ray Data pool")
+    parser.add_argument("--num-cpus", type=float, help="logical CPUs per actor (fractional)")
+    parser.add_argument("--engine", choices=("ray", "local"), default="ray")
+    parser.add_argument(
+        "--keep-previous", action="store_true", help="keep the replaced version for rollback"
+    )
+    parser.add_argument("--log-every", type=float, default=5.0, help="seconds between log lines")
+    parser.add_argument("--settings-json", help="BatchSettings overrides as JSON")
+    parser.add_argument(
+        "--settings-stdin",
+        action="store_true",
+        help="read the BatchSettings overrides (JSON) from standard input: the admin API "
+        "passes its own this way, so secrets are in neither argv nor the environment",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    raw = sys.stdin.read() if args.settings_stdin else args.settings_json
+    overrides: dict[str, Any] = json.loads(raw) if raw else {}
+    if args.milvus_uri:
+        overrides["milvus"] = {**overrides.get("milvus", {}), "uri": args.milvus_uri}
+    if args.state_url:
+        overrides["state"] = {**overrides.get("state", {}), "url": args.state_url}
+    settings = BatchSettings(**overrides)
+    options = ReindexOptions.from_settings(
+        args.team,
+        settings.reindex,
+        resume=args.resume,
+        job_id=args.job_id,
+        batch_size=args.batch_size,
+        actors=args.actors,
+        num_cpus_per_actor=args.num_cpus,
+        engine=args.engine,
+        keep_previous=args.keep_previous or None,
+        log_every_s=args.log_every,
+    )
+    try:
+        result = reindex(settings, options)
+    except ReindexError as exc:
+        print(f"reindex failed: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({**result.job.public(), "dropped_versions": result.dropped_versions}))
+    return 0

@@ -1,0 +1,141 @@
+"""Where a reindex's batches run: ``run_ray`` (a Ray Data actor pool, results streamed back
+to the driver) or ``run_local`` (the same worker in-process); each finished batch goes to a
+``BatchSink``."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from batch_ingest.reindex.options import ReindexOptions
+from batch_ingest.reindex.worker import ReindexWorker
+
+logger = logging.getLogger("batch_ingest.reindex")
+
+# Upper bound of Ray Data blocks of one job.
+MAX_BLOCKS = 1000
+
+BatchSink = Callable[[list[dict[str, Any]]], None]
+
+
+def run_local(worker: ReindexWorker, documents: list[str], batch_size: int, sink: BatchSink):
+    for start in range(0, len(documents), batch_size):
+        sink(worker.process(documents[start : start + batch_size]))
+
+
+def cpu_shortage(needed: float, free: float, total: float) -> str | None:
+    """Why an actor pool needing ``needed`` CPUs cannot start now, or ``None`` if it can."""
+    if free + 1e-9 >= needed:
+        return None
+    if total + 1e-9 < needed:
+        return (
+            f"waiting for CPUs: the actor pool needs {needed:g} and the whole cluster has "
+            f"{total:g}; it starts only when nodes join (lower reindex.actors or "
+            f"reindex.num_cpus_per_actor)"
+        )
+    return (
+        f"waiting for CPUs: the actor pool needs {needed:g}, {free:g} of the cluster's "
+        f"{total:g} are free (Serve replicas or other jobs hold the rest); it starts when they "
+        f"are released (or lower reindex.actors or reindex.num_cpus_per_actor)"
+    )
+
+
+def run_ray(
+    spec: dict[str, Any],
+    physical: str,
+    check_existing: bool,
+    documents: list[str],
+    options: ReindexOptions,
+    sink: BatchSink,
+    on_note: Callable[[str | None], None] | None = None,
+) -> None:
+    """The Ray Data job: ``from_items → repartition → map_batches(actor pool)``; results
+    stream back to the driver, which records them.
+
+    Before the pool exists it checks the cluster's free CPUs: if the actors cannot be
+    placed, ``on_note`` gets the reason (the job row shows it) and a log line repeats it every
+    ``options.log_every_s`` until the first batch arrives, when ``on_note(None)`` clears it."""
+    import ray
+    from ray.data import ActorPoolStrategy, DataContext
+
+    if not ray.is_initialized():
+        # On a cluster RAY_ADDRESS names it; on a laptop a local instance starts.
+        ray.init(
+            address=os.environ.get("RAY_ADDRESS") or "local",
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+    needed = options.actors * options.num_cpus_per_actor
+    note = cpu_shortage(
+        needed,
+        float(ray.available_resources().get("CPU", 0.0)),
+        float(ray.cluster_resources().get("CPU", 0.0)),
+    )
+    if note is not None:
+        logger.warning("reindex: %s", note)
+        if on_note is not None:
+            on_note(note)
+    first = threading.Event()
+    started = time.perf_counter()
+
+    def remind() -> None:
+        while not first.wait(options.log_every_s):
+            logger.info(
+                "reindex: no batch yet after %.0fs%s",
+                time.perf_counter() - started,
+                f" ({note})" if note else " (actors loading the model)",
+            )
+
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.execution_options.preserve_order = False
+    # One block per batch (results, progress and the done records arrive per block), at least
+    # 4 per actor so every actor has work queued, at most MAX_BLOCKS.
+    per_batch = math.ceil(len(documents) / options.batch_size)
+    blocks = max(1, min(per_batch, max(options.actors * 4, MAX_BLOCKS)))
+    ds = (
+        ray.data.from_items([{"document": d} for d in documents])
+        .repartition(blocks)
+        .map_batches(
+            ReindexWorker,
+            fn_constructor_args=(spec, physical, check_existing),
+            batch_size=options.batch_size,
+            batch_format="numpy",
+            compute=ActorPoolStrategy(size=options.actors),
+            num_cpus=options.num_cpus_per_actor,
+        )
+    )
+    threading.Thread(target=remind, name="reindex-wait", daemon=True).start()
+    try:
+        _drain(ds, sink, first, on_note)
+    finally:
+        first.set()
+
+
+def _drain(
+    ds: Any, sink: BatchSink, first: threading.Event, on_note: Callable[[str | None], None] | None
+) -> None:
+    """Hand each result batch of ``ds`` to ``sink``; the first one sets ``first`` and clears
+    the job's note."""
+    for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        if not first.is_set():
+            first.set()
+            if on_note is not None:
+                on_note(None)
+        n = len(batch["doc_id"])
+        sink(
+            [
+                {
+                    "doc_type": str(batch["doc_type"][i]),
+                    "doc_id": str(batch["doc_id"][i]),
+                    "chunks": int(batch["chunks"][i]),
+                    "embedded": int(batch["embedded"][i]),
+                }
+                for i in range(n)
+            ]
+        )

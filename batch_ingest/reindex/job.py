@@ -1,0 +1,321 @@
+"""``Reindexer``: one team's reindex job, step by step (see the package docstring)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from batch_ingest.documents import make_chunk_id
+from batch_ingest.reindex.claim import claim_job
+from batch_ingest.reindex.engines import BatchSink, run_local, run_ray
+from batch_ingest.reindex.options import (
+    ReindexError,
+    ReindexOptions,
+    ReindexResult,
+)
+from batch_ingest.reindex.progress import Progress
+from batch_ingest.reindex.state import JobStatus, ReindexJob, ReindexState
+from batch_ingest.reindex.worker import ReindexWorker, worker_spec
+from batch_ingest.settings import BatchSettings
+from batch_ingest.source_store import SourceStore
+from deployments.milvus_versions import CollectionVersions
+
+logger = logging.getLogger("batch_ingest.reindex")
+
+
+class Reindexer:
+    """Runs one team's reindex job (see the module docstring).
+
+    Args:
+        settings: the gateway settings (current embedder, chunking, Milvus, state database).
+        versions: the versioned collections of a started ``MilvusStore`` (``store.versions``;
+            a test double with the same methods); default: a store of ``settings.milvus``.
+        sources: the source registry; ``state``: job records (default: its database).
+        worker_factory: ``(physical, check_existing) -> ReindexWorker`` for the local engine
+            (tests inject one with fakes).
+        wrap_sink: wraps the sink that records each finished batch (tests inject a crash
+            there); ``None`` records as it is.
+    """
+
+    def __init__(
+        self,
+        settings: BatchSettings,
+        *,
+        versions: CollectionVersions | None = None,
+        sources: SourceStore | None = None,
+        state: ReindexState | None = None,
+        worker_factory: Callable[[str, bool], ReindexWorker] | None = None,
+        wrap_sink: Callable[[BatchSink], BatchSink] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.wrap_sink = wrap_sink
+        self.sources = sources or SourceStore(settings.state.url)
+        self.state = state or ReindexState(self.sources.engine)
+        if versions is None:
+            from deployments.embedding import embedding_dim
+            from deployments.milvus_store import MilvusStore
+
+            store = MilvusStore(settings.milvus, dim=embedding_dim(settings.embedder))
+            store.start()
+            versions = store.versions
+        self.versions = versions
+        self.spec = worker_spec(settings)
+        self.worker_factory = worker_factory or (
+            lambda physical, check: ReindexWorker(self.spec, physical, check)
+        )
+        self._local_worker: tuple[str, bool, ReindexWorker] | None = None
+
+    # --- the run -------------------------------------------------------------------------------
+    def run(self, options: ReindexOptions) -> ReindexResult:
+        if self.settings.milvus.layout != "collection_per_team":
+            raise ReindexError(
+                "reindex needs MILVUS__LAYOUT=collection_per_team (a shared collection holds "
+                "every team; one team cannot be swapped on its own)"
+            )
+        started = time.perf_counter()
+        team = options.team_id
+        job = claim_job(self.state, self.versions, options)
+        tag = self.settings.embedder.embed_model_tag
+        try:
+            return self._run(job, options, tag, started)
+        except BaseException as exc:
+            if not job.finished:  # a failure after success was recorded changes nothing
+                job.move_to(JobStatus.FAILED, f"{type(exc).__name__}: {exc}")
+                job.finished_at = datetime.now(UTC)
+                self.state.save(job)
+            logger.error("reindex %s (job %s) failed: %s", team, job.job_id, job.error)
+            raise
+
+    def _run(
+        self, job: ReindexJob, options: ReindexOptions, tag: str, started: float
+    ) -> ReindexResult:
+        team = options.team_id
+        versions = self.versions
+        current = versions.current(team)
+        target = job.target_version
+        resuming = target is not None
+        if target is not None and current == target:
+            # Crashed after the switch: only the last catch-up and the clean-up are left.
+            physical = versions.name(team, target)
+            done = self.state.done(job.job_id)
+            sink = self._sink(job, done, None, options)
+            self._catch_up(job, done, physical, job.snapshot_at, options, sink)
+            job.expected_chunks = sum(done.values())
+            return self._finish(job, options, started)
+        if target is None:
+            existing = versions.existing(team)
+            job.source_version = current
+            job.target_version = target = max([*existing, current or 0]) + 1
+            job.snapshot_at = datetime.now(UTC)
+        job.embed_model = tag
+        job.move_to(JobStatus.RUNNING)
+        job.finished_at = None
+        physical = versions.create(team, target)
+        self.state.save(job)
+        logger.info(
+            "reindex %s: v%s → v%s (%s), job %s%s",
+            team,
+            job.source_version,
+            job.target_version,
+            physical,
+            job.job_id,
+            " (resumed)" if resuming else "",
+        )
+
+        done = self.state.done(job.job_id)
+        documents = list(self.sources.iter_team(team))
+        job.total_docs = len(documents)
+        pending = [d for d in documents if (d.doc_type, d.doc_id) not in done]
+        job.done_docs = job.total_docs - len(pending)
+        job.skipped_docs = 0
+        progress = Progress(job, self.state, options.log_every_s)
+        progress.report()
+        sink = self._sink(job, done, progress, options)
+        self._process(
+            [d.model_dump_json() for d in pending],
+            physical,
+            resuming,
+            options,
+            sink,
+            self._noter(job),
+        )
+        progress.report()
+
+        # Documents written or deleted while the bulk pass ran.
+        catchup_from = datetime.now(UTC)
+        self._catch_up(job, done, physical, job.snapshot_at, options, sink)
+
+        # Verify before anything is visible.
+        versions.flush(physical)
+        job.expected_chunks = sum(done.values())
+        job.rows_in_target = versions.count(physical)
+        from deployments.search_filter import milvus_literal
+
+        other = versions.count(physical, f"embed_model != {milvus_literal(tag)}")
+        if job.rows_in_target != job.expected_chunks or other:
+            raise ReindexError(
+                f"verification failed for {physical}: {job.rows_in_target} rows, expected "
+                f"{job.expected_chunks}; {other} rows not embedded with {tag}"
+            )
+        job.move_to(JobStatus.SWITCHING)
+        self.state.save(job)
+        versions.switch(team, target)
+        # Writes that reached the old version between the catch-up and the switch.
+        time.sleep(options.switch_grace_s)
+        self._catch_up(job, done, physical, catchup_from, options, sink)
+        job.expected_chunks = sum(done.values())
+        return self._finish(job, options, started)
+
+    def _finish(self, job: ReindexJob, options: ReindexOptions, started: float) -> ReindexResult:
+        team = job.team_id
+        dropped = []
+        for version in self.versions.existing(team):
+            if version == job.target_version:
+                continue
+            if options.keep_previous and version == job.source_version:
+                continue
+            if self.versions.drop(team, version):
+                dropped.append(version)
+        job.move_to(JobStatus.SUCCEEDED)
+        job.eta_s = 0.0
+        job.finished_at = datetime.now(UTC)
+        self.state.save(job)
+        self.state.forget(job.job_id)
+        took = time.perf_counter() - started
+        logger.info(
+            "reindex %s done: v%s live, %d docs, %d chunks (verified), dropped %s, %.1fs",
+            team,
+            job.target_version,
+            job.total_docs,
+            job.expected_chunks,
+            dropped or "nothing",
+            took,
+        )
+        return ReindexResult(job=job, dropped_versions=dropped, took_s=round(took, 2))
+
+    def _sink(
+        self,
+        job: ReindexJob,
+        done: dict[tuple[str, str], int],
+        progress: Progress | None,
+        options: ReindexOptions,
+    ) -> BatchSink:
+        team = job.team_id
+
+        def sink(rows: list[dict[str, Any]]) -> None:
+            batch: dict[tuple[str, str], int] = {}
+            stale: list[str] = []
+            for r in rows:
+                key = (r["doc_type"], r["doc_id"])
+                before = done.get(key)
+                # A document that shrank (changed during the job) leaves chunk ids behind.
+                if before is not None and before > r["chunks"]:
+                    stale += [
+                        make_chunk_id(team, key[0], key[1], i) for i in range(r["chunks"], before)
+                    ]
+                batch[key] = r["chunks"]
+                job.written_chunks += r["embedded"]
+                if not r["embedded"]:
+                    job.skipped_docs += 1
+            if stale and job.target_version is not None:
+                physical = self.versions.name(team, job.target_version)
+                self.versions.delete(physical, stale)
+            self.state.mark_done(job.job_id, batch)
+            new = sum(1 for k in batch if k not in done)
+            done.update(batch)
+            if progress is not None:
+                progress.add(new, sum(r["embedded"] for r in rows))
+
+        return sink if self.wrap_sink is None else self.wrap_sink(sink)
+
+    def _noter(self, job: ReindexJob) -> Callable[[str | None], None]:
+        """Records what ``job`` waits on (``None``: nothing) in its row at once."""
+
+        def note(text: str | None) -> None:
+            if job.note != text:
+                job.note = text
+                self.state.save(job)
+
+        return note
+
+    def _process(
+        self,
+        documents: list[str],
+        physical: str,
+        check_existing: bool,
+        options: ReindexOptions,
+        sink: BatchSink,
+        on_note: Callable[[str | None], None] | None = None,
+    ) -> None:
+        if not documents:
+            return
+        if options.engine == "ray":
+            run_ray(self.spec, physical, check_existing, documents, options, sink, on_note)
+            return
+        cached = self._local_worker
+        if cached is None or cached[:2] != (physical, check_existing):
+            cached = (physical, check_existing, self.worker_factory(physical, check_existing))
+            self._local_worker = cached
+        run_local(cached[2], documents, options.batch_size, sink)
+
+    def _catch_up(
+        self,
+        job: ReindexJob,
+        done: dict[tuple[str, str], int],
+        physical: str,
+        since: datetime | None,
+        options: ReindexOptions,
+        sink: BatchSink,
+    ) -> None:
+        if since is None:
+            return
+        rows = self.sources.changed_since(
+            job.team_id, since - timedelta(seconds=options.clock_skew_s)
+        )
+        live = [r.document for r in rows if not r.deleted and r.document is not None]
+        gone = [
+            (r.doc_type, r.doc_id) for r in rows if r.deleted and (r.doc_type, r.doc_id) in done
+        ]
+        if gone:
+            ids = [make_chunk_id(job.team_id, k[0], k[1], i) for k in gone for i in range(done[k])]
+            self.versions.delete(physical, ids)
+            self.state.unmark(job.job_id, gone)
+            for key in gone:
+                done.pop(key)
+        if live:
+            # Changed documents are re-embedded (no lookup: their text may have changed).
+            job.total_docs = job.total_docs + sum(
+                1 for d in live if (d.doc_type, d.doc_id) not in done
+            )
+            self._process(
+                [d.model_dump_json() for d in live],
+                physical,
+                False,
+                options,
+                sink,
+                self._noter(job),
+            )
+        if rows:
+            logger.info(
+                "reindex %s: caught up on %d changed and %d deleted documents",
+                job.team_id,
+                len(live),
+                len(gone),
+            )
+
+
+def reindex(settings: BatchSettings, options: ReindexOptions, **kwargs: Any) -> ReindexResult:
+    """Run one reindex job to the end (see ``Reindexer``)."""
+    return Reindexer(settings, **kwargs).run(options)
+
+
+def run_job(job_id: str, team_id: str, settings_overrides: dict[str, Any] | None = None) -> dict:
+    """Entry point of a job the admin API submitted (a Ray task, or the CLI's ``--job-id``):
+    settings from the environment of the process, plus ``settings_overrides``."""
+    settings = BatchSettings(**(settings_overrides or {}))
+    options = ReindexOptions.from_settings(team_id, settings.reindex, job_id=job_id)
+    result = reindex(settings, options)
+    return result.job.public()

@@ -1,0 +1,67 @@
+"""One reindex run: its options (defaults from ``ReindexSettings``), its result and the error
+a job that cannot start or fails its verification raises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from batch_ingest.reindex.state import ReindexJob
+from batch_ingest.settings import ReindexSettings
+from deployments.errors import GatewayError
+
+# An active job whose row was not updated for this long is taken as dead (its process gone):
+# it no longer blocks a new job of its team.
+STALE_AFTER_S = 120.0
+
+
+class ReindexError(GatewayError):
+    """The job cannot start, or its verification failed (the alias was not switched)."""
+
+    code = "reindex_failed"
+
+
+_DEFAULTS = ReindexSettings()
+
+
+@dataclass
+class ReindexOptions:
+    """One run of a job. The pool and version options default to ``ReindexSettings``
+    (``REINDEX__*``; ``from_settings`` reads a configured section)."""
+
+    team_id: str
+    resume: bool = False
+    # Documents per map_batches call (each call embeds all their chunks in one forward loop).
+    batch_size: int = _DEFAULTS.batch_size
+    actors: int = _DEFAULTS.actors
+    # Fractional: whole CPUs let the actors take every core and starve Ray Data's read tasks.
+    num_cpus_per_actor: float = _DEFAULTS.num_cpus_per_actor
+    engine: Literal["ray", "local"] = "ray"
+    keep_previous: bool = _DEFAULTS.keep_previous
+    # Continue this (queued) job, e.g. one the admin API created.
+    job_id: str | None = None
+    log_every_s: float = 5.0
+    # Catch-up looks this much further back than the job's own clock says (the registry rows
+    # are stamped by the writers' clocks), and waits this long after the alias switch so an
+    # ingestion that wrote to the old version has recorded its document before the last look.
+    clock_skew_s: float = 5.0
+    switch_grace_s: float = 2.0
+
+    @classmethod
+    def from_settings(cls, team_id: str, cfg: ReindexSettings, **given: Any) -> ReindexOptions:
+        """Options for ``team_id`` with the pool and version options of ``cfg``; ``given``
+        (``None`` values ignored) overrides any of them."""
+        base = {
+            "batch_size": cfg.batch_size,
+            "actors": cfg.actors,
+            "num_cpus_per_actor": cfg.num_cpus_per_actor,
+            "keep_previous": cfg.keep_previous,
+        }
+        return cls(team_id=team_id, **{**base, **{k: v for k, v in given.items() if v is not None}})
+
+
+@dataclass
+class ReindexResult:
+    job: ReindexJob
+    dropped_versions: list[int] = field(default_factory=list)
+    took_s: float = 0.0

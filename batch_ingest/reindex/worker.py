@@ -1,0 +1,111 @@
+"""The reindex worker: one per Ray Data actor, or one in-process. Re-chunks a batch of
+documents, embeds what the target version lacks and upserts it there."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+from batch_ingest.documents import SourceDocument
+from batch_ingest.settings import BatchSettings
+from deployments.milvus_versions import CollectionVersions
+from deployments.protocols import ChunkRecord
+
+
+def worker_spec(settings: BatchSettings) -> dict[str, Any]:
+    """The settings a worker needs, as plain data (no secrets of other sections)."""
+    return {
+        "embedder": settings.embedder.model_dump(),
+        "milvus": settings.milvus.model_dump(),
+        "chunking": settings.chunking.model_dump(),
+    }
+
+
+class ReindexWorker:
+    """Callable class for ``Dataset.map_batches``: holds the chunker, the model and a Milvus
+    connection; each call re-chunks a batch of documents, embeds what the target lacks and
+    upserts it into the target physical collection.
+
+    Args:
+        spec: ``worker_spec(settings)``.
+        physical: the target collection (``<alias>__v<n+1>``).
+        check_existing: look chunk ids up in the target first (resume): a document whose
+            chunks are all there with the same hash and model is not embedded again.
+        versions, embed, builder: injected by tests; built from ``spec`` when ``None``.
+    """
+
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        physical: str,
+        check_existing: bool,
+        *,
+        versions: CollectionVersions | None = None,
+        embed: Callable[[list[str]], Any] | None = None,
+        builder: Any = None,
+    ) -> None:
+        from batch_ingest.chunks import chunk_builder
+        from batch_ingest.settings import ChunkingSettings
+        from deployments.config import EmbedderSettings, MilvusSettings
+
+        emb = EmbedderSettings.model_validate(spec["embedder"])
+        self.physical = physical
+        self.check_existing = check_existing
+        self.embed_model = emb.embed_model_tag
+        if builder is None:
+            builder = chunk_builder(ChunkingSettings.model_validate(spec["chunking"]), emb)
+        self.builder = builder
+        if embed is None:
+            from deployments.embedding import EmbedderCore
+
+            core = EmbedderCore(emb)
+            core.start()
+            embed = lambda texts: core.embed(texts, "passage")  # noqa: E731
+            dim = core.dim or 0
+        else:
+            dim = None
+        self.embed = embed
+        if versions is None:
+            from deployments.milvus_store import MilvusStore
+
+            store = MilvusStore(MilvusSettings.model_validate(spec["milvus"]), dim=dim or 0)
+            store.start()
+            versions = store.versions
+        self.versions = versions
+
+    def process(self, documents: Iterable[str]) -> list[dict[str, Any]]:
+        """Per document: ``{doc_type, doc_id, chunks, embedded}``, in input order."""
+        docs = [SourceDocument.model_validate_json(d) for d in documents]
+        built = [(doc, self.builder.build_chunks(doc)) for doc in docs]
+        found: dict[str, tuple[str, str]] = {}
+        if self.check_existing:
+            ids = [c.chunk_id for _, chunks in built for c in chunks]
+            found = self.versions.lookup(self.physical, ids) if ids else {}
+        todo: list[ChunkRecord] = []
+        out = []
+        for doc, chunks in built:
+            present = bool(found) and all(
+                found.get(c.chunk_id) == (c.content_hash, c.embed_model) for c in chunks
+            )
+            if not present:
+                todo += chunks
+            out.append(
+                {
+                    "doc_type": doc.doc_type,
+                    "doc_id": doc.doc_id,
+                    "chunks": len(chunks),
+                    "embedded": 0 if present else len(chunks),
+                }
+            )
+        if todo:
+            vectors = self.embed([c.text for c in todo])
+            with_vectors = [
+                replace(c, vector=[float(x) for x in v]) for c, v in zip(todo, vectors, strict=True)
+            ]
+            self.versions.upsert(self.physical, with_vectors)
+        return out
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
+        rows = self.process([str(d) for d in batch["document"]])
+        return {key: [r[key] for r in rows] for key in ("doc_type", "doc_id", "chunks", "embedded")}

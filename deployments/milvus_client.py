@@ -1,0 +1,115 @@
+"""One connection to Milvus (Milvus Lite server or a cluster): connect, call with one retry on
+a fresh connection, and tell its owners when it was replaced."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from deployments.config import MilvusSettings
+from deployments.errors import BackendUnavailable, InvalidInput
+
+logger = logging.getLogger(__name__)
+
+
+class MilvusConnection:
+    """A lazily opened ``MilvusClient``; thread-safe.
+
+    Args:
+        settings: URI, token, database and timeout.
+    """
+
+    def __init__(self, settings: MilvusSettings) -> None:
+        self.settings = settings
+        self._client: Any = None
+        self._ready = False
+        self._lock = threading.Lock()
+        self._on_reset: list[Callable[[], None]] = []
+
+    def on_reset(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` whenever the connection is dropped: a new one may face a restarted
+        server, so what was loaded or cached on the old one must be checked again."""
+        self._on_reset.append(hook)
+
+    def _connect(self) -> Any:
+        from pymilvus import MilvusClient
+
+        kwargs: dict[str, Any] = {
+            "uri": self.settings.uri,
+            "timeout": self.settings.timeout_s,
+            # No keepalive pings on an idle channel: the Milvus Lite server answers them
+            # with GOAWAY "too_many_pings" and drops idle replicas' connections.
+            "grpc_options": {"grpc.keepalive_permit_without_calls": 0},
+        }
+        if self.settings.token:
+            kwargs["token"] = self.settings.token
+        if self.settings.db_name:
+            kwargs["db_name"] = self.settings.db_name
+        return MilvusClient(**kwargs)
+
+    def start(self, *, check: bool = False) -> None:
+        """Connect; idempotent. ``check`` makes a round trip even when connected."""
+        with self._lock:
+            if self._ready and not check:
+                return
+            try:
+                if self._client is None:
+                    self._client = self._connect()
+                self._client.list_collections()
+            except Exception as exc:
+                self._client, self._ready = None, False
+                raise BackendUnavailable(
+                    "milvus",
+                    f"cannot reach {self.settings.uri}: {exc}",
+                    hint="start it with `python scripts/services.py up` or set MILVUS__URI",
+                ) from exc
+            self._ready = True
+
+    @property
+    def client(self) -> Any:
+        """The connected ``MilvusClient`` (for iterators, which span several calls)."""
+        self.start()
+        return self._client
+
+    def call(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a client method, connecting first. Every operation the gateway makes is
+        idempotent, so a failure (often a connection the server dropped while idle) is
+        retried once on a fresh connection before it becomes ``BackendUnavailable``."""
+        for attempt in (1, 2):
+            self.start()
+            try:
+                return getattr(self._client, method)(*args, **kwargs)
+            except InvalidInput:
+                raise
+            except Exception as exc:
+                if already_exists(exc):
+                    raise BackendUnavailable("milvus", f"{what} failed: {exc}") from exc
+                self.reset()
+                if attempt == 2:
+                    raise BackendUnavailable("milvus", f"{what} failed: {exc}") from exc
+                logger.warning("milvus %s failed (%s); reconnecting and retrying once", what, exc)
+        raise AssertionError("unreachable")
+
+    def reset(self) -> None:
+        """Drop the connection (the next call opens a new one) and tell the owners."""
+        with self._lock:
+            client, self._client, self._ready = self._client, None, False
+            for hook in self._on_reset:
+                hook()
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # already broken
+                logger.debug("closing a broken Milvus client failed", exc_info=True)
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client, self._ready = self._client, None, False
+        if client is not None:
+            client.close()
+
+
+def already_exists(exc: Exception) -> bool:
+    return "already exist" in str(exc).lower()

@@ -1,0 +1,78 @@
+"""The chunk collection's schema and indexes (DDL), the same for every team and version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deployments.config import MilvusSettings
+from deployments.protocols import MAX_ID, MAX_TAG, MAX_TAGS, MAX_TEXT, MAX_TITLE, MAX_URL
+
+
+def collection_definition(settings: MilvusSettings, dim: int) -> dict[str, Any]:
+    """``create_collection`` keyword arguments: schema (with the BM25 function over
+    ``text``), index parameters and the partition count."""
+    from pymilvus import DataType, Function, FunctionType, MilvusClient
+
+    schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
+    schema.add_field("chunk_id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID)
+    schema.add_field("doc_id", DataType.VARCHAR, max_length=MAX_ID)
+    schema.add_field("team_id", DataType.VARCHAR, max_length=MAX_ID, is_partition_key=True)
+    for field in ("project_id", "channel_id", "agent_id"):
+        schema.add_field(field, DataType.VARCHAR, max_length=MAX_ID)
+    schema.add_field("visibility", DataType.VARCHAR, max_length=32)
+    schema.add_field("doc_type", DataType.VARCHAR, max_length=64)
+    schema.add_field(
+        "tags",
+        DataType.ARRAY,
+        element_type=DataType.VARCHAR,
+        max_capacity=MAX_TAGS,
+        max_length=MAX_TAG,
+    )
+    schema.add_field("created_at", DataType.INT64)
+    schema.add_field("title", DataType.VARCHAR, max_length=MAX_TITLE)
+    schema.add_field("heading", DataType.VARCHAR, max_length=MAX_TITLE)
+    schema.add_field("url", DataType.VARCHAR, max_length=MAX_URL)
+    schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT, enable_analyzer=True)
+    schema.add_field("chunk_index", DataType.INT64)
+    schema.add_field("content_hash", DataType.VARCHAR, max_length=128)
+    schema.add_field("embed_model", DataType.VARCHAR, max_length=256)
+    schema.add_field("dense", DataType.FLOAT_VECTOR, dim=dim)
+    schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
+    schema.add_function(
+        Function(
+            name="text_bm25",
+            function_type=FunctionType.BM25,
+            input_field_names=["text"],
+            output_field_names=["sparse"],
+        )
+    )
+    index = MilvusClient.prepare_index_params()
+    hnsw = settings.index_type == "HNSW"
+    dense_params = {"M": 16, "efConstruction": 200} if hnsw else {}
+    index.add_index(
+        "dense",
+        index_type=settings.index_type,
+        metric_type=settings.metric_type,
+        params=dense_params,
+    )
+    # k1 and b explicit: the in-memory index scores with the same ones.
+    index.add_index(
+        "sparse",
+        index_type="SPARSE_INVERTED_INDEX",
+        metric_type="BM25",
+        params={"bm25_k1": settings.bm25_k1, "bm25_b": settings.bm25_b},
+    )
+    for scalar in ("doc_id", "visibility", "doc_type"):
+        index.add_index(scalar, index_type="INVERTED")
+    # One team per collection needs no partition-key buckets (a Milvus cluster honours
+    # this; Milvus Lite ignores it).
+    partitions = 1 if settings.layout == "collection_per_team" else 16
+    return {"schema": schema, "index_params": index, "num_partitions": partitions}
+
+
+def dense_dim(description: dict[str, Any]) -> int | None:
+    """The ``dense`` field's size in a ``describe_collection`` answer (``None``: absent)."""
+    for field in description.get("fields", []):
+        if field.get("name") == "dense":
+            return int(field.get("params", {}).get("dim", 0)) or None
+    return None

@@ -1,0 +1,244 @@
+"""The versioned collections behind a team's alias: a reindex builds ``<alias>__v<n+1>`` beside
+the live ``__v<n>``, writes into it by physical name, verifies it, then swaps the alias in one
+call; the in-memory index loads and replays a team from its live version by physical name
+too. ``MilvusStore.versions`` is one of these."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator
+
+from deployments.config import MilvusSettings
+from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.memindex.changes import ChangeLog
+from deployments.milvus_client import MilvusConnection
+from deployments.milvus_rows import OUTPUT_FIELDS, chunk_to_row, chunk_with_vector
+from deployments.milvus_schema import collection_definition, dense_dim
+from deployments.protocols import ChunkRecord
+from deployments.search_filter import milvus_list, milvus_literal
+
+logger = logging.getLogger(__name__)
+
+
+class CollectionVersions:
+    """Create, fill, count, switch and drop the physical versions of a team's collection.
+
+    Args:
+        conn: the store's connection; ``settings``, ``dim``: as the store's.
+        alias_for: a team's logical collection name (its alias).
+        changes: the change log; a write reaches it only when it lands in the live version.
+        on_switch: called with the alias after it was pointed elsewhere (the store forgets
+            what it had opened under that name).
+    """
+
+    def __init__(
+        self,
+        conn: MilvusConnection,
+        settings: MilvusSettings,
+        dim: int,
+        *,
+        alias_for: Callable[[str], str],
+        changes: ChangeLog,
+        on_switch: Callable[[str], None],
+    ) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.dim = dim
+        self.alias_for = alias_for
+        self.changes = changes
+        self.on_switch = on_switch
+
+    def name(self, team_id: str, version: int) -> str:
+        """The physical collection ``<alias>__v<version>``."""
+        return f"{self.alias_for(team_id)}__v{int(version)}"
+
+    def current(self, team_id: str) -> int | None:
+        """The version the team's alias points to; ``None`` when the team has no collection."""
+        alias = self.alias_for(team_id)
+        if not self.conn.call("has collection", "has_collection", alias):
+            return None
+        info = self.conn.call("describe alias", "describe_alias", alias)
+        target = info.get("collection_name", "") if isinstance(info, dict) else ""
+        match = re.fullmatch(re.escape(alias) + r"__v(\d+)", target)
+        if match is None:
+            raise BackendUnavailable(
+                "milvus", f"alias {alias!r} points to {target!r}, not a versioned collection"
+            )
+        return int(match.group(1))
+
+    def existing(self, team_id: str) -> list[int]:
+        """Every physical version of the team's collection that exists, ascending."""
+        pattern = re.compile(re.escape(self.alias_for(team_id)) + r"__v(\d+)")
+        found = []
+        for name in self.conn.call("list collections", "list_collections"):
+            match = pattern.fullmatch(name)
+            if match:
+                found.append(int(match.group(1)))
+        return sorted(found)
+
+    def create_physical(self, physical: str) -> None:
+        """Create ``physical`` with the chunk schema and indexes; "already exists" (another
+        replica was first) is fine."""
+        try:
+            self.conn.call(
+                "create collection",
+                "create_collection",
+                physical,
+                **collection_definition(self.settings, self.dim),
+            )
+            logger.info("created Milvus collection %s (dim=%d)", physical, self.dim)
+        except BackendUnavailable:
+            if not self.conn.call("has collection", "has_collection", physical):
+                raise
+
+    def check_dim(self, name: str) -> None:
+        """Refuse a collection whose vectors are not the embedder's size."""
+        existing = dense_dim(self.conn.call("describe", "describe_collection", name))
+        if existing is not None and existing != self.dim:
+            raise BackendUnavailable(
+                "milvus",
+                f"collection {name!r} holds {existing}-d vectors but the embedder makes "
+                f"{self.dim}-d ones",
+                hint="reindex the team with the new model or point MILVUS__COLLECTION elsewhere",
+            )
+
+    def create(self, team_id: str, version: int) -> str:
+        """Create (idempotently) and load ``<alias>__v<version>`` without pointing the alias
+        at it. Returns the physical name."""
+        physical = self.name(team_id, version)
+        if not self.conn.call("has collection", "has_collection", physical):
+            self.create_physical(physical)
+        self.check_dim(physical)
+        self.conn.call("load", "load_collection", physical)
+        return physical
+
+    def upsert(self, physical: str, chunks: list[ChunkRecord]) -> int:
+        """Upsert chunks into one physical collection (a version being built), by pk."""
+        if not chunks:
+            return 0
+        check_vectors(chunks, self.dim)
+        self.conn.call("upsert", "upsert", physical, [chunk_to_row(c) for c in chunks])
+        self._record_if_live(physical, [c.chunk_id for c in chunks])
+        return len(chunks)
+
+    def lookup(self, physical: str, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
+        """``chunk_id → (content_hash, embed_model)`` in one physical collection (pk only)."""
+        out: dict[str, tuple[str, str]] = {}
+        for start in range(0, len(chunk_ids), 256):
+            rows = self.conn.call(
+                "lookup",
+                "query",
+                physical,
+                filter=f"chunk_id in {milvus_list(chunk_ids[start : start + 256])}",
+                output_fields=["chunk_id", "content_hash", "embed_model"],
+            )
+            for row in rows:
+                out[row["chunk_id"]] = (row["content_hash"], row["embed_model"])
+        return out
+
+    def delete(self, physical: str, chunk_ids: list[str]) -> int:
+        if not chunk_ids:
+            return 0
+        self.conn.call("delete", "delete", physical, ids=list(chunk_ids))
+        self._record_if_live(physical, list(chunk_ids))
+        return len(chunk_ids)
+
+    def _record_if_live(self, physical: str, chunk_ids: list[str]) -> None:
+        """Record a write of one physical version in the change log when its alias names it
+        (a reindex catching up after the swap); a version being built is nobody's to see."""
+        alias, _, version = physical.rpartition("__v")
+        if not version.isdigit() or not self.conn.call("has collection", "has_collection", alias):
+            return
+        info = self.conn.call("describe alias", "describe_alias", alias)
+        if isinstance(info, dict) and info.get("collection_name") == physical:
+            self.changes.record(alias, chunk_ids)
+
+    def count(self, physical: str, expr: str = "") -> int:
+        """Rows of one physical collection matching ``expr`` (all rows when empty)."""
+        rows = self.conn.call("count", "query", physical, filter=expr, output_fields=["count(*)"])
+        return int(rows[0]["count(*)"]) if rows else 0
+
+    def flush(self, physical: str) -> None:
+        self.conn.call("flush", "flush", physical)
+
+    def switch(self, team_id: str, version: int) -> str:
+        """Point the team's alias at ``<alias>__v<version>`` in one ``alter_alias`` call (or
+        create the alias for a team that had none): searches see the old or the new version,
+        never a mix. Returns the physical name."""
+        alias = self.alias_for(team_id)
+        physical = self.name(team_id, version)
+        if not self.conn.call("has collection", "has_collection", physical):
+            raise InvalidInput(f"collection {physical!r} does not exist")
+        if self.conn.call("has collection", "has_collection", alias):
+            self.conn.call("alter alias", "alter_alias", physical, alias)
+        else:
+            self.conn.call("create alias", "create_alias", physical, alias)
+        self.on_switch(alias)
+        self.changes.record_swap(alias)
+        logger.info("alias %s now points to %s", alias, physical)
+        return physical
+
+    def drop(self, team_id: str, version: int) -> bool:
+        """Drop one physical version; refuses the one the alias points to."""
+        if self.current(team_id) == version:
+            raise InvalidInput(f"version {version} is live; switch the alias first")
+        physical = self.name(team_id, version)
+        if not self.conn.call("has collection", "has_collection", physical):
+            return False
+        self.conn.call("drop", "drop_collection", physical)
+        logger.info("dropped Milvus collection %s", physical)
+        return True
+
+    # --- the reads the in-memory index loads and replays from (memindex.cache.RowSource) ---
+    def collection_for(self, team_id: str) -> str:
+        return self.alias_for(team_id)
+
+    def live_physical(self, team_id: str) -> str | None:
+        """The physical collection the team's alias names now; ``None`` without one."""
+        version = self.current(team_id)
+        return None if version is None else self.name(team_id, version)
+
+    def count_team(self, physical: str, team_id: str) -> int:
+        return self.count(physical, f"team_id == {milvus_literal(team_id)}")
+
+    def iter_rows(
+        self, physical: str, team_id: str, batch: int = 1000
+    ) -> Iterator[list[ChunkRecord]]:
+        """Every chunk of ``team_id`` in ``physical``, with its vector, ``batch`` at a time."""
+        try:
+            iterator = self.conn.client.query_iterator(
+                physical,
+                batch_size=batch,
+                filter=f"team_id == {milvus_literal(team_id)}",
+                output_fields=[*OUTPUT_FIELDS, "dense"],
+            )
+            while rows := iterator.next():
+                yield [chunk_with_vector(row) for row in rows]
+            iterator.close()
+        except Exception as exc:
+            raise BackendUnavailable("milvus", f"reading {physical} failed: {exc}") from exc
+
+    def fetch_rows(self, physical: str, chunk_ids: list[str]) -> list[ChunkRecord]:
+        """The stored chunks (with vectors) among ``chunk_ids``; primary-key reads."""
+        out: list[ChunkRecord] = []
+        for start in range(0, len(chunk_ids), 256):
+            rows = self.conn.call(
+                "fetch",
+                "get",
+                physical,
+                ids=chunk_ids[start : start + 256],
+                output_fields=[*OUTPUT_FIELDS, "dense"],
+                consistency_level="Strong",
+            )
+            out += [chunk_with_vector(row) for row in rows]
+        return out
+
+
+def check_vectors(chunks: list[ChunkRecord], dim: int) -> None:
+    """Refuse a chunk whose vector is not ``dim`` long (``InvalidInput``)."""
+    for chunk in chunks:
+        if len(chunk.vector) != dim:
+            raise InvalidInput(
+                f"chunk {chunk.chunk_id} has a {len(chunk.vector)}-d vector, expected {dim}"
+            )
