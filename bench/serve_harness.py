@@ -211,10 +211,8 @@ class ServeHarness:
             raise RuntimeError(f"port {self.port} on 127.0.0.1 is in use; pass another --port")
         store = self.milvus_store()
         try:
-            # A bare client: MilvusStore.start() would create the collection first.
-            client = store._connect()
-            exists = client.has_collection(self.collection)
-            client.close()
+            exists = store.conn.call("has collection", "has_collection", self.collection)
+            store.close()
         except Exception as exc:
             uri = self.settings.milvus.uri
             raise RuntimeError(f"Milvus at {uri} is not reachable: {exc}") from exc

@@ -57,7 +57,7 @@ def ids(hits) -> set[str]:
 
 
 def test_collection_start_is_idempotent(store: MilvusStore):
-    store._ready = False
+    store.conn.reset()  # a dropped connection: start() opens a new one
     store.start()
     store.start()
     assert store.ping()["ready"] is True
