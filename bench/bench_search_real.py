@@ -6,7 +6,8 @@
    ``MilvusStore`` — another process than the Retriever, as the bus consumer is.
 2. The floor, in this process over the same chunks and queries: one query embedding
    (``EmbedderCore``, the deployment's settings: 1 torch thread) + an exact numpy dense top-k
-   + a ``bm25s`` top-k, sequential; medians.
+   + a ``bm25s`` top-k, sequential; measured before and after the gateway's phase (the
+   machine's speed drifts by ±20 % over minutes), medians over both passes' queries.
 3. ``POST /rag/search_docs`` with the AppStream summaries as queries (``top_k`` 10), closed
    loop at each ``--concurrency`` level, ``--reps`` repetitions: client p50/p95, requests/s,
    the server's ``took_ms`` and its ``Server-Timing`` stages; nDCG@10 of the answers.
@@ -258,10 +259,11 @@ async def measure(
     return out
 
 
-def floor(
+def floor_samples(
     settings: Any, chunks: list[Any], queries: list[str], limit: int, n: int
-) -> dict[str, Any]:
-    """One in-process query embedding + exact numpy dense top-k + bm25s top-k, per query."""
+) -> dict[str, list[float]]:
+    """One in-process query embedding + exact numpy dense top-k + bm25s top-k, per query:
+    each stage's milliseconds, per query."""
     import bm25s
 
     from deployments.embedding import EmbedderCore
@@ -291,7 +293,17 @@ def floor(
             for name, dt in (("embed", t1 - t0), ("dense", t2 - t1), ("bm25", t3 - t2)):
                 parts[name].append(dt * 1000)
             parts["total"].append((t3 - t0) * 1000)
-    return {k: round(statistics.median(v), 3) for k, v in parts.items()}
+    return parts
+
+
+def floor_summary(*passes: dict[str, list[float]]) -> dict[str, Any]:
+    """Medians over the passes' queries pooled, and each pass's own total: the floor is
+    measured before and after the gateway's phase, so a machine that changes speed during
+    the run moves both alike."""
+    pooled = {k: [x for p in passes for x in p[k]] for k in passes[0]}
+    out: dict[str, Any] = {k: round(statistics.median(v), 3) for k, v in pooled.items()}
+    out["passes_total"] = [round(statistics.median(p["total"]), 3) for p in passes]
+    return out
 
 
 async def hops(h: ServeHarness, args: argparse.Namespace, labeled: Any, n: int = 200) -> dict:
@@ -385,11 +397,11 @@ async def run(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
     result: dict[str, Any] = {"phases": [], "floors": []}
     result["write_s"] = round(write_chunks(store, chunks, "AppStream", args.flush), 1)
     limit = args.top_k * settings.search.candidate_multiplier
-    result["floors"].append(
-        {"chunks": len(chunks), **floor(settings, chunks, queries, limit, args.floor_queries)}
-    )
-    logger.info("floor at %d chunks: %s", len(chunks), result["floors"][-1])
+    before = floor_samples(settings, chunks, queries, limit, args.floor_queries)
     result["phases"].append(await phase(h, args, labeled, chunks, "base", headers, args.requests))
+    after = floor_samples(settings, chunks, queries, limit, args.floor_queries)
+    result["floors"].append({"chunks": len(chunks), **floor_summary(before, after)})
+    logger.info("floor at %d chunks: %s", len(chunks), result["floors"][-1])
     if args.grow > 1:
         extra = (args.grow - 1) * len(chunks)
         kjv = realtext.embed_chunks(
@@ -399,13 +411,13 @@ async def run(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
         )
         result["grow_write_s"] = round(write_chunks(store, kjv, "KJV", args.flush), 1)
         grown = chunks + kjv
-        result["floors"].append(
-            {"chunks": len(grown), **floor(settings, grown, queries, limit, args.floor_queries)}
-        )
-        logger.info("floor at %d chunks: %s", len(grown), result["floors"][-1])
+        before = floor_samples(settings, grown, queries, limit, args.floor_queries)
         result["phases"].append(
             await phase(h, args, labeled, grown, f"{args.grow}x", headers, args.requests)
         )
+        after = floor_samples(settings, grown, queries, limit, args.floor_queries)
+        result["floors"].append({"chunks": len(grown), **floor_summary(before, after)})
+        logger.info("floor at %d chunks: %s", len(grown), result["floors"][-1])
         chunks = grown
     store.close()
     result["hops"] = await hops(h, args, labeled)

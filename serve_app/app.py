@@ -20,7 +20,7 @@ from ray.serve import Application
 from batch_ingest.source_store import SourceStore
 from deployments.embedder import EmbedderDeployment
 from deployments.embedder import deployment_options as embedder_options
-from deployments.embedding import SplitEmbedder, embedding_dim
+from deployments.embedding import InlineQueryEmbedder, SplitEmbedder, embedding_dim
 from deployments.graph import GraphDeployment
 from deployments.graph import deployment_options as graph_options
 from deployments.protocols import Backends
@@ -97,8 +97,8 @@ def _query_embedder(settings: GatewaySettings, remote: Any) -> Any:
     while another is being embedded, sent to the Embedder deployment."""
     if not settings.embedder.queries_in_ingress:
         return remote
-    local = EmbedderDeployment(settings.embedder)
-    local.reconfigure(embedder_options(settings.embedder)["user_config"])
+    local = InlineQueryEmbedder(settings.embedder)
+    local.start_loading()
     return SplitEmbedder(local, remote, local_slots=settings.embedder.ingress_query_slots)
 
 

@@ -139,3 +139,31 @@ def test_query_location_resolves_by_device(location, device, in_ingress):
 def test_query_location_rejects_unknown_values():
     with pytest.raises(ValueError, match="query_location"):
         EmbedderSettings(query_location="proxy")
+
+
+def test_the_inline_query_embedder_gives_the_cores_vectors():
+    from deployments.embedding import EmbedderCore, InlineQueryEmbedder
+
+    async def scenario():
+        inline = InlineQueryEmbedder(EmbedderSettings())
+        inline.start_loading()
+        got = await inline.embed(["which vector database do we use?"], "query")
+        return got, await inline.status()
+
+    got, status = asyncio.run(scenario())
+    core = EmbedderCore(EmbedderSettings())
+    want = core.embed(["which vector database do we use?"], "query")
+    assert np.allclose(got, want, atol=1e-6)
+    assert status["ready"] is True and status["error"] is None
+    assert status["timing"]["query_inline_n"] == 1
+
+
+def test_the_inline_query_embedder_reports_a_model_that_fails_to_load(tmp_path):
+    from deployments.embedding import InlineQueryEmbedder
+    from deployments.errors import BackendUnavailable
+
+    inline = InlineQueryEmbedder(EmbedderSettings(model_path=str(tmp_path / "nowhere")))
+    with pytest.raises(BackendUnavailable, match="failed to load"):
+        asyncio.run(inline.embed(["q"], "query"))
+    status = asyncio.run(inline.status())
+    assert status["ready"] is False and status["error"]
