@@ -44,7 +44,7 @@ class EmbedderSettings(BaseModel):
     query_prefix: str = ""
     passage_prefix: str = ""
     device: str = "cpu"
-    # One torch thread per replica held up best on 2 shared cores (see NOTES.md).
+    # One torch thread per replica held up best on 2 shared cores (bench/README.md).
     torch_threads: int = Field(1, ge=1, le=64)
     # Texts per forward pass inside one batch.
     forward_batch_size: int = Field(32, ge=1, le=1024)
@@ -59,8 +59,9 @@ class EmbedderSettings(BaseModel):
     # ingress replicas: GPUs and large models) or "auto" (ingress on a CPU device, else the
     # Embedder). Passages are always embedded by the Embedder deployment.
     query_location: Literal["auto", "ingress", "embedder"] = "auto"
-    # A query is embedded in the ingress only while fewer than this many queries are being
-    # embedded (there or by the Embedder); otherwise the Embedder deployment takes it.
+    # A query is embedded in the ingress only while its request is the ingress's only one
+    # and fewer than this many queries are being embedded (there or by the Embedder);
+    # otherwise the Embedder deployment takes it.
     ingress_query_slots: int = Field(1, ge=1, le=64)
 
     @property

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -270,18 +271,25 @@ class SplitEmbedder:
     shared one.
 
     The ingress uses it to embed a query with the model in its own process (no hop) while
-    ingestion's passages go to the batched Embedder deployment. A query that finds
-    ``local_slots`` query embeddings already in flight (here or in the shared embedder) goes
-    to the shared embedder as well: when several requests are in the ingress, the model's
-    other copy runs on another core while this process serves the others, where a local
-    forward pass would hold them all. Both must load the same model with the same settings,
-    so a query and the passages it is matched against are vectors of one space.
+    ingestion's passages go to the batched Embedder deployment. A query goes to the shared
+    embedder as well when ``busy()`` says the process serves other requests too, or when
+    ``local_slots`` query embeddings are already in flight: the local model runs on the
+    ingress's event loop and would hold every other request for its ~10 ms, while the
+    model's other copy runs on another core. Both must load the same model with the same
+    settings, so a query and the passages it is matched against are vectors of one space.
     """
 
-    def __init__(self, queries: Any, passages: Any, local_slots: int = 1) -> None:
+    def __init__(
+        self,
+        queries: Any,
+        passages: Any,
+        local_slots: int = 1,
+        busy: Callable[[], bool] | None = None,
+    ) -> None:
         self.queries = queries
         self.passages = passages
         self.local_slots = local_slots
+        self.busy = busy or (lambda: False)
         self._in_flight = 0
         self._local = 0
         self._spilled = 0
@@ -289,8 +297,9 @@ class SplitEmbedder:
     async def embed(self, texts: list[str], kind: str = "passage") -> Any:
         if kind != "query":
             return await self.passages.embed(texts, kind)
-        target = self.queries if self._in_flight < self.local_slots else self.passages
-        if target is self.queries:
+        local = self._in_flight < self.local_slots and not self.busy()
+        target = self.queries if local else self.passages
+        if local:
             self._local += 1
         else:
             self._spilled += 1

@@ -33,6 +33,7 @@ from serve_app.handles import HandleProxy
 from serve_app.http import create_app
 from serve_app.policy import Policy
 from serve_app.settings import GatewaySettings
+from serve_app.timing import InFlight
 
 logger = logging.getLogger(__name__)
 # The ingress's Serve options (the other deployments own theirs: deployment_options()).
@@ -72,8 +73,10 @@ class Ingress:
     ) -> None:
         logging.basicConfig(level=logging.INFO)
         self.settings = settings
+        self.in_flight = InFlight()
+        remote_embedder = HandleProxy(_direct(embedder), "embedder")
         backends = Backends(
-            embedder=_query_embedder(settings, HandleProxy(_direct(embedder), "embedder")),
+            embedder=_query_embedder(settings, remote_embedder, self.in_flight),
             store=HandleProxy(_direct(retriever), "milvus"),
             graph=HandleProxy(_direct(graph), "neo4j") if graph is not None else None,
             reranker=HandleProxy(_direct(reranker), "reranker") if reranker is not None else None,
@@ -81,7 +84,7 @@ class Ingress:
         self.service = build_service(settings, backends, sources=SourceStore(settings.state.url))
 
     def __serve_build_asgi_app__(self):
-        return create_app(self.service)
+        return create_app(self.service, in_flight=self.in_flight)
 
     def __del__(self) -> None:
         # Serve calls __del__ on a graceful replica shutdown: write the queued audit records.
@@ -90,16 +93,17 @@ class Ingress:
             service.audit.close()
 
 
-def _query_embedder(settings: GatewaySettings, remote: Any) -> Any:
+def _query_embedder(settings: GatewaySettings, remote: Any, in_flight: InFlight) -> Any:
     """The Embedder handle, or, when ``embedder.query_location`` resolves to the ingress,
     the same model loaded in this replica for search queries (a query then pays no hop: ~7
     ms of a ~50 ms search on 2 vCPUs, bench/README.md) with passages, and a query arriving
-    while another is being embedded, sent to the Embedder deployment."""
+    while the ingress serves other requests too, sent to the Embedder deployment."""
     if not settings.embedder.queries_in_ingress:
         return remote
     local = InlineQueryEmbedder(settings.embedder)
     local.start_loading()
-    return SplitEmbedder(local, remote, local_slots=settings.embedder.ingress_query_slots)
+    slots = settings.embedder.ingress_query_slots
+    return SplitEmbedder(local, remote, local_slots=slots, busy=in_flight.busy)
 
 
 def _direct(handle: Any) -> Any:

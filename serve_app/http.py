@@ -13,7 +13,7 @@ from serve_app.auth import Authenticator
 from serve_app.contracts import ErrorBody
 from serve_app.errors import install_error_handlers
 from serve_app.service import GatewayService
-from serve_app.timing import ServerTiming
+from serve_app.timing import CountInFlight, InFlight, ServerTiming
 
 # The error answers every tool route may give, in the one shape of serve_app/errors.py.
 ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
@@ -30,9 +30,14 @@ ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
 }
 
 
-def create_app(service: GatewayService, authenticator: Authenticator | None = None) -> FastAPI:
+def create_app(
+    service: GatewayService,
+    authenticator: Authenticator | None = None,
+    in_flight: InFlight | None = None,
+) -> FastAPI:
     """The app over ``service``; ``authenticator`` defaults to the one ``service.settings``
-    configure (every route but /healthz and /readyz needs a principal)."""
+    configure (every route but /healthz and /readyz needs a principal); ``in_flight``, when
+    given, counts the requests in progress."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -50,6 +55,8 @@ def create_app(service: GatewayService, authenticator: Authenticator | None = No
     app.state.authenticator = authenticator or Authenticator.from_settings(service.settings)
     install_error_handlers(app)
     app.add_middleware(ServerTiming)
+    if in_flight is not None:
+        app.add_middleware(CountInFlight, gauge=in_flight)
     for module in (search, enrich, graph, ingest, events, audit, admin, tools):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)

@@ -64,3 +64,34 @@ class ServerTiming:
             await self.app(scope, receive, send_with_timing)
         finally:
             _record.reset(token)
+
+
+class InFlight:
+    """How many HTTP requests this process is handling now (``CountInFlight`` counts them;
+    one event loop, so no lock). The ingress embeds a query itself only while its request
+    is the only one (``deployments.embedding.SplitEmbedder``)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def busy(self) -> bool:
+        """Another request is in progress besides the caller's own."""
+        return self.count > 1
+
+
+class CountInFlight:
+    """ASGI middleware keeping ``gauge.count`` at the number of HTTP requests in progress."""
+
+    def __init__(self, app: Any, gauge: InFlight) -> None:
+        self.app = app
+        self.gauge = gauge
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.gauge.count += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.gauge.count -= 1

@@ -167,3 +167,43 @@ def test_the_inline_query_embedder_reports_a_model_that_fails_to_load(tmp_path):
         asyncio.run(inline.embed(["q"], "query"))
     status = asyncio.run(inline.status())
     assert status["ready"] is False and status["error"]
+
+
+def test_a_query_goes_to_the_shared_embedder_while_the_process_is_busy():
+    busy = [False]
+    local, shared = Recording("q"), Recording("p")
+    split = SplitEmbedder(queries=local, passages=shared, busy=lambda: busy[0])
+    asyncio.run(split.embed(["alone"], "query"))
+    busy[0] = True
+    asyncio.run(split.embed(["in a crowd"], "query"))
+    assert [c[0] for c in local.calls] == [["alone"]]
+    assert [c[0] for c in shared.calls] == [["in a crowd"]]
+
+
+def test_the_in_flight_middleware_counts_requests_in_progress():
+    import httpx
+    from fastapi import FastAPI
+
+    from serve_app.timing import CountInFlight, InFlight
+
+    gauge = InFlight()
+    seen: list[tuple[int, bool]] = []
+    app = FastAPI()
+    app.add_middleware(CountInFlight, gauge=gauge)
+
+    @app.get("/")
+    async def root() -> dict:
+        await asyncio.sleep(0.05)  # the three concurrent requests overlap here
+        seen.append((gauge.count, gauge.busy()))
+        return {}
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            await client.get("/")
+            await asyncio.gather(*(client.get("/") for _ in range(3)))
+
+    asyncio.run(scenario())
+    assert seen[0] == (1, False)  # alone: not busy
+    assert seen[1] == (3, True)  # the first of three concurrent ones sees all three
+    assert gauge.count == 0  # every request left
