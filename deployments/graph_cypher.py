@@ -213,6 +213,36 @@ WHERE node.team_id = $team_id AND node.visibility IN $visibilities
 RETURN node, score ORDER BY score DESC LIMIT $max_entities
 """
 
+
+def merge_nodes(label: str) -> str:
+    """MERGE ``$nodes`` (``id``, ``name``, ``properties``, ``visibility``) of one label into
+    team ``$team_id``. ``label`` must be one of ``NODE_LABELS`` (the caller checks)."""
+    return f"""
+UNWIND $nodes AS n
+MERGE (x:{label} {{team_id: $team_id, id: n.id}})
+SET x += n.properties, x.name = coalesce(n.name, x.name, n.id), x.visibility = n.visibility
+RETURN count(x) AS c
+"""
+
+
+def merge_relationships(rtype: str, from_label: str, to_label: str) -> str:
+    """MERGE ``$rels`` of one type between two labels in team ``$team_id``; missing ends are
+    created with the relationship's visibility, and a public relationship makes its ends
+    public. Type and labels must come from the vocabulary (the caller checks)."""
+    return f"""
+UNWIND $rels AS r
+MERGE (a:{from_label} {{team_id: $team_id, id: r.from_id}})
+  ON CREATE SET a.name = r.from_id, a.visibility = r.visibility
+SET a.visibility = CASE WHEN r.visibility = 'public' THEN 'public' ELSE a.visibility END
+MERGE (b:{to_label} {{team_id: $team_id, id: r.to_id}})
+  ON CREATE SET b.name = r.to_id, b.visibility = r.visibility
+SET b.visibility = CASE WHEN r.visibility = 'public' THEN 'public' ELSE b.visibility END
+MERGE (a)-[x:{rtype}]->(b)
+SET x += r.properties, x.team_id = $team_id, x.visibility = r.visibility
+RETURN count(x) AS c
+"""
+
+
 # Lucene's query syntax characters; each is escaped with a backslash.
 _LUCENE_SPECIAL = set('+-&|!(){}[]^"~*?:\\/')
 

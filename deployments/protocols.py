@@ -119,8 +119,8 @@ NO_POLICY: dict[str, Any] = {
 @dataclass(frozen=True)
 class GraphScope:
     """What a graph query may touch: one team and the visibilities its caller sees. Built
-    only by ``AccessContext.graph_scope``; the graph store binds both as ``$team_id`` and
-    ``$visibilities`` in every statement."""
+    only by ``serve_app.graph_access.graph_scope``; the graph store binds both as
+    ``$team_id`` and ``$visibilities`` in every statement."""
 
     team_id: str
     visibilities: tuple[str, ...] = ("public",)

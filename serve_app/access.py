@@ -10,12 +10,11 @@ names.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from batch_ingest.documents import SourceDocument
 from deployments.errors import Forbidden
-from deployments.protocols import ChunkRecord, GraphScope, SearchFilter
+from deployments.protocols import ChunkRecord, SearchFilter
 from serve_app.auth.principal import Principal
 from serve_app.contracts import SearchDocsRequest, SearchFilters
 from serve_app.policy import Policy
@@ -27,7 +26,7 @@ VISIBILITY_SCOPE = {
 DEV_SUBJECT = "dev"
 
 
-def _forbidden(
+def forbidden(
     message: str, reason: str, *, field: str | None = None, hint: str | None = None
 ) -> Forbidden:
     return Forbidden(message, reason=reason, field=field, hint=hint)
@@ -75,7 +74,7 @@ class AccessContext:
         if not roles:
             granted = sorted(principal.teams)
             listed = ", ".join(granted[:20]) + (", ..." if len(granted) > 20 else "")
-            raise _forbidden(
+            raise forbidden(
                 f"team {team_id!r} is not granted to this caller",
                 "team_not_granted",
                 field=field_name,
@@ -85,14 +84,14 @@ class AccessContext:
             subject, verified_agent, declared = user_id or DEV_SUBJECT, agent_id, ""
         else:
             if user_id and user_id != principal.sub:
-                raise _forbidden(
+                raise forbidden(
                     f"user_id {user_id!r} is not the authenticated subject",
                     "user_id_mismatch",
                     field="user_id",
                     hint="omit user_id or send the subject of your token",
                 )
             if principal.agent_id and agent_id and agent_id != principal.agent_id:
-                raise _forbidden(
+                raise forbidden(
                     f"agent_id {agent_id!r} is not the authenticated agent",
                     "agent_id_mismatch",
                     field="agent_id",
@@ -134,7 +133,7 @@ class AccessContext:
     def narrowed_to(self, visibility: str) -> AccessContext:
         """This context limited to the privacy mode ``visibility`` (public / confidential)."""
         if visibility not in self.allowed_visibilities:
-            raise _forbidden(
+            raise forbidden(
                 f"mode/visibility {visibility!r} is not granted to roles {list(self.roles)} "
                 f"in team {self.team_id!r}",
                 "confidential_not_granted",
@@ -157,7 +156,7 @@ class AccessContext:
         visibilities = self.allowed_visibilities
         if filters.visibility is not None:
             if filters.visibility not in self.allowed_visibilities:
-                raise _forbidden(
+                raise forbidden(
                     f"filters.visibility={filters.visibility!r} is outside this caller's scope "
                     f"{list(self.allowed_visibilities)}",
                     "confidential_not_granted",
@@ -170,7 +169,7 @@ class AccessContext:
                 self.team_id, filters.project_id, self.roles, self.groups, self.permissions
             )
             if not decision.allowed:
-                raise _forbidden(
+                raise forbidden(
                     f"project {filters.project_id!r} is not accessible: {decision.reason}",
                     decision.reason,
                     field="filters.project_id",
@@ -197,7 +196,7 @@ class AccessContext:
         granted = sorted(self.allowed_doc_types)
         wanted = [d for d in requested if d in self.allowed_doc_types] if requested else granted
         if not wanted:
-            raise _forbidden(
+            raise forbidden(
                 f"doc types {list(requested) or 'any'} are not granted to roles "
                 f"{list(self.roles)} in team {self.team_id!r}",
                 "doc_type_not_granted",
@@ -223,100 +222,6 @@ class AccessContext:
             self.permissions,
         ).allowed
 
-    # --- graph -----------------------------------------------------------------------------
-    def graph_scope(self) -> GraphScope:
-        """``$team_id`` and ``$visibilities`` of every graph statement this caller runs."""
-        return GraphScope(
-            team_id=self.team_id,
-            visibilities=self.allowed_visibilities,
-            policy=self.policy.graph_params(
-                self.team_id, self.roles, self.groups, self.permissions, self.allowed_doc_types
-            ),
-        )
-
-    def check_cypher(self) -> None:
-        """Raises Forbidden unless the roles may send their own Cypher, and nothing in the
-        team is hidden from the caller by doc-type, project or skill policies (the plan check
-        proves team and visibility only; a restricted caller uses the intents, which carry
-        those policies as parameters)."""
-        if not self.policy.may_send_cypher(self.roles):
-            raise _forbidden(
-                f"roles {list(self.roles)} may not send Cypher in team {self.team_id!r}",
-                "cypher_not_granted",
-                field="cypher",
-                hint="use a named intent (GET /graph/intents), or a credential with one of "
-                f"{', '.join(self.policy.cypher_roles) or 'no role'}",
-            )
-        why = (
-            "some doc types are not granted to your roles"
-            if self.allowed_doc_types is not None
-            else self.policy.restriction(self.team_id, self.roles, self.groups, self.permissions)
-        )
-        if why:
-            raise _forbidden(
-                f"Cypher needs access to everything of team {self.team_id!r} in your "
-                f"visibility; {why}",
-                "cypher_restricted_by_policy",
-                field="cypher",
-                hint="use a named intent (GET /graph/intents): they apply your policies",
-            )
-
-    def check_graph_write(self, visibilities: Sequence[str]) -> None:
-        """Raises Forbidden unless the roles may write, and may write confidential entities
-        when any is confidential (the request's mode must be confidential too)."""
-        if not self.policy.may_write(self.roles):
-            raise _forbidden(
-                f"roles {list(self.roles)} may not write to team {self.team_id!r}",
-                "write_not_granted",
-                field="team_id",
-                hint=f"use a credential with one of {', '.join(self.policy.write_roles)}",
-            )
-        if any(v not in self.allowed_visibilities for v in visibilities):
-            raise _forbidden(
-                "confidential entities need mode 'confidential' and a role that grants it",
-                "confidential_not_granted",
-                field="visibility",
-            )
-
-    def may_see_entity(self, entity: dict) -> bool:
-        """Whether a graph node or relationship (as the graph store serialises them) is
-        inside this scope: team and visibility; for documents also doc type, project and
-        skill policies; for projects the project policy."""
-        if entity.get("team_id") != self.team_id:
-            return False
-        if entity.get("visibility") not in self.allowed_visibilities:
-            return False
-        labels = entity.get("labels") or ()
-        if "Doc" in labels:
-            doc_type = entity.get("doc_type") or ""
-            if self.allowed_doc_types is not None and doc_type not in self.allowed_doc_types:
-                return False
-            return self.policy.resource_decision(
-                self.team_id,
-                entity.get("project_id") or "",
-                entity.get("id") or "",
-                tuple(entity.get("tags") or ()),
-                self.roles,
-                self.groups,
-                self.permissions,
-            ).allowed
-        if "Project" in labels:
-            return self.policy.project_decision(
-                self.team_id, entity.get("id") or "", self.roles, self.groups, self.permissions
-            ).allowed
-        return True
-
-    def may_see_value(self, value: object) -> bool:
-        """Every node, relationship and path inside a returned value is visible."""
-        if isinstance(value, dict):
-            kind = value.get("_type")
-            if kind in ("node", "relationship") and not self.may_see_entity(value):
-                return False
-            return all(self.may_see_value(v) for v in value.values())
-        if isinstance(value, list):
-            return all(self.may_see_value(v) for v in value)
-        return True
-
     # --- writing ---------------------------------------------------------------------------
     def check_write(self, doc: SourceDocument, where: str) -> None:
         """Whether this caller may ingest ``doc`` into its team.
@@ -326,20 +231,20 @@ class AccessContext:
                 project whose policy denies the caller.
         """
         if not self.policy.may_write(self.roles):
-            raise _forbidden(
+            raise forbidden(
                 f"{where}: roles {list(self.roles)} may not write to team {self.team_id!r}",
                 "write_not_granted",
                 field=f"{where}.team_id",
                 hint=f"use a credential with one of {', '.join(self.policy.write_roles)}",
             )
         if self.allowed_doc_types is not None and doc.doc_type not in self.allowed_doc_types:
-            raise _forbidden(
+            raise forbidden(
                 f"{where}: doc_type {doc.doc_type!r} is not granted to roles {list(self.roles)}",
                 "doc_type_not_granted",
                 field=f"{where}.doc_type",
             )
         if doc.visibility not in self.allowed_visibilities:
-            raise _forbidden(
+            raise forbidden(
                 f"{where}: roles {list(self.roles)} may not write confidential documents",
                 "confidential_not_granted",
                 field=f"{where}.visibility",
@@ -354,7 +259,7 @@ class AccessContext:
             self.permissions,
         )
         if not decision.allowed:
-            raise _forbidden(
+            raise forbidden(
                 f"{where}: project or skill not accessible: {decision.reason}",
                 decision.reason,
                 field=f"{where}.project_id",

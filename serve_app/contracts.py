@@ -1,5 +1,6 @@
-"""Request and response models of the tool endpoints. The JSON examples of
-shared/spec/rag_gateway_task.md are the contract; extra response fields are additions."""
+"""Request and response models of the tool endpoints. The JSON examples of the original
+specification are the contract (docs/data_contracts.md); extra response fields are
+additions."""
 
 from __future__ import annotations
 

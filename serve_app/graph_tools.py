@@ -1,9 +1,9 @@
 """graph.query_context, graph.explain_path and the entity upsert: the graph tools' service.
 
 Every call builds its AccessContext first (403 before anything runs), passes the graph store
-only ``ctx.graph_scope()`` for the tenant and visibility parameters, filters every returned
-row again with ``ctx.may_see_value`` and audits the decision. Neo4j down answers 503 here
-while document search keeps working.
+only ``graph_access.graph_scope(ctx)`` for the tenant and visibility parameters, filters
+every returned row again with ``graph_access.may_see_value`` and audits the decision. Neo4j
+down answers 503 here while document search keeps working.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from deployments.errors import BackendUnavailable, InvalidInput, NotFound
 from deployments.graph_intents import INTENTS, catalogue
 from deployments.protocols import GraphStore
+from serve_app import graph_access
 from serve_app.access import AccessContext
 from serve_app.audit import request_audit
 from serve_app.auth.principal import Principal
@@ -111,16 +112,18 @@ class GraphTools:
                         hint=f"schema: {intent.args.model_json_schema().get('properties')}",
                     ) from None
                 intent_name = intent.name
-                result = await self._graph_store().run_intent(intent_name, args, ctx.graph_scope())
+                result = await self._graph_store().run_intent(
+                    intent_name, args, graph_access.graph_scope(ctx)
+                )
             else:
-                ctx.check_cypher()
+                graph_access.check_cypher(ctx)
                 result = await self._graph_store().run_cypher(
-                    req.cypher or "", req.params, ctx.graph_scope()
+                    req.cypher or "", req.params, graph_access.graph_scope(ctx)
                 )
             columns = result["columns"]
             kept, filtered = [], 0
             for row in result["rows"]:
-                if ctx.may_see_value(row):
+                if graph_access.may_see_value(ctx, row):
                     kept.append(dict(zip(columns, row, strict=True)))
                 else:
                     filtered += 1
@@ -156,12 +159,12 @@ class GraphTools:
             result = await self._graph_store().explain_path(
                 req.source.model_dump(),
                 req.target.model_dump(),
-                ctx.graph_scope(),
+                graph_access.graph_scope(ctx),
                 req.max_hops,
                 req.max_paths,
             )
-            sources = [n for n in result["source"] if ctx.may_see_entity(n)]
-            targets = [n for n in result["target"] if ctx.may_see_entity(n)]
+            sources = [n for n in result["source"] if graph_access.may_see_entity(ctx, n)]
+            targets = [n for n in result["target"] if graph_access.may_see_entity(ctx, n)]
             for side, found, ref in (("from", sources, req.source), ("to", targets, req.target)):
                 if not found:
                     raise NotFound(
@@ -170,7 +173,7 @@ class GraphTools:
                     )
             paths, filtered = [], 0
             for path in result["paths"]:
-                if not ctx.may_see_value(path):
+                if not graph_access.may_see_value(ctx, path):
                     filtered += 1
                     continue
                 paths.append(
@@ -213,8 +216,8 @@ class GraphTools:
 
         async def run(started: float) -> tuple[GraphUpsertResponse, dict]:
             ctx = self._context(rc.principal, req)
-            ctx.check_graph_write(
-                [n.visibility for n in req.nodes] + [r.visibility for r in req.relationships]
+            graph_access.check_graph_write(
+                ctx, [n.visibility for n in req.nodes] + [r.visibility for r in req.relationships]
             )
             nodes = [n.model_dump() for n in req.nodes]
             rels = [

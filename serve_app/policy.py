@@ -2,7 +2,7 @@
 who may write, and resource policies of projects and shared skills.
 
 It is read from YAML (``auth.policy_file``; the packaged ``serve_app/policy.yaml`` by default)
-once per replica. Resource policies follow shared/spec/wiki_graph_rag_and_rbac.md: an
+once per replica. Resource policies (docs/auth.md) follow the specification's wiki RBAC: an
 ``access_level`` (private / group / public) decided on the caller's groups, then a
 ``required_role`` and a ``required_permission``, each decision with a reason code.
 """

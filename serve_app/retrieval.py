@@ -20,6 +20,7 @@ from deployments.protocols import (
     SearchHit,
     VectorStore,
 )
+from serve_app import graph_access
 from serve_app.access import AccessContext
 from serve_app.contracts import SearchDocsRequest
 from serve_app.ranking import (
@@ -181,12 +182,12 @@ class Retrieval:
                     "neo4j", "the graph is disabled in this deployment (graph_enabled: false)"
                 )
             found = await self.graph.related_docs(
-                req.query, ctx.graph_scope(), opt.max_entities, opt.max_docs
+                req.query, graph_access.graph_scope(ctx), opt.max_entities, opt.max_docs
             )
         except BackendUnavailable as exc:
             degraded.append(f"graph unavailable, searched without it: {exc.message}")
             found, note = {"entities": [], "docs": {}}, "graph unavailable"
-        entities = [e for e in found["entities"] if ctx.may_see_entity(e["node"])]
+        entities = [e for e in found["entities"] if graph_access.may_see_entity(ctx, e["node"])]
         docs = dict(found["docs"])
         if not entities:
             docs = {}

@@ -1,6 +1,6 @@
 """Bus event contracts: the envelope, its mapping to source documents, and applying a batch.
 
-Envelope (DESIGN.md "Bus events"; NATS JetStream subject = the event ``type``,
+Envelope (docs/data_contracts.md, "Bus events"; NATS JetStream subject = the event ``type``,
 ``<domain>.<sub>.<action>``)::
 
     {"event_id": "evt-1", "ts": "2026-12-01T10:00:00Z", "domain": "chat",

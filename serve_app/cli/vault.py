@@ -10,7 +10,7 @@ one ``wiki`` document: ``doc_id`` is its path inside the vault, notes under
 carry the tag ``skill:<SKILL-id>``; front matter gives ``title``, ``tags``, ``created``/
 ``date`` and ``visibility``. The gateway extracts the ``[[wiki-links]]`` itself and writes them
 to the graph. ``projects/<name>/_access.yaml`` and ``shared/skills/<id>/_access.yaml`` are
-validated as resource policies of the gateway (shared/spec/wiki_graph_rag_and_rbac.md) and,
+validated as resource policies of the gateway (docs/auth.md) and,
 with ``--policy-out``, written (merged) into a policy file for ``AUTH__POLICY_FILE``. A bad
 ``_access.yaml`` stops the import before anything is sent (exit status 2); a bad note is
 reported and skipped. Re-running is safe (ingestion is idempotent).

@@ -312,7 +312,7 @@ async def test_delete_removes_chunks_and_the_graph_doc(cfg, nc, pipeline, graph,
     await consume_until(consumer, lambda: _none_pending(nc, cfg))
     assert len(await stored(store, team, ["m1"], "message")) > 1
     q = "MATCH (d:Doc {team_id: $t, id: 'm1'}) RETURN count(d) AS n"
-    assert (await graph.run(q, {"t": team}))[0]["n"] == 1
+    assert (await graph.client.run(q, {"t": team}))[0]["n"] == 1
 
     gone: list[dict] = []
     sub = await nc.subscribe(cfg.deleted_subject, cb=collector(gone))
@@ -331,13 +331,13 @@ async def test_delete_removes_chunks_and_the_graph_doc(cfg, nc, pipeline, graph,
     await sub.unsubscribe()
     assert await stored(store, team, ["m1"], "message") == {}
     assert store.count(team) == 0
-    assert (await graph.run(q, {"t": team}))[0]["n"] == 0
+    assert (await graph.client.run(q, {"t": team}))[0]["n"] == 0
     channel = "MATCH (c:Channel {team_id: $t, id: 'ch_ops'}) RETURN count(c) AS n"
-    assert (await graph.run(channel, {"t": team}))[0]["n"] == 1  # shared entity kept
+    assert (await graph.client.run(channel, {"t": team}))[0]["n"] == 1  # shared entity kept
     row = pipeline.sources.get((team, "message", "m1"))
     assert row.deleted and row.version == 2
     assert [g["doc_id"] for g in gone] == ["m1"]
-    await graph.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True)
+    await graph.client.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True)
 
 
 def test_source_document_of_a_file_event_is_a_file(team):
@@ -367,18 +367,18 @@ async def test_graph_outage_during_an_upsert_is_retried_on_redelivery(
     assert len(await stored(store, team, ["d1"], "doc")) >= 1  # searchable already
     assert pipeline.sources.get((team, "doc", "d1")).version is None
     q = "MATCH (d:Doc {team_id: $t, id: 'd1'}) RETURN count(d) AS n"
-    assert (await graph.run(q, {"t": team}))[0]["n"] == 0
+    assert (await graph.client.run(q, {"t": team}))[0]["n"] == 0
 
     pipeline.graph = graph  # Neo4j is back
     await consume_until(consumer, lambda: _none_pending(nc, cfg))
     await nc.flush()
     await asyncio.sleep(0.2)
     await sub.unsubscribe()
-    assert (await graph.run(q, {"t": team}))[0]["n"] == 1
+    assert (await graph.client.run(q, {"t": team}))[0]["n"] == 1
     assert pipeline.sources.get((team, "doc", "d1")).version == 5
     assert consumer.stats.statuses.get("unchanged") == 1  # chunks not embedded again
     assert [n["doc_id"] for n in indexed] == ["d1"]  # announced once
-    await graph.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True)
+    await graph.client.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True)
 
 
 async def _count(consumer: EventConsumer, status: str, n: int) -> bool:

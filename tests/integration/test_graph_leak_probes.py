@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from deployments.protocols import GraphScope
-from serve_app.access import AccessContext
+from serve_app import graph_access
 from tests.leak_probes import GRAPH_ENDPOINTS, render_tables, run_probes
 
 pytestmark = pytest.mark.integration
@@ -64,30 +64,30 @@ def test_a_failing_fulltext_procedure_is_not_a_500(settings):
 
 def _everything_visible(monkeypatch: pytest.MonkeyPatch) -> None:
     """The store sees both visibilities whatever the mode, and the ingress filter is off."""
-    original = AccessContext.graph_scope
+    original = graph_access.graph_scope
 
-    def graph_scope(self):
-        return dataclasses.replace(original(self), visibilities=("public", "confidential"))
+    def graph_scope(ctx):
+        return dataclasses.replace(original(ctx), visibilities=("public", "confidential"))
 
-    monkeypatch.setattr(AccessContext, "graph_scope", graph_scope)
-    monkeypatch.setattr(AccessContext, "may_see_value", lambda self, value: True)
-    monkeypatch.setattr(AccessContext, "may_see_entity", lambda self, entity: True)
+    monkeypatch.setattr(graph_access, "graph_scope", graph_scope)
+    monkeypatch.setattr(graph_access, "may_see_value", lambda ctx, value: True)
+    monkeypatch.setattr(graph_access, "may_see_entity", lambda ctx, entity: True)
 
 
 def _another_team(monkeypatch: pytest.MonkeyPatch) -> None:
     """The store is asked about the next team of the run; the ingress filter is off."""
 
-    def graph_scope(self):
-        team = self.team_id
+    def graph_scope(ctx):
+        team = ctx.team_id
         for a, b in (("dao_a_", "dao_b_"), ("dao_b_", "dao_c_"), ("dao_c_", "dao_a_")):
             if team.startswith(a):
                 team = b + team[len(a) :]
                 break
-        return GraphScope(team_id=team, visibilities=self.allowed_visibilities)
+        return GraphScope(team_id=team, visibilities=ctx.allowed_visibilities)
 
-    monkeypatch.setattr(AccessContext, "graph_scope", graph_scope)
-    monkeypatch.setattr(AccessContext, "may_see_value", lambda self, value: True)
-    monkeypatch.setattr(AccessContext, "may_see_entity", lambda self, entity: True)
+    monkeypatch.setattr(graph_access, "graph_scope", graph_scope)
+    monkeypatch.setattr(graph_access, "may_see_value", lambda ctx, value: True)
+    monkeypatch.setattr(graph_access, "may_see_entity", lambda ctx, entity: True)
 
 
 @pytest.mark.parametrize("breakage", [_everything_visible, _another_team])

@@ -123,7 +123,7 @@ async def team(graph: Neo4jGraph):
     await build(graph, other)  # same ids, another tenant
     yield team
     for t in (team, other):
-        await graph.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": t}, write=True)
+        await graph.client.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": t}, write=True)
 
 
 def public(team):
@@ -155,10 +155,7 @@ async def test_every_intent_passes_the_cypher_guard(graph: Neo4jGraph, name, res
     intent = INTENTS[name]
     args = intent.args.model_validate(intent.example).model_dump()
     scope = public("t") if restrict else everything("t")
-    await graph.start()
-    async with graph._driver.session(database=graph.settings.database) as session:
-        result = await session.run("EXPLAIN " + intent.cypher, {**args, **scope.params})
-        summary = await result.consume()
+    summary = await graph.client.explain(intent.cypher, {**args, **scope.params})
     check_query_type(summary.query_type)
     check_plan(summary.plan, restrict_visibility=restrict)
 
@@ -331,11 +328,11 @@ REFUSED = [
 
 @pytest.mark.parametrize("query, reason", REFUSED)
 async def test_unsafe_cypher_is_refused_with_a_reason(graph: Neo4jGraph, team, query, reason):
-    before = await graph.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
+    before = await graph.client.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
     with pytest.raises(Forbidden) as err:
         await graph.run_cypher(query, {}, everything(team))
     assert err.value.reason == reason, err.value.message
-    after = await graph.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
+    after = await graph.client.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
     assert after == before
 
 
@@ -426,7 +423,7 @@ async def test_related_docs_follow_named_entities(graph: Neo4jGraph, team):
 
 async def test_wiki_links_resolve_late_and_follow_edits(graph: Neo4jGraph, team):
     async def links(doc_id):
-        rows = await graph.run(
+        rows = await graph.client.run(
             "MATCH (:Doc {team_id: $t, id: $d})-[:LINKS_TO]->(x) RETURN x.id AS id",
             {"t": team, "d": doc_id},
         )
@@ -436,12 +433,12 @@ async def test_wiki_links_resolve_late_and_follow_edits(graph: Neo4jGraph, team)
     # The runbook arrives: the placeholder hands its links over and disappears.
     await graph.merge_documents([gdoc(team, "ops/runbook.md", "Runbook")])
     assert await links("tools/kubectl.md") == {"debugging.md", "ops/runbook.md"}
-    stubs = await graph.run(
+    stubs = await graph.client.run(
         "MATCH (d:Doc {team_id: $t}) WHERE d.stub RETURN count(d) AS c", {"t": team}
     )
     assert stubs[0]["c"] == 0
     # Re-sending the same note changes nothing; an edit that drops a link removes it.
-    before = await graph.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
+    before = await graph.client.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
     await graph.merge_documents(
         [
             gdoc(
@@ -455,7 +452,7 @@ async def test_wiki_links_resolve_late_and_follow_edits(graph: Neo4jGraph, team)
             )
         ]
     )
-    after = await graph.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
+    after = await graph.client.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
     assert after == before
     await graph.merge_documents(
         [
@@ -475,7 +472,7 @@ async def test_wiki_links_resolve_late_and_follow_edits(graph: Neo4jGraph, team)
 
 async def test_upsert_is_idempotent(graph: Neo4jGraph, team):
     async def count():
-        rows = await graph.run(
+        rows = await graph.client.run(
             "MATCH (n {team_id: $t}) OPTIONAL MATCH (n)-[r]->() RETURN count(DISTINCT n) AS n, "
             "count(r) AS r",
             {"t": team},
@@ -542,7 +539,7 @@ async def test_intents_apply_doc_type_project_and_skill_policies(graph: Neo4jGra
 
 async def test_deleting_a_linked_note_leaves_a_placeholder(graph: Neo4jGraph, team):
     async def links(doc_id):
-        rows = await graph.run(
+        rows = await graph.client.run(
             "MATCH (:Doc {team_id: $t, id: $d})-[:LINKS_TO]->(x) "
             "RETURN x.id AS id, coalesce(x.stub, false) AS stub",
             {"t": team, "d": doc_id},
@@ -562,13 +559,13 @@ async def test_deleting_a_linked_note_leaves_a_placeholder(graph: Neo4jGraph, te
     # The note comes back: the placeholder hands the link over and disappears.
     await graph.merge_documents([gdoc(team, "notes/target-note.md", "Target Note")])
     assert await links("notes/source.md") == {("notes/target-note.md", False)}
-    stubs = await graph.run(
+    stubs = await graph.client.run(
         "MATCH (d:Doc {team_id: $t, id: 'wiki:target-note'}) RETURN count(d) AS c", {"t": team}
     )
     assert stubs[0]["c"] == 0
     # Deleting both ends at once leaves no placeholder behind.
     assert await graph.delete_documents(team, ["notes/source.md", "notes/target-note.md"]) == 2
-    rows = await graph.run(
+    rows = await graph.client.run(
         "MATCH (d:Doc {team_id: $t}) WHERE d.id STARTS WITH 'wiki:target' RETURN count(d) AS c",
         {"t": team},
     )

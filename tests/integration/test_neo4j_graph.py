@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 async def team(graph: Neo4jGraph):
     team = f"team_{uuid.uuid4().hex[:8]}"
     yield team
-    await graph.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True)
+    await graph.client.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True)
 
 
 def doc(team: str, doc_id: str, visibility: str = "public", **kw) -> GraphDocument:
@@ -32,8 +32,10 @@ def doc(team: str, doc_id: str, visibility: str = "public", **kw) -> GraphDocume
 
 
 async def counts(graph: Neo4jGraph, team: str) -> tuple[int, int]:
-    nodes = await graph.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
-    rels = await graph.run("MATCH ()-[r {team_id: $t}]->() RETURN count(r) AS c", {"t": team})
+    nodes = await graph.client.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
+    rels = await graph.client.run(
+        "MATCH ()-[r {team_id: $t}]->() RETURN count(r) AS c", {"t": team}
+    )
     return nodes[0]["c"], rels[0]["c"]
 
 
@@ -49,11 +51,11 @@ async def test_merge_twice_creates_no_duplicates(graph: Neo4jGraph, team: str):
 
 async def test_every_node_and_relationship_carries_tenant_and_visibility(graph, team):
     await graph.merge_documents([doc(team, "d1", "confidential", project_id="p", tags=("t",))])
-    missing = await graph.run(
+    missing = await graph.client.run(
         "MATCH (n {team_id: $t}) WHERE n.visibility IS NULL RETURN count(n) AS c", {"t": team}
     )
     assert missing[0]["c"] == 0
-    rels = await graph.run(
+    rels = await graph.client.run(
         "MATCH ()-[r {team_id: $t}]->() RETURN collect(DISTINCT r.visibility) AS v", {"t": team}
     )
     assert rels[0]["v"] == ["confidential"]
@@ -61,12 +63,12 @@ async def test_every_node_and_relationship_carries_tenant_and_visibility(graph, 
 
 async def test_entity_becomes_public_only_when_a_public_doc_names_it(graph, team):
     await graph.merge_documents([doc(team, "secret", "confidential", project_id="p1")])
-    vis = await graph.run(
+    vis = await graph.client.run(
         "MATCH (p:Project {team_id: $t, id: 'p1'}) RETURN p.visibility AS v", {"t": team}
     )
     assert vis[0]["v"] == "confidential"
     await graph.merge_documents([doc(team, "open", "public", project_id="p1")])
-    vis = await graph.run(
+    vis = await graph.client.run(
         "MATCH (p:Project {team_id: $t, id: 'p1'}) RETURN p.visibility AS v", {"t": team}
     )
     assert vis[0]["v"] == "public"
@@ -78,18 +80,18 @@ async def test_same_ids_in_two_teams_stay_separate(graph, team):
         await graph.merge_documents(
             [doc(team, "d1", project_id="p"), doc(other, "d1", project_id="p")]
         )
-        rows = await graph.run(
+        rows = await graph.client.run(
             "MATCH (d:Doc {id: 'd1'})-[:PART_OF]->(p:Project) WHERE d.team_id IN [$a, $b] "
             "RETURN d.team_id AS dt, p.team_id AS pt ORDER BY dt",
             {"a": team, "b": other},
         )
         assert [(r["dt"], r["pt"]) for r in rows] == [(team, team), (other, other)]
     finally:
-        await graph.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": other}, write=True)
+        await graph.client.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": other}, write=True)
 
 
 async def test_schema_constraints_exist(graph: Neo4jGraph):
-    rows = await graph.run("SHOW CONSTRAINTS YIELD name RETURN collect(name) AS names")
+    rows = await graph.client.run("SHOW CONSTRAINTS YIELD name RETURN collect(name) AS names")
     assert {"doc_team_id", "project_team_id", "topic_team_id"} <= set(rows[0]["names"])
 
 

@@ -90,10 +90,10 @@ async def test_graph_records_document_and_its_links(pipeline, graph, team):
         tags=["energy"],
     )
     await pipeline.ingest([doc])
-    rows = await graph.run(
+    rows = await graph.client.run(
         "MATCH (a:Agent)-[:AUTHORED]->(d:Doc {team_id: $t, id: 'd'})-[:PART_OF]->(p:Project) "
         "RETURN a.id AS agent, p.id AS project",
         {"t": team},
     )
     assert rows == [{"agent": "helion", "project": "prj_energy"}]
-    await graph.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True)
+    await graph.client.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True)

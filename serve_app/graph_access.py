@@ -1,0 +1,108 @@
+"""What a caller may do and see in the graph: the scope parameters of every statement it runs,
+whether it may send its own Cypher or write entities, and whether a returned node,
+relationship or path is inside its scope (``AccessContext`` decides the team and visibility;
+these add the graph's own rules)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from deployments.protocols import GraphScope
+from serve_app.access import AccessContext, forbidden
+
+
+def graph_scope(ctx: AccessContext) -> GraphScope:
+    """``$team_id`` and ``$visibilities`` of every graph statement this caller runs."""
+    return GraphScope(
+        team_id=ctx.team_id,
+        visibilities=ctx.allowed_visibilities,
+        policy=ctx.policy.graph_params(
+            ctx.team_id, ctx.roles, ctx.groups, ctx.permissions, ctx.allowed_doc_types
+        ),
+    )
+
+
+def check_cypher(ctx: AccessContext) -> None:
+    """Raises Forbidden unless the roles may send their own Cypher, and nothing in the
+    team is hidden from the caller by doc-type, project or skill policies (the plan check
+    proves team and visibility only; a restricted caller uses the intents, which carry
+    those policies as parameters)."""
+    if not ctx.policy.may_send_cypher(ctx.roles):
+        raise forbidden(
+            f"roles {list(ctx.roles)} may not send Cypher in team {ctx.team_id!r}",
+            "cypher_not_granted",
+            field="cypher",
+            hint="use a named intent (GET /graph/intents), or a credential with one of "
+            f"{', '.join(ctx.policy.cypher_roles) or 'no role'}",
+        )
+    why = (
+        "some doc types are not granted to your roles"
+        if ctx.allowed_doc_types is not None
+        else ctx.policy.restriction(ctx.team_id, ctx.roles, ctx.groups, ctx.permissions)
+    )
+    if why:
+        raise forbidden(
+            f"Cypher needs access to everything of team {ctx.team_id!r} in your visibility; {why}",
+            "cypher_restricted_by_policy",
+            field="cypher",
+            hint="use a named intent (GET /graph/intents): they apply your policies",
+        )
+
+
+def check_graph_write(ctx: AccessContext, visibilities: Sequence[str]) -> None:
+    """Raises Forbidden unless the roles may write, and may write confidential entities
+    when any is confidential (the request's mode must be confidential too)."""
+    if not ctx.policy.may_write(ctx.roles):
+        raise forbidden(
+            f"roles {list(ctx.roles)} may not write to team {ctx.team_id!r}",
+            "write_not_granted",
+            field="team_id",
+            hint=f"use a credential with one of {', '.join(ctx.policy.write_roles)}",
+        )
+    if any(v not in ctx.allowed_visibilities for v in visibilities):
+        raise forbidden(
+            "confidential entities need mode 'confidential' and a role that grants it",
+            "confidential_not_granted",
+            field="visibility",
+        )
+
+
+def may_see_entity(ctx: AccessContext, entity: dict) -> bool:
+    """Whether a graph node or relationship (as the graph store serialises them) is
+    inside this scope: team and visibility; for documents also doc type, project and
+    skill policies; for projects the project policy."""
+    if entity.get("team_id") != ctx.team_id:
+        return False
+    if entity.get("visibility") not in ctx.allowed_visibilities:
+        return False
+    labels = entity.get("labels") or ()
+    if "Doc" in labels:
+        doc_type = entity.get("doc_type") or ""
+        if ctx.allowed_doc_types is not None and doc_type not in ctx.allowed_doc_types:
+            return False
+        return ctx.policy.resource_decision(
+            ctx.team_id,
+            entity.get("project_id") or "",
+            entity.get("id") or "",
+            tuple(entity.get("tags") or ()),
+            ctx.roles,
+            ctx.groups,
+            ctx.permissions,
+        ).allowed
+    if "Project" in labels:
+        return ctx.policy.project_decision(
+            ctx.team_id, entity.get("id") or "", ctx.roles, ctx.groups, ctx.permissions
+        ).allowed
+    return True
+
+
+def may_see_value(ctx: AccessContext, value: object) -> bool:
+    """Every node, relationship and path inside a returned value is visible."""
+    if isinstance(value, dict):
+        kind = value.get("_type")
+        if kind in ("node", "relationship") and not may_see_entity(ctx, value):
+            return False
+        return all(may_see_value(ctx, v) for v in value.values())
+    if isinstance(value, list):
+        return all(may_see_value(ctx, v) for v in value)
+    return True
