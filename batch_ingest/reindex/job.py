@@ -66,7 +66,8 @@ class Reindexer:
         self.worker_factory = worker_factory or (
             lambda physical, check: ReindexWorker(self.spec, physical, check)
         )
-        self._local_worker: tuple[str, bool, ReindexWorker] | None = None
+        # The local engine's worker (it holds the model), kept while the target is the same.
+        self._local_worker: ReindexWorker | None = None
 
     # --- the run -------------------------------------------------------------------------------
     def run(self, options: ReindexOptions) -> ReindexResult:
@@ -255,11 +256,11 @@ class Reindexer:
         if options.engine == "ray":
             run_ray(self.spec, physical, check_existing, documents, options, sink, on_note)
             return
-        cached = self._local_worker
-        if cached is None or cached[:2] != (physical, check_existing):
-            cached = (physical, check_existing, self.worker_factory(physical, check_existing))
-            self._local_worker = cached
-        run_local(cached[2], documents, options.batch_size, sink)
+        worker = self._local_worker
+        if worker is None or worker.physical != physical:
+            worker = self._local_worker = self.worker_factory(physical, check_existing)
+        worker.check_existing = check_existing
+        run_local(worker, documents, options.batch_size, sink)
 
     def _catch_up(
         self,
