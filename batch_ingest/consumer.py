@@ -6,8 +6,9 @@
 What it does:
 
 - Creates (idempotently) the stream ``RAG_EVENTS`` over the subjects of the ingestion types
-  (``chat.message.created``, ``doc.upserted``, ``file.uploaded``, ``doc.deleted``; the subject
-  is the event ``type``), file storage, 7 days, a 2-minute duplicate window (publishers should
+  (``chat.message.created``, ``doc.upserted``, ``file.uploaded``, ``doc.deleted``, and the
+  specification's ``message.created`` and ``doc.upsert`` as aliases; the subject is the event
+  ``type``), file storage, 7 days, a 2-minute duplicate window (publishers should
   set ``Nats-Msg-Id`` to the ``event_id``: the server then drops a re-published copy), and the
   stream ``RAG_EVENTS_DLQ`` over ``rag.dlq.>``.
 - A durable pull consumer (``rag-ingest``): explicit ack, ``max_deliver`` N, server ``backoff``

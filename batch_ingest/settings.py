@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from batch_ingest.event_types import EVENT_TYPES
+from batch_ingest.event_types import SUBJECT_TYPES
 from deployments.config import PLACEHOLDER_SECRETS, EmbedderSettings, MilvusSettings, Neo4jSettings
 
 
@@ -79,7 +79,7 @@ class ConsumerSettings(BaseModel):
 
     @property
     def subjects(self) -> list[str]:
-        return [self.subject(t) for t in EVENT_TYPES]
+        return [self.subject(t) for t in SUBJECT_TYPES]
 
     @property
     def dlq_stream(self) -> str:

@@ -66,6 +66,7 @@ from batch_ingest.event_types import (
     DOC_UPSERTED,
     EVENT_TYPES,
     FILE_UPLOADED,
+    canonical_type,
 )
 from batch_ingest.source_store import Key
 
@@ -147,7 +148,9 @@ class EventEnvelope(BaseModel):
 
     @model_validator(mode="after")
     def _full_type(self) -> EventEnvelope:
-        # "message.created" in domain "chat" is "chat.message.created".
+        # "message.created" in domain "chat" is "chat.message.created"; the specification's
+        # spellings ("doc.upsert") stand for the types they name.
+        self.type = canonical_type(self.type)
         full = self.type if self.type.startswith(self.domain + ".") else None
         if full is None and f"{self.domain}.{self.type}" in EVENT_TYPES:
             full = f"{self.domain}.{self.type}"
@@ -333,5 +336,7 @@ def _document(env: EventEnvelope, p: _DocFields) -> SourceDocument:
 
 
 def subject_type(subject: str, prefix: str = "") -> str:
-    """The event type a subject carries (the subject minus the deployment ``prefix``)."""
-    return subject[len(prefix) :] if prefix and subject.startswith(prefix) else subject
+    """The event type a subject carries (the subject minus the deployment ``prefix``; an
+    alias subject such as ``doc.upsert`` carries the type it names)."""
+    name = subject[len(prefix) :] if prefix and subject.startswith(prefix) else subject
+    return canonical_type(name)

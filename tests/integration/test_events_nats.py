@@ -262,6 +262,24 @@ async def test_out_of_order_revisions_the_newest_wins(cfg, nc, pipeline, store, 
     assert pipeline.sources.get((team, "doc", "x")).version == 3
 
 
+async def test_the_specifications_subjects_are_consumed_as_their_types(
+    cfg, nc, pipeline, store, team
+):
+    # Published as the specification spells them: subject and type "doc.upsert" and
+    # "message.created" (domain chat).
+    doc = event(team, "doc.upserted", {"doc_id": "spec", "text": "solar batteries notes"})
+    doc["type"] = "doc.upsert"
+    msg = event(team, "chat.message.created", {"message_id": "sm", "text": "grid node talk"})
+    msg["type"] = "message.created"
+    for raw in (doc, msg):
+        await publish(nc, cfg, raw)
+    consumer = EventConsumer(nc, pipeline, cfg)
+    await consume_until(consumer, lambda: _none_pending(nc, cfg))
+    assert consumer.stats.statuses == {"indexed": 2}
+    assert await asyncio.to_thread(store.get_chunks, team, "doc", "spec")
+    assert await asyncio.to_thread(store.get_chunks, team, "message", "sm")
+
+
 class PoisonRetriever(RetrieverDeployment):
     """Refuses the chunks of document ``poison`` every time (a deterministic failure)."""
 

@@ -76,6 +76,28 @@ def test_short_type_is_completed_with_the_domain():
     assert ev.envelope.type == "chat.message.created"
 
 
+@pytest.mark.parametrize(
+    ("domain", "etype", "full"),
+    [("doc", "doc.upsert", "doc.upserted"), ("chat", "message.created", "chat.message.created")],
+)
+def test_the_specifications_spellings_are_aliases(domain, etype, full):
+    payload = {"doc_id": "d1", "message_id": "m1", "text": "Milvus notes"}
+    ev = parse_event(envelope(full, payload, domain=domain, type=etype))
+    assert isinstance(ev, MappedEvent), ev
+    assert ev.envelope.type == full
+
+
+def test_the_bus_reads_the_alias_subjects_as_their_types():
+    from batch_ingest.events.envelope import subject_type
+    from batch_ingest.settings import ConsumerSettings
+
+    cfg = ConsumerSettings(subject_prefix="t1.")
+    assert {"t1.doc.upsert", "t1.message.created", "t1.doc.upserted"} <= set(cfg.subjects)
+    assert subject_type("t1.doc.upsert", "t1.") == "doc.upserted"
+    assert subject_type("t1.message.created", "t1.") == "chat.message.created"
+    assert subject_type("t1.doc.deleted", "t1.") == "doc.deleted"
+
+
 def test_file_uploaded_maps_to_a_file_titled_by_filename():
     ev = parse_event(
         envelope(
