@@ -14,7 +14,8 @@ import numpy as np
 from ray import serve
 
 from deployments.config import EMBED_BATCH, EMBED_BATCH_WAIT_S, EmbedderSettings
-from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.errors import InvalidInput
+from deployments.loading import BackgroundLoad
 from deployments.timing import MeanTimes
 
 if TYPE_CHECKING:
@@ -62,16 +63,8 @@ class EmbedderDeployment:
         self._max_texts = settings.max_batch_size
         # In-replica time per call and per model batch (status(), so /readyz shows it).
         self._timing = MeanTimes()
-        self._load_error: str | None = None
-        self._loading = asyncio.get_running_loop().run_in_executor(None, self._load)
-
-    def _load(self) -> None:
-        try:
-            self.core.start()
-        except Exception as exc:  # reported by status(); embed() raises it again
-            logger.exception("embedder failed to load")
-            self._load_error = f"{type(exc).__name__}: {exc}"
-            raise
+        self._loading = BackgroundLoad(self.core.start, "embedder")
+        self._loading.begin()
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Batch size and waits come from ``user_config`` so ops can tune without a restart:
@@ -94,7 +87,7 @@ class EmbedderDeployment:
             "model": self.core.settings.embed_model_tag,
             "path": self.core.model_path,
             "dim": self.core.dim,
-            "error": self._load_error,
+            "error": self._loading.error,
             "timing": self._timing.snapshot(),
         }
 
@@ -102,10 +95,7 @@ class EmbedderDeployment:
         if kind not in ("query", "passage"):
             raise InvalidInput(f"kind must be 'query' or 'passage', got {kind!r}")
         if not self.core.loaded:
-            try:
-                await asyncio.shield(self._loading)
-            except Exception as exc:
-                raise BackendUnavailable("embedder", f"model failed to load: {exc}") from exc
+            await self._loading.wait()
         if not texts:
             return np.zeros((0, self.core.dim or 0), dtype=np.float32)
         queue = self._embed_queries if kind == "query" else self._embed_passages

@@ -16,6 +16,7 @@ import numpy as np
 
 from deployments.config import EmbedderSettings
 from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.loading import BackgroundLoad
 from deployments.timing import MeanTimes
 
 if TYPE_CHECKING:
@@ -217,8 +218,8 @@ class LocalEmbedder:
 class InlineQueryEmbedder:
     """``EmbedderCore`` run on the caller's event loop: no worker thread, no batch queue.
 
-    For the ingress's own query embeddings, which ``SplitEmbedder`` sends here one at a time
-    (a query finding another in flight goes to the Embedder deployment), so a queue has
+    For the ingress's own query embeddings, which ``SplitEmbedder`` sends here only for a
+    request that is alone in the ingress (the others go to the Embedder deployment), so a queue has
     nothing to batch: at concurrency 1 ``@serve.batch``'s hand-offs cost ~3.7 ms of a ~22 ms
     call (bench/README.md). The model loads in a thread when the loop starts the first call,
     or at once with ``start_loading``.
@@ -227,30 +228,15 @@ class InlineQueryEmbedder:
     def __init__(self, settings: EmbedderSettings) -> None:
         self.core = EmbedderCore(settings)
         self._timing = MeanTimes()
-        self._loading: asyncio.Future[None] | None = None
-        self._load_error: str | None = None
+        self._loading = BackgroundLoad(self.core.start, "embedder")
 
     def start_loading(self) -> None:
         """Load the model in a worker thread of the running loop (idempotent)."""
-        if self._loading is None:
-            self._loading = asyncio.get_running_loop().run_in_executor(None, self._load)
-
-    def _load(self) -> None:
-        try:
-            self.core.start()
-        except Exception as exc:  # status() reports it; embed() raises it again
-            logger.exception("query embedder failed to load")
-            self._load_error = f"{type(exc).__name__}: {exc}"
-            raise
+        self._loading.begin()
 
     async def embed(self, texts: list[str], kind: str = "query") -> np.ndarray:
         if not self.core.loaded:
-            self.start_loading()
-            assert self._loading is not None
-            try:
-                await asyncio.shield(self._loading)
-            except Exception as exc:
-                raise BackendUnavailable("embedder", f"model failed to load: {exc}") from exc
+            await self._loading.wait()
         started = time.perf_counter()
         vectors = self.core.embed(texts, kind)
         self._timing.add(f"{kind}_inline", started, len(texts))
@@ -261,7 +247,7 @@ class InlineQueryEmbedder:
             "ready": self.core.loaded,
             "model": self.core.settings.embed_model_tag,
             "dim": self.core.dim,
-            "error": self._load_error,
+            "error": self._loading.error,
             "timing": self._timing.snapshot(),
         }
 

@@ -4,6 +4,7 @@ the baseline the benchmarks and the store's integration tests hold the gateway's
 
 from __future__ import annotations
 
+from deployments.errors import InvalidInput
 from deployments.milvus_rows import OUTPUT_FIELDS
 from deployments.milvus_store import BM25_PARAMS, MilvusStore, hits_of
 from deployments.protocols import SearchFilter, SearchHit
@@ -55,7 +56,5 @@ def search_by_mode(
     if mode != "hybrid":
         return store.search(query_text, query_vector, flt, limit, mode)
     if query_vector is None:
-        from deployments.errors import InvalidInput
-
         raise InvalidInput("mode 'hybrid' needs a query vector")
     return hybrid_search(store, query_text, query_vector, flt, limit, rrf_k)

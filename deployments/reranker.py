@@ -20,7 +20,8 @@ import numpy as np
 from ray import serve
 
 from deployments.config import RERANK_BATCH, RERANK_BATCH_WAIT_S, RerankerSettings
-from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.errors import InvalidInput
+from deployments.loading import BackgroundLoad
 
 logger = logging.getLogger(__name__)
 
@@ -133,16 +134,8 @@ class RerankerDeployment:
 
     def __init__(self, settings: RerankerSettings) -> None:
         self.core = RerankerCore(settings)
-        self._error: str | None = None
-        self._loading = asyncio.get_running_loop().run_in_executor(None, self._load)
-
-    def _load(self) -> None:
-        try:
-            self.core.start()
-        except Exception as exc:
-            logger.exception("reranker failed to load")
-            self._error = f"{type(exc).__name__}: {exc}"
-            raise
+        self._loading = BackgroundLoad(self.core.start, "reranker")
+        self._loading.begin()
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         # @serve.batch wraps the method in a queue with setters its stubs do not declare.
@@ -156,15 +149,12 @@ class RerankerDeployment:
         return {
             "ready": self.core.loaded,
             "model": self.core.settings.model_path or self.core.settings.backend,
-            "error": self._error,
+            "error": self._loading.error,
         }
 
     async def rerank(self, query: str, texts: list[str]) -> np.ndarray:
         if not self.core.loaded:
-            try:
-                await asyncio.shield(self._loading)
-            except Exception as exc:
-                raise BackendUnavailable("reranker", f"model failed to load: {exc}") from exc
+            await self._loading.wait()
         if not texts:
             return np.zeros(0, dtype=np.float32)
         return await self._rerank_batch((query, texts))
