@@ -33,6 +33,7 @@ class GatewayError(Exception):
         hint: str | None = None,
         field: str | None = None,
         reason: str | None = None,
+        fields: list[dict[str, str]] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -40,6 +41,9 @@ class GatewayError(Exception):
         # The request field at fault, as a dotted path (``filters.visibility``), when known.
         self.field = field
         self.reason = reason
+        # Several fields at fault, each ``{"field": ..., "problem": ...}`` (``field`` is the
+        # first of them).
+        self.fields = fields
 
     @property
     def headers(self) -> dict[str, str]:

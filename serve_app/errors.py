@@ -146,7 +146,9 @@ def install_error_handlers(app: FastAPI) -> None:
         }
         if exc.reason:
             content["reason"] = exc.reason
-        if exc.field:
+        if exc.fields:
+            content["fields"] = exc.fields
+        elif exc.field:
             content["fields"] = [{"field": exc.field, "problem": exc.message}]
         return JSONResponse(
             status_code=exc.status_code, content=content, headers=exc.headers or None

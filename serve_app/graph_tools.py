@@ -9,6 +9,7 @@ down answers 503 here while document search keeps working.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -51,6 +52,8 @@ class GraphTools:
         self.graph = graph
         self.policy = policy
         self.recorder = recorder
+        # Called with the team after an entity upsert (the service raises its generation).
+        self.on_write: Callable[[str], Awaitable[None]] | None = None
 
     def _graph_store(self) -> GraphStore:
         if self.graph is None:
@@ -233,6 +236,8 @@ class GraphTools:
                 for r in req.relationships
             ]
             merged = await self._graph_store().upsert_entities(req.team_id, nodes, rels)
+            if self.on_write is not None:  # graph-boosted answers of the team may change
+                await self.on_write(req.team_id)
             response = GraphUpsertResponse(
                 nodes=merged["nodes"],
                 relationships=merged["relationships"],

@@ -14,6 +14,7 @@ from serve_app.contracts import ErrorBody
 from serve_app.errors import install_error_handlers
 from serve_app.service import GatewayService
 from serve_app.timing import CountInFlight, InFlight, ServerTiming
+from serve_app.tools.runner import ToolRunner
 
 # The error answers every tool route may give, in the one shape of serve_app/errors.py.
 ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
@@ -52,6 +53,7 @@ def create_app(
         description="Tool endpoints for agents over Milvus and Neo4j, tenancy-enforced.",
     )
     app.state.service = service
+    app.state.tools = ToolRunner(service)
     app.state.authenticator = authenticator or Authenticator.from_settings(service.settings)
     install_error_handlers(app)
     app.add_middleware(ServerTiming)

@@ -228,6 +228,42 @@ class AuditSettings(BaseModel):
     required_for_ready: bool = False
 
 
+class CacheSettings(BaseModel):
+    """The semantic cache of rag.search_docs (serve_app/cache/): answers kept per agent, team,
+    compiled access scope and index generation, found again for the same or a near-duplicate
+    query (cosine of the query embeddings at least ``similarity``) within ``ttl_s``."""
+
+    enabled: bool = True
+    # "memory": one cache per ingress replica (the embedded default); "redis": shared by all
+    # replicas, at ``redis_url``.
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Prefix of every Redis key, so one Redis can serve several gateways.
+    redis_prefix: str = Field("rag:cache:", min_length=1, max_length=64)
+    # Seconds an answer is served from the cache (a profile may set its own, never longer).
+    ttl_s: float = Field(300.0, gt=0, le=86_400)
+    # Cosine of two query embeddings from which the second is answered with the first's
+    # result; 1.0 keeps only exact repeats (after whitespace and case folding).
+    similarity: float = Field(0.95, ge=0.5, le=1.0)
+    # Entries kept in memory (least recently used dropped first), and per bucket (one bucket
+    # per agent, team, scope, request shape and generation: the near-duplicate scan's length).
+    max_entries: int = Field(10_000, ge=1)
+    max_per_bucket: int = Field(256, ge=1, le=10_000)
+    # Seconds a Redis call may take before the cache is skipped (the search runs uncached).
+    redis_timeout_s: float = Field(0.25, gt=0, le=10)
+
+
+class ProfileSettings(BaseModel):
+    """Per-agent RAG profiles (serve_app/profiles.py): a YAML file keyed by agent id; empty
+    uses the packaged serve_app/profiles.yaml."""
+
+    file: str = ""
+    # The permission a credential needs before its X-Agent-Id header names the profile (a
+    # router calling for its agents); any other credential gets the profile of its own
+    # verified agent id, or the default.
+    route_permission: str = "rag:route_agents"
+
+
 class GatewaySettings(BatchSettings):
     """All configuration of the gateway, read from the environment and from app args."""
 
@@ -237,6 +273,8 @@ class GatewaySettings(BatchSettings):
     enrich: EnrichSettings = EnrichSettings()
     auth: AuthSettings = AuthSettings()
     audit: AuditSettings = AuditSettings()
+    cache: CacheSettings = CacheSettings()
+    profiles: ProfileSettings = ProfileSettings()
 
     @model_validator(mode="after")
     def _verified_identity_in_production(self) -> GatewaySettings:

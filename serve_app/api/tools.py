@@ -1,75 +1,55 @@
-"""``GET /tools``: the agent tools this gateway serves, with JSON schemas for a router's tool
-configuration (DAGI Router and the like). Schemas only: no tenant data, no credential needed."""
+"""The agent tools: ``GET /tools`` lists them in the shape a caller loads (``format=openai``
+function-calling tools, ``mcp`` the MCP tool list, ``router`` DAGI-Router entries, or the
+gateway's own listing), and ``POST /tools/{function}`` runs one with an LLM's arguments as
+the body — the endpoint router entries point at. Tenancy comes from the credential and the
+router's headers (serve_app/tools/tenancy.py), never from the arguments."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Body, Query, Request
+from fastapi.responses import PlainTextResponse
 
-from serve_app.contracts import (
-    EnrichAnswerRequest,
-    EnrichAnswerResponse,
-    SearchDocsRequest,
-    SearchDocsResponse,
-)
-from serve_app.graph_contracts import (
-    ExplainPathRequest,
-    ExplainPathResponse,
-    GraphQueryRequest,
-    GraphQueryResponse,
-)
+from serve_app.api.deps import Caller
+from serve_app.tools.catalog import gateway_tools, mcp_tools, openai_tools, router_entries
+from serve_app.tools.runner import ToolRunner
 
-router = APIRouter(tags=["ops"])
-
-TOOLS = (
-    (
-        "rag.search_docs",
-        "POST /rag/search_docs",
-        "Hybrid (dense + BM25, optionally graph-scoped) search of the team's documents; "
-        "matches with score, title, snippet and source_ref.",
-        SearchDocsRequest,
-        SearchDocsResponse,
-    ),
-    (
-        "rag.enrich_answer",
-        "POST /rag/enrich_answer",
-        "Citations for a draft answer from the team's documents, and the claims they do "
-        "not support.",
-        EnrichAnswerRequest,
-        EnrichAnswerResponse,
-    ),
-    (
-        "graph.query_context",
-        "POST /graph/query",
-        "Relationship questions over the team's knowledge graph: a named intent with args "
-        "(GET /graph/intents), or read-only Cypher for roles allowed to send it.",
-        GraphQueryRequest,
-        GraphQueryResponse,
-    ),
-    (
-        "graph.explain_path",
-        "POST /graph/explain_path",
-        "How two entities are connected inside the caller's scope, with a sentence per path.",
-        ExplainPathRequest,
-        ExplainPathResponse,
-    ),
-)
+router = APIRouter(tags=["tools"])
 
 
 @router.get("/tools")
-async def tools() -> dict[str, Any]:
-    """The four tools with their input and output JSON schemas."""
-    return {
-        "tools": [
-            {
-                "name": name,
-                "endpoint": endpoint,
-                "description": description,
-                "input_schema": request.model_json_schema(),
-                "output_schema": response.model_json_schema(),
-                "auth": "Authorization: Bearer <JWT or API key>",
-            }
-            for name, endpoint, description, request, response in TOOLS
-        ]
-    }
+async def tools(
+    request: Request,
+    format: Literal["gateway", "openai", "mcp", "router"] = Query(
+        "gateway", description="The shape of the listing."
+    ),
+) -> dict[str, Any]:
+    """The four tools with their argument schemas, in the shape ``format`` names."""
+    if format == "openai":
+        return {"tools": openai_tools()}
+    if format == "mcp":
+        return {"tools": mcp_tools()}
+    if format == "router":
+        base = str(request.base_url).rstrip("/")
+        return {"provider": {"id": "rag-gateway", "base_url": base}, "tools": router_entries()}
+    return {"tools": gateway_tools()}
+
+
+@router.post("/tools/{function}", response_model=None)
+async def call_tool(
+    function: str,
+    request: Request,
+    caller: Caller,
+    arguments: Annotated[dict[str, Any] | None, Body()] = None,
+):
+    """Run a tool (``rag_search_docs``, ``rag_enrich_answer``, ``graph_query_context``,
+    ``graph_explain_path``) with the LLM's arguments as the JSON body. ``X-Team-Id`` names
+    the team when the credential grants several; ``X-Rag-Visibility: confidential`` widens to
+    confidential documents where the credential allows it. ``format: "text"`` answers
+    ``text/plain``."""
+    runner: ToolRunner = request.app.state.tools
+    result = await runner.call(function, arguments, caller, request.headers)
+    if result.text is not None:
+        return PlainTextResponse(result.text)
+    return result.response.model_dump(mode="json", exclude_none=True, by_alias=True)

@@ -1,0 +1,227 @@
+"""The four agent tools, one ``ToolSpec`` each: the source every face is generated from —
+``GET /tools`` (the gateway's own listing, OpenAI function-calling tools, the MCP tool list,
+DAGI-Router entries), ``POST /tools/{function}`` and the MCP server. Nothing here is copied
+by hand into another shape: the schemas are the argument models' own."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from serve_app.contracts import (
+    EnrichAnswerRequest,
+    EnrichAnswerResponse,
+    SearchDocsRequest,
+    SearchDocsResponse,
+)
+from serve_app.graph_contracts import (
+    ExplainPathRequest,
+    ExplainPathResponse,
+    GraphQueryRequest,
+    GraphQueryResponse,
+)
+from serve_app.tools.args import EnrichAnswerArgs, ExplainPathArgs, GraphQueryArgs, SearchDocsArgs
+from serve_app.tools.tenancy import ToolTenancy
+
+# The function-name rule of OpenAI, Anthropic and Gemini tool calling.
+FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+TOOL_ROUTE = "/tools/{function}"
+
+
+def _with_filters(args: BaseModel) -> dict[str, Any]:
+    assert isinstance(args, SearchDocsArgs | EnrichAnswerArgs)
+    body = args.model_dump(exclude={"format", "filters"})
+    body["filters"] = args.filters.search_filters()
+    return body
+
+
+def _graph(args: BaseModel) -> dict[str, Any]:
+    body = args.model_dump(exclude={"format"}, exclude_none=True)
+    return {k: v for k, v in body.items() if v != {}}
+
+
+def _path(args: BaseModel) -> dict[str, Any]:
+    assert isinstance(args, ExplainPathArgs)
+    return {
+        "from": args.source,
+        "to": args.target,
+        "max_hops": args.max_hops,
+        "max_paths": args.max_paths,
+    }
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool: its dotted name (the specification's), the function name tool-calling APIs
+    accept, the HTTP route of the full request, the arguments an LLM fills, the full request
+    they complete into, and the response."""
+
+    name: str
+    route: str
+    args: type[BaseModel]
+    request: type[BaseModel]
+    response: type[BaseModel]
+    # The argument fields of the full request (tenancy is added by ``build``).
+    _fields: Callable[[BaseModel], dict[str, Any]]
+
+    @property
+    def function(self) -> str:
+        return self.name.replace(".", "_")
+
+    @property
+    def endpoint(self) -> str:
+        """Where a router posts the LLM's arguments."""
+        return TOOL_ROUTE.format(function=self.function)
+
+    @property
+    def description(self) -> str:
+        return " ".join((self.args.__doc__ or self.name).split())
+
+    def parameters(self) -> dict[str, Any]:
+        """The argument model's JSON schema, references inlined and titles dropped (the
+        plain shape every function-calling API accepts)."""
+        schema = plain_schema(self.args.model_json_schema(by_alias=True))
+        schema.pop("description", None)  # the tool's own description says it
+        return schema
+
+    def build(self, args: BaseModel, tenancy: ToolTenancy) -> BaseModel:
+        """The full HTTP request of these arguments, for the caller's team and mode.
+
+        Raises:
+            pydantic.ValidationError: the arguments break a rule of the full request.
+        """
+        body = self._fields(args)
+        body.update(team_id=tenancy.team_id, visibility=tenancy.visibility)
+        return self.request.model_validate(body)
+
+
+TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        "rag.search_docs",
+        "/rag/search_docs",
+        SearchDocsArgs,
+        SearchDocsRequest,
+        SearchDocsResponse,
+        _with_filters,
+    ),
+    ToolSpec(
+        "rag.enrich_answer",
+        "/rag/enrich_answer",
+        EnrichAnswerArgs,
+        EnrichAnswerRequest,
+        EnrichAnswerResponse,
+        _with_filters,
+    ),
+    ToolSpec(
+        "graph.query_context",
+        "/graph/query",
+        GraphQueryArgs,
+        GraphQueryRequest,
+        GraphQueryResponse,
+        _graph,
+    ),
+    ToolSpec(
+        "graph.explain_path",
+        "/graph/explain_path",
+        ExplainPathArgs,
+        ExplainPathRequest,
+        ExplainPathResponse,
+        _path,
+    ),
+)
+BY_FUNCTION = {t.function: t for t in TOOLS} | {t.name: t for t in TOOLS}
+
+
+def plain_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with every ``$ref`` to ``$defs`` replaced by its definition and the
+    ``title`` keys pydantic adds removed."""
+    defs = schema.get("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                target = defs[node["$ref"].rsplit("/", 1)[-1]]
+                merged = {**copy.deepcopy(target), **{k: v for k, v in node.items() if k != "$ref"}}
+                return walk(merged)
+            return {
+                k: walk(v)
+                for k, v in node.items()
+                if k not in ("$defs", "title") or (k == "title" and isinstance(v, dict))
+            }
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(schema)
+
+
+def openai_tools() -> list[dict[str, Any]]:
+    """Chat Completions ``tools``: ``{"type": "function", "function": {name, description,
+    parameters}}``."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.function,
+                "description": t.description,
+                "parameters": t.parameters(),
+            },
+        }
+        for t in TOOLS
+    ]
+
+
+def mcp_tools() -> list[dict[str, Any]]:
+    """The MCP ``tools/list`` entries: name, description, inputSchema, outputSchema."""
+    return [
+        {
+            "name": t.function,
+            "title": t.name,
+            "description": t.description,
+            "inputSchema": t.parameters(),
+            "outputSchema": plain_schema(t.response.model_json_schema(mode="serialization")),
+        }
+        for t in TOOLS
+    ]
+
+
+def router_entries(base_url: str = "") -> list[dict[str, Any]]:
+    """DAGI-Router tool entries (``agents.<id>.tools``): ``{id, type: external, endpoint,
+    description}``; ``endpoint`` is absolute when ``base_url`` is given."""
+    base = base_url.rstrip("/")
+    return [
+        {
+            "id": t.name,
+            "type": "external",
+            "endpoint": f"{base}{t.endpoint}",
+            "method": "POST",
+            "description": t.description,
+            "parameters": t.parameters(),
+        }
+        for t in TOOLS
+    ]
+
+
+def gateway_tools() -> list[dict[str, Any]]:
+    """The gateway's own listing: both names, both routes, arguments, the full request and
+    the response schema."""
+    return [
+        {
+            "name": t.name,
+            "function": t.function,
+            # The full HTTP request (team_id in the body) and the tool call (arguments only).
+            "endpoint": f"POST {t.route}",
+            "tool_endpoint": f"POST {t.endpoint}",
+            "description": t.description,
+            "arguments": t.parameters(),
+            "input_schema": t.request.model_json_schema(),
+            "output_schema": t.response.model_json_schema(),
+            "auth": "Authorization: Bearer <JWT or API key>",
+        }
+        for t in TOOLS
+    ]
