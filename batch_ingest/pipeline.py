@@ -16,6 +16,7 @@ from typing import Literal
 from batch_ingest.chunking import Chunker, TokenCounter, embedder_token_counter
 from batch_ingest.chunks import ChunkBuilder
 from batch_ingest.documents import SourceDocument
+from batch_ingest.generations import IndexGenerations
 from batch_ingest.settings import BatchSettings
 from batch_ingest.source_store import Key, SourceStore
 from batch_ingest.wikilinks import extract_links, wiki_key
@@ -105,6 +106,8 @@ class IngestPipeline:
         self.chunks = ChunkBuilder(chunker, embed_model)
         # The source-document registry (reindex reads it); None keeps no registry.
         self.sources = sources
+        # Raised after every change a search can see (the semantic cache keys by it).
+        self.generations = IndexGenerations(sources.engine) if sources is not None else None
 
     def build_chunks(self, doc: SourceDocument) -> list[ChunkRecord]:
         """Chunk records without vectors; ids and hashes are deterministic."""
@@ -208,8 +211,21 @@ class IngestPipeline:
             except Exception as exc:  # searchable already; reindex would miss them
                 logger.warning("source registry not updated: %s", exc)
                 report.degraded.append(f"source registry not updated: {exc}")
+        # Failed writes too: a document may be half written.
+        await self._bump({r.team_id for r in report.results if r.status != "unchanged"}, report)
         report.took_ms = round((time.perf_counter() - started) * 1000, 1)
         return report
+
+    async def _bump(self, teams: set[str], report: IngestReport) -> None:
+        """A new generation for ``teams`` (after their writes, so a cache keyed by the old
+        one can no longer answer)."""
+        if not teams or self.generations is None:
+            return
+        try:
+            await asyncio.to_thread(self.generations.bump, teams)
+        except Exception as exc:
+            logger.warning("index generation not raised for %s: %s", sorted(teams), exc)
+            report.degraded.append(f"index generation not raised (cached answers may lag): {exc}")
 
     async def delete(self, keys: list[Key], versions: dict[Key, int] | None = None) -> IngestReport:
         """Delete documents by ``(team_id, doc_type, doc_id)``: their chunks from Milvus (by
@@ -263,6 +279,7 @@ class IngestPipeline:
                 except Exception as exc:
                     logger.warning("source registry not updated: %s", exc)
                     report.degraded.append(f"source registry not updated: {exc}")
+        await self._bump({r.team_id for r in report.results}, report)
         report.took_ms = round((time.perf_counter() - started) * 1000, 1)
         return report
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Start, stop and check the embedded backing services on 127.0.0.1.
 
-    python scripts/services.py up       # Milvus Lite + Neo4j 5.26 + PostgreSQL + NATS, until ready
+    python scripts/services.py up       # Milvus Lite, Neo4j 5.26, PostgreSQL, NATS, Redis
     python scripts/services.py status
     python scripts/services.py down
 
@@ -15,15 +15,25 @@ cluster in var/postgres on 127.0.0.1:5433 with tiny memory settings; as root it 
 ``postgres`` system user. State, logs and pid files live in $RAG_VAR_DIR (default ./var).
 
     python scripts/services.py url postgres    # the SQLAlchemy URL of the audit database
+    python scripts/services.py url nats        # nats://127.0.0.1:4222
+    python scripts/services.py url redis       # redis://127.0.0.1:6380/0
+
+NATS (the event bus of batch_ingest.consumer) is the Debian package ``nats-server`` (2.9.x,
+installed with apt-get like PostgreSQL) with JetStream on, file storage in var/nats,
+on 127.0.0.1:4222.
+
+Redis (the shared backend of the semantic cache, serve_app/cache/store.py) is the Debian
+package ``redis-server`` (7.0.x, installed with apt-get like PostgreSQL), run in the
+foreground with its own config in var/redis: 127.0.0.1:6380 (not 6379, where a system Redis
+may listen), no persistence (a cache), ``maxmemory 256mb`` with ``allkeys-lru`` eviction.
+NATS, PostgreSQL and Redis are optional for plain ``up`` (a warning when the package is
+missing and may not be installed) and required with ``--only``.
 
 Environment: RAG_VAR_DIR, RAG_MILVUS_PORT (19530), RAG_NEO4J_PORT (7687),
 NEO4J__PASSWORD (rag-gateway-dev), RAG_NEO4J_HEAP (768m), RAG_NEO4J_PAGECACHE (128m),
-NATS (the event bus of batch_ingest.consumer) is the Debian package ``nats-server`` (2.9.x,
-installed with apt-get like PostgreSQL) with JetStream on, file storage in var/nats,
-on 127.0.0.1:4222 (``url nats`` prints nats://127.0.0.1:4222).
-
-RAG_NATS_PORT (4222), RAG_POSTGRES_PORT (5433), RAG_POSTGRES_PASSWORD (rag-audit-dev),
-RAG_POSTGRES_BIN (the newest /usr/lib/postgresql/<version>/bin).
+RAG_NATS_PORT (4222), RAG_REDIS_PORT (6380), RAG_POSTGRES_PORT (5433),
+RAG_POSTGRES_PASSWORD (rag-audit-dev), RAG_POSTGRES_BIN (the newest
+/usr/lib/postgresql/<version>/bin).
 """
 
 from __future__ import annotations
@@ -53,7 +63,8 @@ POSTGRES_USER = "rag_audit"
 POSTGRES_DB = "rag_audit"
 POSTGRES_PASSWORD = os.environ.get("RAG_POSTGRES_PASSWORD", "rag-audit-dev")
 NATS_PORT = int(os.environ.get("RAG_NATS_PORT", "4222"))
-SERVICES = ("milvus", "neo4j", "postgres", "nats")
+REDIS_PORT = int(os.environ.get("RAG_REDIS_PORT", "6380"))
+SERVICES = ("milvus", "neo4j", "postgres", "nats", "redis")
 
 
 def log(msg: str) -> None:
@@ -582,6 +593,84 @@ def nats_up(required: bool = True) -> None:
     wait_until("nats", nats_jetstream_ready, 30)
 
 
+# --- Redis (the semantic cache) ----------------------------------------------------------
+def redis_url() -> str:
+    return f"redis://127.0.0.1:{REDIS_PORT}/0"
+
+
+def redis_exe() -> str | None:
+    return shutil.which("redis-server") or next(
+        (p for p in ("/usr/bin/redis-server", "/usr/sbin/redis-server") if os.path.exists(p)),
+        None,
+    )
+
+
+def redis_install() -> str:
+    exe = redis_exe()
+    if exe:
+        return exe
+    apt_install("redis-server", "redis-server")
+    exe = redis_exe()
+    if exe is None:
+        sys.exit("[services] apt-get installed redis-server but it was not found")
+    return exe
+
+
+def redis_ping() -> bool:
+    """An inline ``PING`` answers ``+PONG`` once the server accepts commands."""
+    with socket.create_connection(("127.0.0.1", REDIS_PORT), timeout=2) as sock:
+        sock.sendall(b"PING\r\n")
+        return sock.recv(64).startswith(b"+PONG")
+
+
+# The log goes where spawn() sends the other services' output, so that a failed start-up
+# shows its tail; the pid file is spawn()'s too (the server runs in the foreground).
+REDIS_CONF = """\
+# Written by scripts/services.py; edit the script, not this file.
+bind 127.0.0.1
+port {port}
+protected-mode yes
+daemonize no
+dir "{home}"
+pidfile "{pidfile}"
+logfile "{logfile}"
+save ""
+appendonly no
+maxmemory 256mb
+maxmemory-policy allkeys-lru
+"""
+
+
+def redis_up(required: bool = True) -> None:
+    """Start Redis. ``required=False`` (plain ``up``): a missing binary is a warning, only the
+    shared semantic cache (cache.backend=redis) needs it."""
+    if pid_alive(VAR / "redis.pid") and port_open(REDIS_PORT):
+        log(f"redis already running on 127.0.0.1:{REDIS_PORT}")
+        return
+    if port_open(REDIS_PORT):
+        sys.exit(f"[services] port {REDIS_PORT} is taken by another process; set RAG_REDIS_PORT")
+    try:
+        exe = redis_install()
+    except PackageMissing as exc:
+        if required:
+            sys.exit(f"[services] {exc}")
+        log(f"WARNING: redis skipped: {exc}")
+        return
+    home = VAR / "redis"
+    home.mkdir(parents=True, exist_ok=True)
+    conf = home / "redis.conf"
+    conf.write_text(
+        REDIS_CONF.format(
+            port=REDIS_PORT,
+            home=home,
+            pidfile=VAR / "redis.pid",
+            logfile=VAR / "log" / "redis.log",
+        )
+    )
+    spawn("redis", [exe, str(conf)])
+    wait_until("redis", redis_ping, 30)
+
+
 # --- commands ------------------------------------------------------------------------
 def stop(name: str) -> None:
     pidfile = VAR / f"{name}.pid"
@@ -608,6 +697,7 @@ def status(names: list[str] | tuple[str, ...] = SERVICES) -> int:
         "neo4j": NEO4J_PORT,
         "postgres": POSTGRES_PORT,
         "nats": NATS_PORT,
+        "redis": REDIS_PORT,
     }
     for name, port in ((n, ports[n]) for n in names):
         pid = pid_alive(VAR / f"{name}.pid") if name != "postgres" else postgres_pid()
@@ -620,11 +710,12 @@ def status(names: list[str] | tuple[str, ...] = SERVICES) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["up", "down", "status", "url"])
-    parser.add_argument("service", nargs="?", choices=["postgres", "nats"], help="for url")
+    parser.add_argument("service", nargs="?", choices=["postgres", "nats", "redis"], help="for url")
     parser.add_argument("--only", choices=SERVICES, help="act on one service")
     args = parser.parse_args()
     if args.command == "url":
-        print(nats_url() if args.service == "nats" else postgres_url())
+        urls = {"nats": nats_url, "redis": redis_url}
+        print(urls.get(args.service, postgres_url)())
         return 0
     VAR.mkdir(parents=True, exist_ok=True)
     names = [args.only] if args.only else list(SERVICES)
@@ -634,6 +725,8 @@ def main() -> int:
                 postgres_up(required=bool(args.only))
             elif name == "nats":
                 nats_up(required=bool(args.only))
+            elif name == "redis":
+                redis_up(required=bool(args.only))
             else:
                 {"milvus": milvus_up, "neo4j": neo4j_up}[name]()
         return 0

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The test command: install, start Milvus Lite + Neo4j + PostgreSQL (audit log) + NATS, run the unit,
-# integration and Serve suites (the Serve suite in its own process: it owns a Ray cluster), stop
-# what it started.
+# The test command: install, start Milvus Lite + Neo4j + PostgreSQL (audit log) + NATS + Redis
+# (semantic cache), run the unit, integration and Serve suites (the Serve suite in its own
+# process: it owns a Ray cluster), stop what it started.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${RAG_VENV:-$ROOT/.venv}"
 cd "$ROOT"
 bash scripts/install.sh || exit 1
-# The tests need PostgreSQL and nats-server: scripts/services.py installs them with apt-get
-# when they are missing (as root or with password-less sudo; RAG_INSTALL_PACKAGES=0 refuses).
+# The tests need PostgreSQL, nats-server and redis-server: scripts/services.py installs them
+# with apt-get when they are missing (as root or with password-less sudo;
+# RAG_INSTALL_PACKAGES=0 refuses).
 export RAG_INSTALL_PACKAGES="${RAG_INSTALL_PACKAGES:-1}"
 
 # Start only the services that are not running, and stop only those at the end.
@@ -17,7 +18,7 @@ cleanup() {
   for name in "${started[@]}"; do "$VENV/bin/python" scripts/services.py down --only "$name"; done
 }
 trap cleanup EXIT
-for name in milvus neo4j postgres nats; do
+for name in milvus neo4j postgres nats redis; do
   if ! "$VENV/bin/python" scripts/services.py status --only "$name" >/dev/null 2>&1; then
     "$VENV/bin/python" scripts/services.py up --only "$name" || exit 1
     started+=("$name")
@@ -29,6 +30,8 @@ export RAG_TEST_RUN_ID="${RAG_TEST_RUN_ID:-$(date +%s)}"
 export RAG_TEST_POSTGRES_URL="${RAG_TEST_POSTGRES_URL:-$("$VENV/bin/python" scripts/services.py url postgres)}"
 # The bus tests (tests/integration/test_events_nats.py) use this JetStream server.
 export RAG_TEST_NATS_URL="${RAG_TEST_NATS_URL:-$("$VENV/bin/python" scripts/services.py url nats)}"
+# The semantic cache's Redis store tests (tests/integration/test_cache_redis.py) use this Redis.
+export RAG_TEST_REDIS_URL="${RAG_TEST_REDIS_URL:-$("$VENV/bin/python" scripts/services.py url redis)}"
 "$VENV/bin/ruff" check . || exit 1
 # The import layering (pyproject.toml, [tool.importlinter]): serve_app -> batch_ingest ->
 # deployments, never back up, no cycles; bench/ and the product never import tests/.

@@ -144,6 +144,22 @@ class AccessContext:
         scope = VISIBILITY_SCOPE[visibility]
         return replace(self, allowed_visibilities=scope)
 
+    def scope_key(self) -> tuple[object, ...]:
+        """Everything of this context that decides what the caller may see, as a stable
+        value (the semantic cache's bucket): two contexts with different keys never share a
+        cached answer."""
+        return (
+            self.team_id,
+            self.user_id,
+            self.agent_id,
+            tuple(sorted(self.allowed_visibilities)),
+            tuple(sorted(self.roles)),
+            tuple(sorted(self.groups)),
+            tuple(sorted(self.permissions)),
+            None if self.allowed_doc_types is None else tuple(sorted(self.allowed_doc_types)),
+            self.auth_method,
+        )
+
     # --- searching -------------------------------------------------------------------------
     def search_filter(self, filters: SearchFilters) -> SearchFilter:
         """Compile validated request filters inside this context's scope. Checks resource

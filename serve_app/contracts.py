@@ -129,6 +129,8 @@ class SearchDocsRequest(BaseModel):
     explain: bool = False
     # Graph-scoped retrieval: {"mode": "boost"|"scope", ...} or just "boost" / "scope".
     graph: GraphOption | None = None
+    # Narrow the agent's RAG profile (off < light < strict); never widens it.
+    rag_mode: Literal["off", "light", "strict"] | None = None
 
     _tenant = model_validator(mode="before")(_one_tenant_key)
 
@@ -160,6 +162,27 @@ class Match(BaseModel):
     scores: dict[str, float] | None = None
 
 
+class ProfileInfo(BaseModel):
+    """The RAG profile a request ran under (serve_app/profiles.py)."""
+
+    name: str
+    rag_mode: str
+    # Request values the profile cut (top_k, max_context_tokens, rag_mode, search_mode, ...).
+    clamped: list[str] = Field(default_factory=list)
+
+
+class CacheInfo(BaseModel):
+    """Whether the answer came from the semantic cache (serve_app/cache/)."""
+
+    hit: bool
+    # "hit", "miss", "bypass" (not cached for this profile) or "unavailable: <reason>".
+    status: str
+    backend: str
+    # Hits only: 1.0 for an exact repeat, else the cosine of the two queries; seconds old.
+    similarity: float | None = None
+    age_s: float | None = None
+
+
 class SearchDocsResponse(BaseModel):
     # Degradation comes first so a truncating caller still sees it.
     degraded: bool = False
@@ -168,6 +191,10 @@ class SearchDocsResponse(BaseModel):
     mode: str
     # What graph-scoped retrieval found and did (only when the request asked for it).
     graph: GraphInfo | None = None
+    profile: ProfileInfo | None = None
+    cache: CacheInfo | None = None
+    # Why there are no matches without a search (rag_mode off).
+    notice: str | None = None
     took_ms: float
     trace_id: str
 
@@ -238,6 +265,8 @@ class EnrichAnswerRequest(BaseModel):
     visibility: Literal["public", "confidential"] = Field(
         "public", validation_alias=AliasChoices("visibility", "mode")
     )
+    # Narrow the agent's RAG profile (off < light < strict); never widens it.
+    rag_mode: Literal["off", "light", "strict"] | None = None
 
     _tenant = model_validator(mode="before")(_one_tenant_key)
 
@@ -290,5 +319,7 @@ class EnrichAnswerResponse(BaseModel):
     # Claims beyond enrich.max_claims: neither checked nor marked.
     skipped_claims: int = 0
     mode: str
+    profile: ProfileInfo | None = None
+    notice: str | None = None
     took_ms: float
     trace_id: str

@@ -37,8 +37,10 @@ from serve_app.contracts import (
     EnrichAnswerResponse,
     EnrichClaim,
     EnrichSource,
+    ProfileInfo,
     SearchDocsRequest,
 )
+from serve_app.profiles import DEFAULT_PROFILES, ProfileSet, narrower_mode
 from serve_app.recorder import AuditRecorder
 from serve_app.retrieval import Retrieval, RetrievalResult
 from serve_app.snippets import best_snippet
@@ -77,6 +79,7 @@ async def enrich_answer(
     policy: Policy,
     req: EnrichAnswerRequest,
     rc: RequestContext,
+    profiles: ProfileSet | None = None,
 ) -> EnrichAnswerResponse:
     """The enriched answer of ``req`` for the caller of ``rc`` (audit is the caller's job).
 
@@ -91,6 +94,13 @@ async def enrich_answer(
     ).narrowed_to(req.visibility)
     flt = ctx.search_filter(req.filters)
     ecfg, scfg = settings.enrich, settings.search
+    agent = (profiles or DEFAULT_PROFILES).for_agent(ctx.agent_id or rc.routed_agent)
+    rag_mode = narrower_mode(agent.profile.rag_mode, req.rag_mode)
+    clamped = ["rag_mode"] if req.rag_mode and rag_mode != req.rag_mode else []
+    max_docs = min(req.max_docs, agent.profile.max_docs_per_query)
+    if max_docs < req.max_docs:
+        clamped.append("max_docs")
+    info = ProfileInfo(name=agent.name, rag_mode=rag_mode, clamped=clamped)
     if len(req.draft_answer) > ecfg.max_draft_chars:
         raise InvalidInput(
             f"draft_answer is {len(req.draft_answer)} characters; the limit is "
@@ -98,11 +108,28 @@ async def enrich_answer(
             hint="send a shorter draft or split it into several requests",
             field="draft_answer",
         )
+    if rag_mode == "off":
+        return EnrichAnswerResponse(
+            enriched_answer=req.draft_answer,
+            sources=[],
+            claims=[],
+            unsupported_claims=[],
+            mode="off",
+            profile=info,
+            notice=f"RAG is off for profile {agent.name!r}: the draft was not checked",
+            took_ms=rc.elapsed_ms,
+            trace_id=rc.trace_id,
+        )
     found = extract_claims(req.draft_answer, ecfg.min_claim_chars, ecfg.stem_chars)
     claims, skipped = found[: ecfg.max_claims], max(0, len(found) - ecfg.max_claims)
     queries = [c.text[: scfg.max_query_chars] for c in claims]
 
-    mode = scfg.mode
+    # light: the profile's one method, no rerank; strict: its min_support when higher.
+    light = rag_mode == "light"
+    mode = agent.profile.light_method if light else scfg.mode
+    min_support = ecfg.min_support
+    if not light and agent.profile.min_support is not None:
+        min_support = max(min_support, agent.profile.min_support)
     vectors: list[list[float] | None] = [None] * len(claims)
     embed_error: str | None = None
     if claims and mode in ("hybrid", "dense"):
@@ -125,7 +152,7 @@ async def enrich_answer(
             agent_id=req.agent_id,
             filters=req.filters,
             visibility=req.visibility,
-            rerank=None if ecfg.rerank else False,
+            rerank=None if ecfg.rerank and not light else False,
         )
         async with limit:
             return await retrieval.run(
@@ -172,7 +199,7 @@ async def enrich_answer(
             else:
                 score = coverage
             result.best = max(result.best, score)
-            if score < ecfg.min_support or coverage < ecfg.min_term_coverage:
+            if score < min_support or coverage < ecfg.min_term_coverage:
                 continue
             key = _doc_key(hit.chunk)
             current = result.supports.get(key)
@@ -180,7 +207,7 @@ async def enrich_answer(
                 result.supports[key] = _Support(score, coverage, cosine, hit)
         results.append(result)
 
-    chosen = _choose_documents(results, req.max_docs)
+    chosen = _choose_documents(results, max_docs)
     numbers: dict[tuple[str, str], int] = {}
     cited: list[list[tuple[str, str]]] = []
     for result in results:
@@ -221,6 +248,7 @@ async def enrich_answer(
         unsupported_claims=[c.text for c in out_claims if not c.supported],
         skipped_claims=skipped,
         mode=used,
+        profile=info,
         took_ms=rc.elapsed_ms,
         trace_id=rc.trace_id,
     )
@@ -286,6 +314,7 @@ class EnrichService:
     policy: Policy
     retrieval: Retrieval
     recorder: AuditRecorder
+    profiles: ProfileSet = DEFAULT_PROFILES
 
     async def enrich_answer(
         self, req: EnrichAnswerRequest, rc: RequestContext
@@ -299,7 +328,9 @@ class EnrichService:
         """
         audit = request_audit(req, rc.principal, "enrich", scope_resource(req), req.draft_answer)
         with self.recorder.audited(rc, audit) as allowed:
-            response = await enrich_answer(self.retrieval, self.settings, self.policy, req, rc)
+            response = await enrich_answer(
+                self.retrieval, self.settings, self.policy, req, rc, self.profiles
+            )
             allowed.fields = {
                 "chunk_ids": [s.chunk_id for s in response.sources],
                 "doc_ids": [s.id for s in response.sources],

@@ -16,6 +16,9 @@ class RequestContext:
     principal: Principal
     # time.perf_counter() when the request's own work began (after authentication).
     started: float = field(default_factory=time.perf_counter)
+    # The agent a router named with X-Agent-Id, kept only when the credential may route
+    # (profiles.route_permission) or in development mode; it picks the RAG profile.
+    routed_agent: str = ""
 
     @property
     def elapsed_ms(self) -> float:

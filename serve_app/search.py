@@ -3,6 +3,7 @@ the pipeline)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from batch_ingest.chunks import strip_header
@@ -10,8 +11,18 @@ from deployments.errors import InvalidInput
 from deployments.protocols import SearchHit
 from serve_app.access import AccessContext
 from serve_app.audit import request_audit, scope_resource
-from serve_app.contracts import GraphInfo, Match, SearchDocsRequest, SearchDocsResponse, SourceRef
+from serve_app.cache.semantic import Lookup, SemanticCache
+from serve_app.contracts import (
+    CacheInfo,
+    GraphInfo,
+    Match,
+    ProfileInfo,
+    SearchDocsRequest,
+    SearchDocsResponse,
+    SourceRef,
+)
 from serve_app.policy import Policy
+from serve_app.profiles import DEFAULT_PROFILES, ProfileSet, plan_search
 from serve_app.recorder import AuditRecorder
 from serve_app.request import RequestContext
 from serve_app.retrieval import Retrieval
@@ -26,6 +37,9 @@ class SearchService:
     policy: Policy
     retrieval: Retrieval
     recorder: AuditRecorder
+    profiles: ProfileSet = DEFAULT_PROFILES
+    # None: no semantic cache (cache.enabled false, or no state database for generations).
+    cache: SemanticCache | None = None
 
     async def search_docs(self, req: SearchDocsRequest, rc: RequestContext) -> SearchDocsResponse:
         """Search inside the scope ``principal`` grants in ``req.team_id``; the decision is
@@ -42,6 +56,10 @@ class SearchService:
                 "chunk_ids": [m.chunk_id for m in response.matches],
                 "doc_ids": list(dict.fromkeys(m.source_ref.id for m in response.matches)),
             }
+            if response.cache is not None and response.cache.hit:
+                allowed.reason = "granted;cache_hit"  # same scope, answered from the cache
+            elif response.mode == "off":
+                allowed.reason = "granted;rag_off"
         return response
 
     async def _search_docs(self, req: SearchDocsRequest, rc: RequestContext) -> SearchDocsResponse:
@@ -58,17 +76,84 @@ class SearchService:
                 f"query is {len(req.query)} characters; the limit is {cfg.max_query_chars}",
                 field="query",
             )
-        found = await self.retrieval.run(req, ctx, flt, top_k, req.search_mode or cfg.mode)
+        agent = self.profiles.for_agent(ctx.agent_id or rc.routed_agent)
+        plan = plan_search(
+            agent,
+            requested_mode=req.rag_mode,
+            top_k=top_k,
+            method=req.search_mode or cfg.mode,
+            rerank=req.rerank,
+            graph=req.graph is not None,
+            min_score=req.min_score,
+            max_context_tokens=req.max_context_tokens,
+            method_asked=req.search_mode is not None,
+        )
+        profile = ProfileInfo(name=agent.name, rag_mode=plan.rag_mode, clamped=list(plan.clamped))
+        if plan.rag_mode == "off":
+            return SearchDocsResponse(
+                matches=[],
+                mode="off",
+                profile=profile,
+                notice=f"RAG is off for profile {agent.name!r}: nothing was searched",
+                took_ms=rc.elapsed_ms,
+                trace_id=rc.trace_id,
+            )
+        if plan.updates:
+            req = req.model_copy(update=plan.updates)
+        lookup = Lookup(status="bypass")
+        if self.cache is not None:
+            with stage("cache"):
+                lookup = await self.cache.lookup(
+                    agent_id=agent.agent_id,
+                    scope=ctx.scope_key(),
+                    flt=flt,
+                    shape=_shape(req, plan.top_k, plan.method),
+                    query=req.query,
+                    dense=plan.method != "bm25",
+                    ttl_s=self.cache.ttl_for(agent.profile.cache_ttl_s),
+                )
+            if lookup.hit is not None:
+                stored = json.loads(lookup.hit.value)
+                stored.update(took_ms=rc.elapsed_ms, trace_id=rc.trace_id)
+                cached = SearchDocsResponse.model_validate(stored)
+                cached.profile, cached.cache = profile, self._cache_info(lookup)
+                return cached
+        found = await self.retrieval.run(
+            req,
+            ctx,
+            flt,
+            plan.top_k,
+            plan.method,
+            vector=lookup.vector,
+            embed_error=lookup.embed_error,
+        )
         with stage("snippets"):
             matches = self._to_matches(found.hits, req)
-        return SearchDocsResponse(
+        response = SearchDocsResponse(
             degraded=bool(found.degraded),
             degraded_reasons=found.degraded,
             matches=matches,
             mode=found.mode,
             graph=GraphInfo(**found.graph) if found.graph else None,
+            profile=profile,
+            cache=self._cache_info(lookup) if self.cache is not None else None,
             took_ms=rc.elapsed_ms,
             trace_id=rc.trace_id,
+        )
+        if self.cache is not None and not response.degraded:
+            payload = response.model_dump_json(exclude={"profile", "cache", "took_ms", "trace_id"})
+            await self.cache.put(lookup, payload.encode())
+        return response
+
+    def _cache_info(self, lookup: Lookup) -> CacheInfo:
+        assert self.cache is not None
+        hit = lookup.hit
+        return CacheInfo(
+            hit=hit is not None,
+            status=lookup.status,
+            backend=self.cache.backend,
+            similarity=round(hit.similarity, 4) if hit else None,
+            age_s=round(hit.age_s, 1) if hit else None,
         )
 
     def _to_matches(self, hits: list[SearchHit], req: SearchDocsRequest) -> list[Match]:
@@ -95,3 +180,13 @@ class SearchService:
                 )
             )
         return out
+
+
+def _shape(req: SearchDocsRequest, top_k: int, method: str) -> dict[str, object]:
+    """What decides a search's answer besides its query, scope and filter: the request after
+    its profile (top_k and method as they run)."""
+    shape = req.model_dump(
+        exclude={"team_id", "dao_id", "microdao_id", "query", "agent_id", "user_id", "filters"}
+    )
+    shape.update(top_k=top_k, search_mode=method)
+    return shape

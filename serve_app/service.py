@@ -22,10 +22,13 @@ from deployments.protocols import (
     VectorStore,
 )
 from serve_app.audit import AuditLog
+from serve_app.cache.semantic import SemanticCache
+from serve_app.cache.store import build_store
 from serve_app.enrich import EnrichService
 from serve_app.graph_tools import GraphTools
 from serve_app.ingest import IngestService
 from serve_app.policy import Policy
+from serve_app.profiles import ProfileSet
 from serve_app.recorder import AuditRecorder
 from serve_app.retrieval import Retrieval
 from serve_app.search import SearchService
@@ -47,6 +50,7 @@ class GatewayService:
         count_tokens: Callable[[str], int] = whitespace_tokens,
         policy: Policy | None = None,
         audit: AuditLog | None = None,
+        profiles: ProfileSet | None = None,
     ) -> None:
         self.settings = settings
         # Every allow/deny decision goes here (asynchronously; see serve_app/audit.py).
@@ -60,6 +64,19 @@ class GatewayService:
         self.pipeline = pipeline
         # graph.query_context, graph.explain_path and the entity upsert.
         self.graph_tools = GraphTools(settings, graph, self.policy, self.recorder)
+        self.graph_tools.on_write = self._graph_written
+        # Per-agent RAG profiles, and the semantic cache of rag.search_docs (it needs the
+        # state database's index generations, which the pipeline's registry provides).
+        self.profiles = (
+            profiles if profiles is not None else ProfileSet.load(settings.profiles.file)
+        )
+        self.cache = (
+            SemanticCache(
+                settings.cache, build_store(settings.cache), pipeline.generations, embedder
+            )
+            if settings.cache.enabled and pipeline.generations is not None
+            else None
+        )
         # The search pipeline rag.search_docs and rag.enrich_answer share.
         self.retrieval = Retrieval(
             settings=settings,
@@ -70,9 +87,21 @@ class GatewayService:
             count_tokens=count_tokens,
         )
         # One service per feature; the routes get theirs through api/deps.py.
-        self.search = SearchService(settings, self.policy, self.retrieval, self.recorder)
-        self.enrich = EnrichService(settings, self.policy, self.retrieval, self.recorder)
+        self.search = SearchService(
+            settings, self.policy, self.retrieval, self.recorder, self.profiles, self.cache
+        )
+        self.enrich = EnrichService(
+            settings, self.policy, self.retrieval, self.recorder, self.profiles
+        )
         self.ingest = IngestService(settings, self.policy, pipeline, self.recorder)
+
+    async def _graph_written(self, team_id: str) -> None:
+        generations = self.pipeline.generations
+        if generations is not None:
+            try:
+                await asyncio.to_thread(generations.bump, [team_id])
+            except Exception as exc:  # the write is done; cached answers may lag
+                logger.warning("index generation of %s not raised: %s", team_id, exc)
 
     @property
     def audit(self) -> AuditLog:
@@ -98,6 +127,13 @@ class GatewayService:
             except Exception as exc:
                 return name, {"ready": False, "error": f"{type(exc).__name__}: {exc}"}
 
+        async def cache() -> tuple[str, dict[str, Any]]:
+            assert self.cache is not None
+            try:
+                return "cache", await asyncio.wait_for(self.cache.status(), timeout=2)
+            except Exception as exc:
+                return "cache", {"ready": False, "error": f"{type(exc).__name__}: {exc}"}
+
         async def audit() -> tuple[str, dict[str, Any]]:
             try:
                 return "audit", await asyncio.wait_for(
@@ -109,8 +145,11 @@ class GatewayService:
         checks = [one(n, b) for n, b in parts.items()]
         if self.audit.enabled:
             checks.append(audit())
+        if self.cache is not None:
+            checks.append(cache())
         results = dict(await asyncio.gather(*checks))
-        optional = set() if self.settings.audit.required_for_ready else {"audit"}
+        # The cache never blocks readiness: without it searches run uncached.
+        optional = {"cache"} if self.settings.audit.required_for_ready else {"audit", "cache"}
         not_ready = [n for n, s in results.items() if not s.get("ready") and n not in optional]
         body: dict[str, Any] = {
             "ready": not not_ready,

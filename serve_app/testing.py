@@ -29,6 +29,7 @@ from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
 from batch_ingest.chunking import whitespace_tokens
 from batch_ingest.documents import SourceDocument
+from batch_ingest.source_store import SourceStore
 from deployments.protocols import Backends
 from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
 from serve_app.auth.api_keys import hash_key, new_key
@@ -192,10 +193,14 @@ def build_gateway(
     corpus: Sequence[dict[str, Any]] = (),
     environment: str = "test",
     store: FakeVectorStore | None = None,
+    state_url: str = "",
+    **sections: Any,
 ) -> AuthGateway:
     """An in-process gateway over fakes; ``corpus`` is indexed directly (no HTTP, no auth).
-    ``store``: another vector store fake (e.g. ``MemoryIndexStore``)."""
-    settings = GatewaySettings(environment=environment, auth=auth or jwt_auth())
+    ``store``: another vector store fake (e.g. ``MemoryIndexStore``). ``state_url``: a state
+    database (source registry and index generations), which turns the semantic cache on;
+    ``sections``: other settings sections (``cache={...}``, ``profiles={...}``)."""
+    settings = GatewaySettings(environment=environment, auth=auth or jwt_auth(), **sections)
     embedder, graph = FakeEmbedder(dim=32), FakeGraphStore()
     store = store if store is not None else FakeVectorStore()
     service = build_service(
@@ -203,6 +208,7 @@ def build_gateway(
         Backends(embedder=embedder, store=store, graph=graph),
         count_tokens=whitespace_tokens,
         policy=policy,
+        sources=SourceStore(state_url) if state_url else None,
     )
     if corpus:
         docs = [SourceDocument.model_validate(d) for d in corpus]

@@ -23,6 +23,7 @@ or any 500.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -1052,18 +1053,23 @@ class Prober(GraphProbes):
         corpus = self.corpus
         # store: a factory of the vector store fake each gateway gets (default FakeVectorStore).
         new_store = store or (lambda: None)
-        self.search_gw = build_gateway(
-            auth=auth, policy=TENANCY_POLICY, corpus=corpus, store=new_store()
-        )
-        self.ingest_gw = build_gateway(
-            auth=auth, policy=TENANCY_POLICY, corpus=corpus, store=new_store()
-        )
-        self.dev_gw = build_gateway(
-            auth={"mode": "dev"}, policy=TENANCY_POLICY, corpus=corpus, store=new_store()
-        )
-        self.dev_ingest_gw = build_gateway(
-            auth={"mode": "dev"}, policy=TENANCY_POLICY, corpus=corpus, store=new_store()
-        )
+
+        # Every gateway has its state database, so the semantic cache is on: the probes
+        # repeat a few queries across identities, and a cached answer that crossed a scope
+        # would be a leak like any other.
+        def gateway(name: str, auth: dict[str, Any]) -> Any:
+            return build_gateway(
+                auth=auth,
+                policy=TENANCY_POLICY,
+                corpus=corpus,
+                store=new_store(),
+                state_url=f"sqlite:///{workdir / f'state_{name}.db'}",
+            )
+
+        self.search_gw = gateway("search", auth)
+        self.ingest_gw = gateway("ingest", auth)
+        self.dev_gw = gateway("dev", {"mode": "dev"})
+        self.dev_ingest_gw = gateway("dev_ingest", {"mode": "dev"})
         self.runs: Counter[tuple[str, str]] = Counter()
         self.statuses: Counter[tuple[str, int]] = Counter()
         self.leaks: list[dict[str, Any]] = []
@@ -1227,13 +1233,38 @@ class Prober(GraphProbes):
         return None
 
     # --- probes ------------------------------------------------------------------------------
-    def probe_search(self, kind: str) -> None:
-        from tests.unit.test_tenancy_properties import MARKER, may_read
+    def probe_search_pairs(self, pairs: int) -> None:
+        """The cache in both orders: one search body sent by two valid identities whose
+        scopes differ (roles, groups, privacy mode), A then B, the cache cleared, B then A;
+        each answer checked against the oracle like any search probe."""
+        for _ in range(pairs):
+            team = self.rng.choice(self.teams)
+            first, second = self.identity(), self.identity()
+            first["teams"] = {team: [self.rng.choice(["owner", "guardian", "member"])]}
+            second["teams"] = {team: [self.rng.choice(["guest", "service", "member"])]}
+            query = self.rng.choice(QUERIES[:3])
+            mode = self.rng.choice(["public", "confidential"])
+            body = {"team_id": team, "query": query, "top_k": 50, "mode": mode}
+            second_mode = self.rng.choice(["public", mode])
+            for order in ((first, second), (second, first)):
+                asyncio.run(self.search_gw.service.cache.store.clear())
+                for ident in order:
+                    mode_of = mode if ident is first else second_mode
+                    self.probe_search("jwt_valid", fixed=(ident, body | {"mode": mode_of}))
+            # The same identity again: answered from the cache, and checked the same way.
+            self.probe_search("jwt_valid", fixed=(first, body | {"mode": mode}))
+
+    def probe_search(
+        self, kind: str, fixed: tuple[dict[str, Any], dict[str, Any]] | None = None
+    ) -> None:
 
         rng = self.rng
-        identity = self.identity()
+        identity = fixed[0] if fixed else self.identity()
         headers, expected = self.credential(kind, identity)
         noisy = rng.random() < 0.5
+        if fixed:
+            self._check_search(kind, headers, expected, dict(fixed[1]), "cache_pair")
+            return
         body: dict[str, Any] = {
             "team_id": self.team(expected, noisy, kind == "api_key_other_team"),
             "query": self.maybe(QUERIES, noisy),
@@ -1267,6 +1298,13 @@ class Prober(GraphProbes):
         mode = self.maybe(["confidential", "public", None], noisy)
         if mode is not None:
             body[rng.choice(["mode", "visibility"])] = mode
+        self._check_search(kind, headers, expected, body, kind)
+
+    def _check_search(
+        self, kind: str, headers: dict[str, str], expected: Any, body: dict[str, Any], category: str
+    ) -> None:
+        from tests.unit.test_tenancy_properties import MARKER, may_read
+
         gw = self.dev_gw if expected == "dev" else self.search_gw
         response = gw.search(body, **headers)
         problem = self.common_failure(expected, response)
@@ -1296,7 +1334,7 @@ class Prober(GraphProbes):
                     problem = f"leaked {[self.corpus[i]['doc_id'] for i in sorted(leaked)]}"
                 elif not ids <= allowed:
                     problem = f"ids not allowed: {sorted(ids - allowed)}"
-        self.record(ENDPOINTS[0], kind, response, problem)
+        self.record(ENDPOINTS[0], category, response, problem)
 
     def probe_enrich(self, kind: str) -> None:
         from tests.unit.test_tenancy_properties import MARKER, may_read
@@ -1474,6 +1512,10 @@ class Prober(GraphProbes):
                 self.probe_search_graph,
             ]
         step = max(1, probes // 10)
+        # About a tenth of the probes are cache pairs (both orders, then a repeat).
+        pairs = max(1, probes // 50)
+        self.probe_search_pairs(pairs)
+        probes -= 5 * pairs
         for i in range(probes):
             kind = self.rng.choices(kinds, weights)[0]
             which = self.rng.choices(range(len(probes_by_endpoint)), endpoint_weights)[0]
@@ -1543,6 +1585,7 @@ def run_probes(
         "leaks_found": len(prober.leaks),
         "server_errors": len(prober.server_errors),
         "checked_matches": prober.checked_matches,
+        "cache_hits": prober.search_gw.service.cache.hits + prober.dev_gw.service.cache.hits,
         "runs": {e: dict(c) for e, c in per_endpoint.items()},
         "statuses": {e: dict(s) for e, s in statuses.items()},
         "leaks_by": {f"{e} {c}": n for (e, c), n in leaks_by.items()},

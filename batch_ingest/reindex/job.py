@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from batch_ingest.documents import make_chunk_id
+from batch_ingest.generations import IndexGenerations
 from batch_ingest.reindex.claim import claim_job
 from batch_ingest.reindex.engines import BatchSink, run_local, run_ray
 from batch_ingest.reindex.options import (
@@ -54,6 +55,8 @@ class Reindexer:
         self.wrap_sink = wrap_sink
         self.sources = sources or SourceStore(settings.state.url)
         self.state = state or ReindexState(self.sources.engine)
+        # Raised at the swap: answers cached for the old version are stale.
+        self.generations = IndexGenerations(self.sources.engine)
         if versions is None:
             from deployments.embedding import embedding_dim
             from deployments.milvus_store import MilvusStore
@@ -164,6 +167,7 @@ class Reindexer:
         job.move_to(JobStatus.SWITCHING)
         self.state.save(job)
         versions.switch(team, target)
+        self.generations.bump([team])  # searches read the new version from here on
         # Writes that reached the old version between the catch-up and the switch.
         time.sleep(options.switch_grace_s)
         self._catch_up(job, done, physical, catchup_from, options, sink)
@@ -172,6 +176,7 @@ class Reindexer:
 
     def _finish(self, job: ReindexJob, options: ReindexOptions, started: float) -> ReindexResult:
         team = job.team_id
+        self.generations.bump([team])  # the catch-up after the switch changed it again
         dropped = []
         for version in self.versions.existing(team):
             if version == job.target_version:

@@ -84,7 +84,11 @@ async def _principal(request: Request) -> Principal:
 async def _caller(
     request: Request, principal: Annotated[Principal, Depends(_principal)]
 ) -> RequestContext:
-    return RequestContext(trace_id_of(request), principal)
+    routed = request.headers.get("x-agent-id", "").strip()[:256]
+    permission = request.app.state.service.settings.profiles.route_permission
+    if routed and not (principal.trusts_body or permission in principal.permissions):
+        routed = ""  # only a router's credential may pick another agent's profile
+    return RequestContext(trace_id_of(request), principal, routed_agent=routed)
 
 
 Service = Annotated[GatewayService, Depends(_service)]

@@ -10,6 +10,7 @@ import pytest
 from deployments.testing import MemoryIndexStore
 from serve_app import access
 from serve_app.access import AccessContext
+from serve_app.cache import semantic
 from tests.leak_probes import ENDPOINTS, render_tables, run_probes
 
 pytestmark = pytest.mark.usefixtures("clean_gateway_env")
@@ -66,3 +67,26 @@ def test_a_broken_access_path_is_reported_as_a_leak(monkeypatch, breakage, store
     assert any(leak["endpoint"] == ENDPOINTS[0] for leak in result["leaks"])
     # The sources of rag.enrich_answer go through the same access path.
     assert any(leak["endpoint"] == ENDPOINTS[3] for leak in result["leaks"])
+
+
+def test_probes_exercise_the_semantic_cache():
+    result = run_probes(200, seed=4)
+    assert result["leaks_found"] == 0, result["leaks"]
+    assert result["cache_hits"] > 0
+    assert result["runs"][ENDPOINTS[0]].get("cache_pair", 0) > 0
+
+
+def test_a_cache_that_ignores_the_scope_is_reported_as_a_leak(monkeypatch):
+    # Buckets keyed by the team alone: callers with other groups, roles or modes share them.
+    monkeypatch.setattr(AccessContext, "scope_key", lambda self: (self.team_id,))
+    original = semantic.SemanticCache.lookup
+
+    async def lookup(self, **kw):
+        kw["flt"] = dataclasses.replace(kw["flt"], visibilities=(), doc_types=())
+        kw["shape"] = {k: v for k, v in kw["shape"].items() if k != "visibility"}
+        return await original(self, **kw)
+
+    monkeypatch.setattr(semantic.SemanticCache, "lookup", lookup)
+    result = run_probes(400, seed=5)
+    assert result["leaks_found"] > 0
+    assert any(leak["category"] == "cache_pair" for leak in result["leaks"])

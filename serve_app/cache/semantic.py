@@ -1,0 +1,161 @@
+"""The semantic cache of rag.search_docs.
+
+An answer is kept in a *bucket* named by everything that decides it besides the query text:
+the agent, the caller's compiled access scope (team, visibilities, roles, groups,
+permissions, doc types, user — ``AccessContext.scope_key``), the compiled filter, the request
+shape after the profile (top_k, method, fusion, rerank, budget, ...) and the team's index
+generation (batch_ingest/generations.py), which every ingest, delete, reindex swap and graph
+upsert raises. Inside a bucket the normalised query text is the exact key; a different query
+whose embedding has a cosine of at least ``cache.similarity`` with a stored one is a near
+duplicate and gets its answer. Two callers whose scopes differ in anything never share a
+bucket, so a cached answer cannot cross a scope; a write to the team makes every older entry
+unreachable at once, in every replica.
+
+A BM25-only search (light profiles) matches exact repeats only: an embedding would cost more
+than the search. A cache that fails (Redis down, state database unreadable) is skipped: the
+search runs uncached and says so in ``cache.status``."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from batch_ingest.generations import IndexGenerations
+from deployments.errors import BackendUnavailable
+from deployments.protocols import Embedder, SearchFilter
+from serve_app.cache.protocol import CacheHit, CacheStore
+from serve_app.settings import CacheSettings
+
+logger = logging.getLogger(__name__)
+
+
+def normalise(query: str) -> str:
+    return " ".join(query.casefold().split())
+
+
+def digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=_plain, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, frozenset | set | tuple):
+        return sorted(value, key=str)
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: getattr(value, k) for k in value.__dataclass_fields__}
+    return str(value)
+
+
+@dataclass
+class Lookup:
+    """One request's place in the cache and what the lookup found."""
+
+    bucket: str = ""
+    key: str = ""
+    ttl_s: float = 0.0
+    # The query embedding made for the near-duplicate match (the search reuses it), or why
+    # it could not be made (the search falls back to BM25 as usual).
+    vector: list[float] | None = None
+    embed_error: str | None = None
+    hit: CacheHit | None = None
+    # "hit", "miss", "bypass" (not cacheable: ttl 0) or "unavailable: <reason>".
+    status: str = "miss"
+
+
+class SemanticCache:
+    def __init__(
+        self,
+        settings: CacheSettings,
+        store: CacheStore,
+        generations: IndexGenerations | None,
+        embedder: Embedder,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.generations = generations
+        self.embedder = embedder
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def backend(self) -> str:
+        return self.settings.backend
+
+    def ttl_for(self, profile_ttl: float | None) -> float:
+        """The profile's TTL, never longer than the cache's own (0: not cached)."""
+        if not self.settings.enabled or self.generations is None:
+            return 0.0
+        if profile_ttl is None:
+            return self.settings.ttl_s
+        return min(profile_ttl, self.settings.ttl_s)
+
+    async def lookup(
+        self,
+        *,
+        agent_id: str,
+        scope: tuple[Any, ...],
+        flt: SearchFilter,
+        shape: dict[str, Any],
+        query: str,
+        dense: bool,
+        ttl_s: float,
+    ) -> Lookup:
+        """The cached answer of this request, if any. ``dense``: the search embeds the query
+        anyway, so a near-duplicate lookup costs nothing extra."""
+        if ttl_s <= 0 or self.generations is None:
+            return Lookup(status="bypass")
+        try:
+            generation = await asyncio.to_thread(self.generations.get, flt.team_id)
+        except Exception as exc:
+            logger.warning("semantic cache skipped: index generation unreadable: %s", exc)
+            return Lookup(status=f"unavailable: index generation unreadable: {exc}")
+        bucket = digest([agent_id, scope, flt, shape, generation])
+        found = Lookup(bucket=bucket, key=digest(normalise(query)), ttl_s=ttl_s)
+        try:
+            found.hit = await self.store.get(bucket, found.key)
+            if found.hit is None and dense and self.settings.similarity < 1.0:
+                try:
+                    found.vector = (await self.embedder.embed([query], "query"))[0]
+                except BackendUnavailable as exc:
+                    found.embed_error = exc.message
+                if found.vector is not None:
+                    found.hit = await self.store.nearest(
+                        bucket, found.vector, self.settings.similarity
+                    )
+        except BackendUnavailable as exc:
+            logger.warning("semantic cache skipped: %s", exc.message)
+            found.status = f"unavailable: {exc.message}"
+            found.hit = None
+            return found
+        if found.hit is not None:
+            found.status = "hit"
+            self.hits += 1
+        else:
+            self.misses += 1
+        return found
+
+    async def put(self, found: Lookup, value: bytes) -> None:
+        if found.status != "miss" or not found.bucket:
+            return
+        try:
+            await self.store.put(found.bucket, found.key, found.vector, value, found.ttl_s)
+        except BackendUnavailable as exc:
+            logger.warning("semantic cache not written: %s", exc.message)
+
+    async def status(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        body = dict(await self.store.status())
+        body.update(
+            enabled=self.settings.enabled,
+            hits=self.hits,
+            misses=self.misses,
+            ttl_s=self.settings.ttl_s,
+            similarity=self.settings.similarity,
+            took_ms=round((time.perf_counter() - started) * 1000, 2),
+        )
+        return body
