@@ -32,6 +32,7 @@ from serve_app.cache.protocol import CacheHit, CacheStore
 from serve_app.settings import CacheSettings
 
 logger = logging.getLogger(__name__)
+RETRY_AFTER_S = 5.0
 
 
 def normalise(query: str) -> str:
@@ -81,6 +82,10 @@ class SemanticCache:
         self.embedder = embedder
         self.hits = 0
         self.misses = 0
+        # After a store failure the cache is skipped for ``RETRY_AFTER_S`` (a hung Redis
+        # would otherwise cost every search its timeout, twice).
+        self._down_until = 0.0
+        self._down_reason = ""
 
     @property
     def backend(self) -> str:
@@ -109,6 +114,8 @@ class SemanticCache:
         anyway, so a near-duplicate lookup costs nothing extra."""
         if ttl_s <= 0 or self.generations is None:
             return Lookup(status="bypass")
+        if time.monotonic() < self._down_until:
+            return Lookup(status=f"unavailable: {self._down_reason} (retrying shortly)")
         try:
             generation = await asyncio.to_thread(self.generations.get, flt.team_id)
         except Exception as exc:
@@ -129,6 +136,7 @@ class SemanticCache:
                     )
         except BackendUnavailable as exc:
             logger.warning("semantic cache skipped: %s", exc.message)
+            self._trip(exc.message)
             found.status = f"unavailable: {exc.message}"
             found.hit = None
             return found
@@ -146,6 +154,11 @@ class SemanticCache:
             await self.store.put(found.bucket, found.key, found.vector, value, found.ttl_s)
         except BackendUnavailable as exc:
             logger.warning("semantic cache not written: %s", exc.message)
+            self._trip(exc.message)
+
+    def _trip(self, reason: str) -> None:
+        self._down_until = time.monotonic() + RETRY_AFTER_S
+        self._down_reason = reason
 
     async def status(self) -> dict[str, Any]:
         started = time.perf_counter()
