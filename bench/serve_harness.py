@@ -144,6 +144,9 @@ class ServeHarness:
         self.keep_temp = keep_temp
         overrides = dict(settings or {})
         overrides["milvus"] = {**overrides.get("milvus", {}), "collection": collection}
+        # Benchmarks measure the search itself and repeat their queries: the semantic cache
+        # is off unless a benchmark configures it (bench_agent_tools measures it).
+        overrides.setdefault("cache", {"enabled": False})
         self.app_args = AppArgs(settings=overrides, graph_enabled=graph_enabled)
         self.settings = self.app_args.gateway_settings()
         self.startup_s: float | None = None
