@@ -12,6 +12,7 @@ from serve_app.api import admin, audit, enrich, events, graph, health, ingest, s
 from serve_app.auth import Authenticator
 from serve_app.contracts import ErrorBody
 from serve_app.errors import install_error_handlers
+from serve_app.mcp_server import mount_mcp
 from serve_app.service import GatewayService
 from serve_app.timing import CountInFlight, InFlight, ServerTiming
 from serve_app.tools.runner import ToolRunner
@@ -42,7 +43,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
+        # The MCP server's session manager runs for the app's lifetime (Serve runs this too).
+        async with mcp.running():
+            yield
         # Shutdown: write every queued audit record before the process goes.
         await asyncio.to_thread(service.audit.close)
 
@@ -62,4 +65,6 @@ def create_app(
     for module in (search, enrich, graph, ingest, events, audit, admin, tools):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)
+    # The same four tools over MCP (Streamable HTTP) at /mcp, through app.state.tools.
+    mcp = mount_mcp(app)
     return app

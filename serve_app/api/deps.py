@@ -52,16 +52,16 @@ def _ingest(request: Request) -> IngestService:
     return request.app.state.service.ingest
 
 
-async def _principal(request: Request) -> Principal:
-    """The verified caller; runs before the body is validated, so an unauthenticated request
-    gets 401 whatever its body holds."""
+async def authenticate(request: Request, action: str | None = None) -> Principal:
+    """The verified caller of ``request``. A failure (401, or 503 when the JWKS cannot be
+    fetched) is audited as a deny with the subject unknown, as ``action`` (default: the
+    route's action name), and raised."""
     authenticator: Authenticator = request.app.state.authenticator
     started = time.perf_counter()
     try:
         with stage("auth"):
             return await authenticator.authenticate(request.headers)
     except GatewayError as exc:
-        # 401 (or 503 when the JWKS cannot be fetched): audited as a deny, subject unknown.
         service: GatewayService = request.app.state.service
         path = request.url.path
         try:
@@ -73,7 +73,7 @@ async def _principal(request: Request) -> Principal:
             trace_id_of(request),
             None,
             started,
-            action=ACTIONS.get(path, path[:32]),
+            action=action or ACTIONS.get(path, path[:32]),
             path=path,
             auth_method=found[0] if found else "none",
             denied=True,
@@ -81,9 +81,16 @@ async def _principal(request: Request) -> Principal:
         raise
 
 
-async def _caller(
+async def _principal(request: Request) -> Principal:
+    """The verified caller; runs before the body is validated, so an unauthenticated request
+    gets 401 whatever its body holds."""
+    return await authenticate(request)
+
+
+async def request_context(
     request: Request, principal: Annotated[Principal, Depends(_principal)]
 ) -> RequestContext:
+    """The verified caller, the trace id and the profile-routing agent of one request."""
     routed = request.headers.get("x-agent-id", "").strip()[:256]
     permission = request.app.state.service.settings.profiles.route_permission
     if routed and not (principal.trusts_body or permission in principal.permissions):
@@ -98,4 +105,4 @@ Enrich = Annotated[EnrichService, Depends(_enrich)]
 Ingest = Annotated[IngestService, Depends(_ingest)]
 CurrentPrincipal = Annotated[Principal, Depends(_principal)]
 # The verified caller, the trace id and the start of the request, as one value.
-Caller = Annotated[RequestContext, Depends(_caller)]
+Caller = Annotated[RequestContext, Depends(request_context)]
