@@ -143,9 +143,24 @@ class SemanticCache:
         if found.hit is not None:
             found.status = "hit"
             self.hits += 1
+            if found.hit.similarity < 1.0:
+                await self._remember_wording(found)
         else:
             self.misses += 1
         return found
+
+    async def _remember_wording(self, found: Lookup) -> None:
+        """A near duplicate's answer stored under its own wording too (for what is left of
+        the entry's time), so its next repeat is an exact hit, with no embedding or scan."""
+        assert found.hit is not None
+        left = found.ttl_s - found.hit.age_s
+        if left <= 0:
+            return
+        try:
+            await self.store.put(found.bucket, found.key, found.vector, found.hit.value, left)
+        except BackendUnavailable as exc:
+            logger.warning("semantic cache not written: %s", exc.message)
+            self._trip(exc.message)
 
     async def put(self, found: Lookup, value: bytes) -> None:
         if found.status != "miss" or not found.bucket:

@@ -53,6 +53,10 @@ def test_a_near_duplicate_hits_and_an_unrelated_query_misses(make):
     search(gw)
     near = search(gw, QUERY | {"query": "Milvus gateway search notes deploy please"})
     assert near["cache"]["hit"] and 0.8 <= near["cache"]["similarity"] < 1.0
+    # Its wording is remembered: a repeat is an exact hit, with no query embedding.
+    embedded = len(gw.embedder.calls)
+    again = search(gw, QUERY | {"query": "Milvus gateway search notes deploy please"})
+    assert again["cache"]["similarity"] == 1.0 and len(gw.embedder.calls) == embedded
     other = search(gw, QUERY | {"query": "budget"})
     assert not other["cache"]["hit"]
 
