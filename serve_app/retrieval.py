@@ -118,7 +118,7 @@ class Retrieval:
             if mode in ("hybrid", "dense"):
                 if embed_error is None:
                     try:
-                        vector = await self._query_vector(req.query, vector)
+                        vector = await self.query_vector(req.query, vector)
                     except BackendUnavailable as exc:
                         embed_error = exc.message
                 if embed_error is not None:
@@ -275,7 +275,10 @@ class Retrieval:
         with stage("+".join(methods)):
             return await self.store.candidates(query, vector, flt, fetch, methods, read_id)
 
-    async def _query_vector(self, query: str, given: list[float] | None) -> list[float] | None:
+    async def query_vector(
+        self, query: str, given: list[float] | None = None
+    ) -> list[float] | None:
+        """The query's embedding (``given`` when the caller has it), as a list of floats."""
         if given is not None:
             return given
         with stage("embed"):

@@ -70,13 +70,6 @@ class GatewayService:
         self.profiles = (
             profiles if profiles is not None else ProfileSet.load(settings.profiles.file)
         )
-        self.cache = (
-            SemanticCache(
-                settings.cache, build_store(settings.cache), pipeline.generations, embedder
-            )
-            if settings.cache.enabled and pipeline.generations is not None
-            else None
-        )
         # The search pipeline rag.search_docs and rag.enrich_answer share.
         self.retrieval = Retrieval(
             settings=settings,
@@ -85,6 +78,16 @@ class GatewayService:
             graph=graph,
             reranker=reranker,
             count_tokens=count_tokens,
+        )
+        self.cache = (
+            SemanticCache(
+                settings.cache,
+                build_store(settings.cache),
+                pipeline.generations,
+                self.retrieval.query_vector,
+            )
+            if settings.cache.enabled and pipeline.generations is not None
+            else None
         )
         # One service per feature; the routes get theirs through api/deps.py.
         self.search = SearchService(

@@ -22,12 +22,13 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from batch_ingest.generations import IndexGenerations
 from deployments.errors import BackendUnavailable
-from deployments.protocols import Embedder, SearchFilter
+from deployments.protocols import SearchFilter
 from serve_app.cache.protocol import CacheHit, CacheStore
 from serve_app.settings import CacheSettings
 
@@ -74,12 +75,14 @@ class SemanticCache:
         settings: CacheSettings,
         store: CacheStore,
         generations: IndexGenerations | None,
-        embedder: Embedder,
+        embed_query: Callable[[str], Awaitable[list[float] | None]],
     ) -> None:
         self.settings = settings
         self.store = store
         self.generations = generations
-        self.embedder = embedder
+        # The search pipeline's own query embedding (Retrieval.query_vector), so the vector
+        # made here is the one the search then uses.
+        self.embed_query = embed_query
         self.hits = 0
         self.misses = 0
         # After a store failure the cache is skipped for ``RETRY_AFTER_S`` (a hung Redis
@@ -127,7 +130,7 @@ class SemanticCache:
             found.hit = await self.store.get(bucket, found.key)
             if found.hit is None and dense and self.settings.similarity < 1.0:
                 try:
-                    found.vector = (await self.embedder.embed([query], "query"))[0]
+                    found.vector = await self.embed_query(query)
                 except BackendUnavailable as exc:
                     found.embed_error = exc.message
                 if found.vector is not None:

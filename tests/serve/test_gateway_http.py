@@ -67,7 +67,7 @@ def search(client: httpx.Client, **body) -> httpx.Response:
 def test_readyz_reports_every_component(client: httpx.Client):
     r = client.get("/readyz")
     assert r.status_code == 200
-    assert set(r.json()["components"]) == {"embedder", "milvus", "neo4j", "audit"}
+    assert set(r.json()["components"]) == {"embedder", "milvus", "neo4j", "audit", "cache"}
     assert r.json()["components"]["audit"]["ready"] is True
     # On a CPU device the ingress embeds search queries with its own copy of the model.
     queries = r.json()["components"]["embedder"]["queries"]

@@ -164,3 +164,23 @@ def test_without_a_state_database_there_is_no_cache():
     gw = build_gateway(corpus=tenancy_corpus(), policy=TENANCY_POLICY)
     assert gw.service.cache is None
     assert "cache" not in search(gw)
+
+
+def test_the_lookups_embedding_is_the_searchs_whatever_type_the_embedder_returns(make):
+    # The Serve embedder answers arrays, not lists: the vector the cache made for its
+    # near-duplicate lookup must reach the graph-boosted search as the pipeline's own.
+    gw = make()
+    original = gw.embedder.embed
+
+    async def as_tuples(texts, kind="passage"):
+        return [tuple(v) for v in await original(texts, kind)]
+
+    gw.embedder.embed = as_tuples
+    node = {"labels": ["Resource"], "id": "milvus", "team_id": "dao_a", "visibility": "public"}
+    gw.service.graph.results["related"] = {
+        "entities": [{"node": node, "score": 1.0}],
+        "docs": {"dao_a_pub_doc": 1.0},
+    }
+    body = search(gw, QUERY | {"graph": "boost", "search_mode": "dense"})
+    assert body["matches"] and body["graph"]["applied"] and not body["cache"]["hit"]
+    assert search(gw, QUERY | {"graph": "boost", "search_mode": "dense"})["cache"]["hit"]
