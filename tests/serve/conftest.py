@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from deployments.milvus_store import MilvusStore
+from serve_app.testing import PEPPER, write_api_keys
 from tests.conftest import require_services
 from tests.tiny_models import build_tiny_cross_encoder
 
@@ -42,6 +43,17 @@ def wait_ready(base: str, timeout: float = 180) -> None:
             body = str(exc)
         time.sleep(1)
     pytest.fail(f"gateway at {base} not ready after {timeout:.0f} s: {body}")
+
+
+# The team of the suite's one API key, and the key (set when the gateway starts).
+KEY_TEAM = "dao_serve_keyed"
+API_KEY: dict[str, str] = {}
+
+
+@pytest.fixture(scope="session")
+def api_key(gateway: str) -> str:
+    """An API key of ``KEY_TEAM`` (member) that the suite's main app verifies."""
+    return API_KEY["key"]
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +83,13 @@ def gateway(run_id: str):
         num_cpus=6,
     )
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    app = build_app(AppArgs(settings={"milvus": {"collection": collection}}))
+    # Dev mode trusts a request without a credential, but an API key sent is verified: one
+    # key of one team, for the tests of tenancy from the credential (tests/serve/test_mcp_*).
+    (API_KEY["key"],) = write_api_keys(
+        tmp / "api_keys.yaml", [{"sub": "svc_serve", "teams": {KEY_TEAM: ["member"]}}]
+    )
+    auth = {"api_keys_file": str(tmp / "api_keys.yaml"), "api_key_pepper": PEPPER}
+    app = build_app(AppArgs(settings={"milvus": {"collection": collection}, "auth": auth}))
     serve.run(app, name="rag", route_prefix="/")
     # The same store behind a second app whose Reranker deployment loads a real (tiny)
     # cross-encoder checkpoint; graph off to keep it small.

@@ -4,9 +4,9 @@ four called, tool errors, authentication before the MCP layer.
 
 The suite's app runs in ``auth.mode=dev`` (tests/serve/conftest.py): a request without a
 credential is a development caller trusted in the team it names (X-Team-Id here), so the
-401 is a credential that does not verify, and the forbidden case is the graph policy's
-(Cypher without the tenant predicate) rather than a team the credential does not grant —
-tests/unit/test_mcp_server.py covers that one with JWTs."""
+401 is a credential that does not verify. A credential sent is verified all the same: the
+suite's API key (one team) shows the team coming from the credential and another team
+forbidden; tests/unit/test_mcp_server.py covers the same with JWTs."""
 
 from __future__ import annotations
 
@@ -175,3 +175,18 @@ def test_a_credential_that_does_not_verify_is_401_before_the_mcp_layer(client: h
     assert r.status_code == 401, r.text
     assert r.json()["error"] == "unauthorized" and r.json()["trace_id"]
     assert r.headers["www-authenticate"].startswith('Bearer realm="rag-gateway"')
+
+
+async def test_the_team_comes_from_the_credential_and_another_team_is_forbidden(
+    gateway: str, team: str, api_key: str
+):
+    from tests.serve.conftest import KEY_TEAM
+
+    async with mcp(gateway, **{"X-API-Key": api_key}) as client:
+        # No X-Team-Id: the key's only team; nothing indexed there, so no matches.
+        own = answer_of(await client.call_tool("rag_search_docs", {"query": "Milvus"}))
+    assert own["matches"] == [] and own["profile"]["name"] == "default"
+    async with mcp(gateway, **{"X-API-Key": api_key, "X-Team-Id": team}) as client:
+        body = error_of(await client.call_tool("rag_search_docs", {"query": "Milvus"}))
+    assert body["error"] == "forbidden" and body["reason"] == "team_not_granted"
+    assert body["status"] == 403 and KEY_TEAM in (body["hint"] or "")
