@@ -529,22 +529,42 @@ def nats_url() -> str:
     return f"nats://127.0.0.1:{NATS_PORT}"
 
 
-def nats_exe() -> str | None:
-    # Debian puts it in /usr/sbin, which a normal user's PATH may lack.
-    return shutil.which("nats-server") or next(
-        (p for p in ("/usr/sbin/nats-server", "/usr/bin/nats-server") if os.path.exists(p)), None
+def system_exe(name: str) -> str | None:
+    """A Debian-packaged server binary (in /usr/sbin or /usr/bin, which a normal user's PATH
+    may lack)."""
+    return shutil.which(name) or next(
+        (p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.path.exists(p)), None
     )
 
 
-def nats_install() -> str:
-    exe = nats_exe()
+def package_exe(name: str) -> str:
+    """``name``'s binary, apt-get installing the Debian package of that name when missing."""
+    exe = system_exe(name)
     if exe:
         return exe
-    apt_install("nats-server", "nats-server")
-    exe = nats_exe()
+    apt_install(name, name)
+    exe = system_exe(name)
     if exe is None:
-        sys.exit("[services] apt-get installed nats-server but it was not found")
+        sys.exit(f"[services] apt-get installed {name} but it was not found")
     return exe
+
+
+def server_to_start(name: str, port: int, package: str, required: bool) -> str | None:
+    """The binary to start ``name`` with, or None when it already runs (or, not
+    ``required``, its package cannot be installed: a warning). A foreign process on the port
+    stops the script."""
+    if pid_alive(VAR / f"{name}.pid") and port_open(port):
+        log(f"{name} already running on 127.0.0.1:{port}")
+        return None
+    if port_open(port):
+        sys.exit(f"[services] port {port} is taken by another process; set RAG_{name.upper()}_PORT")
+    try:
+        return package_exe(package)
+    except PackageMissing as exc:
+        if required:
+            sys.exit(f"[services] {exc}")
+        log(f"WARNING: {name} skipped: {exc}")
+        return None
 
 
 def nats_jetstream_ready() -> bool:
@@ -568,17 +588,8 @@ jetstream {{
 def nats_up(required: bool = True) -> None:
     """Start NATS. ``required=False`` (plain ``up``): a missing binary is a warning, only the
     bus consumer needs it."""
-    if pid_alive(VAR / "nats.pid") and port_open(NATS_PORT):
-        log(f"nats already running on 127.0.0.1:{NATS_PORT}")
-        return
-    if port_open(NATS_PORT):
-        sys.exit(f"[services] port {NATS_PORT} is taken by another process; set RAG_NATS_PORT")
-    try:
-        exe = nats_install()
-    except PackageMissing as exc:
-        if required:
-            sys.exit(f"[services] {exc}")
-        log(f"WARNING: nats skipped: {exc}")
+    exe = server_to_start("nats", NATS_PORT, "nats-server", required)
+    if exe is None:
         return
     home = VAR / "nats"
     (home / "jetstream").mkdir(parents=True, exist_ok=True)
@@ -596,24 +607,6 @@ def nats_up(required: bool = True) -> None:
 # --- Redis (the semantic cache) ----------------------------------------------------------
 def redis_url() -> str:
     return f"redis://127.0.0.1:{REDIS_PORT}/0"
-
-
-def redis_exe() -> str | None:
-    return shutil.which("redis-server") or next(
-        (p for p in ("/usr/bin/redis-server", "/usr/sbin/redis-server") if os.path.exists(p)),
-        None,
-    )
-
-
-def redis_install() -> str:
-    exe = redis_exe()
-    if exe:
-        return exe
-    apt_install("redis-server", "redis-server")
-    exe = redis_exe()
-    if exe is None:
-        sys.exit("[services] apt-get installed redis-server but it was not found")
-    return exe
 
 
 def redis_ping() -> bool:
@@ -644,17 +637,8 @@ maxmemory-policy allkeys-lru
 def redis_up(required: bool = True) -> None:
     """Start Redis. ``required=False`` (plain ``up``): a missing binary is a warning, only the
     shared semantic cache (cache.backend=redis) needs it."""
-    if pid_alive(VAR / "redis.pid") and port_open(REDIS_PORT):
-        log(f"redis already running on 127.0.0.1:{REDIS_PORT}")
-        return
-    if port_open(REDIS_PORT):
-        sys.exit(f"[services] port {REDIS_PORT} is taken by another process; set RAG_REDIS_PORT")
-    try:
-        exe = redis_install()
-    except PackageMissing as exc:
-        if required:
-            sys.exit(f"[services] {exc}")
-        log(f"WARNING: redis skipped: {exc}")
+    exe = server_to_start("redis", REDIS_PORT, "redis-server", required)
+    if exe is None:
         return
     home = VAR / "redis"
     home.mkdir(parents=True, exist_ok=True)

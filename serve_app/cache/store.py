@@ -329,24 +329,12 @@ class RedisCacheStore:
 
     async def _nearest(self, bucket: bytes, query: np.ndarray, threshold: float) -> CacheHit | None:
         hash_key = self._bucket_key(bucket)
-        records: dict[bytes, bytes] = await self._redis.hgetall(hash_key)  # type: ignore[assignment]
-        now = time.time_ns() // 1000
         width = _RECORD.size + 4 * query.size
-        dead: list[bytes] = []
-        keys: list[bytes] = []
-        stored: list[int] = []
-        rows: list[bytes] = []
-        for field, record in records.items():
-            if len(record) < _RECORD.size:
-                dead.append(field)
-                continue
-            expires_at, stored_at = _RECORD.unpack_from(record)
-            if expires_at <= now:
-                dead.append(field)
-            elif len(record) == width:
-                keys.append(field)
-                stored.append(stored_at)
-                rows.append(record[_RECORD.size :])
+        live, dead = _split_records(await self._redis.hgetall(hash_key))  # type: ignore[arg-type]
+        live = [(at, field, record) for at, field, record in live if len(record) == width]
+        keys = [field for _, field, _ in live]
+        stored = [at for at, _, _ in live]
+        rows = [record[_RECORD.size :] for _, _, record in live]
         # Ties go to the most recent: rows sorted by stored_at, _best takes the last.
         order = sorted(range(len(keys)), key=stored.__getitem__)
         matrix = np.frombuffer(b"".join(rows[i] for i in order), dtype="<f4")
@@ -367,7 +355,8 @@ class RedisCacheStore:
             return None
         (stored_at,) = _STAMP.unpack_from(raw)
         similarity = min(1.0, float(scores[best]))
-        return CacheHit(bytes(raw[_STAMP.size :]), similarity, max(0.0, (now - stored_at) / 1e6))
+        age_s = max(0.0, (time.time_ns() // 1000 - stored_at) / 1e6)
+        return CacheHit(bytes(raw[_STAMP.size :]), similarity, age_s)
 
     async def put(
         self, bucket: str, key: str, vector: list[float] | None, value: bytes, ttl_s: float
@@ -405,23 +394,11 @@ class RedisCacheStore:
 
     async def _trim(self, hash_key: bytes, bucket: bytes) -> None:
         """Drop the bucket's expired records and then its oldest, down to max_per_bucket."""
-        records: dict[bytes, bytes] = await self._redis.hgetall(hash_key)  # type: ignore[assignment]
-        now = time.time_ns() // 1000
-        dead: list[bytes] = []
-        live: list[tuple[int, bytes]] = []
-        for field, record in records.items():
-            if len(record) < _RECORD.size:
-                dead.append(field)
-                continue
-            expires_at, stored_at = _RECORD.unpack_from(record)
-            if expires_at <= now:
-                dead.append(field)
-            else:
-                live.append((stored_at, field))
+        live, dead = _split_records(await self._redis.hgetall(hash_key))  # type: ignore[arg-type]
         live.sort()
         excess = len(live) - self.max_per_bucket
         if excess > 0:
-            dead.extend(field for _, field in live[:excess])
+            dead.extend(field for _, field, _ in live[:excess])
         if not dead:
             return
         async with self._redis.pipeline(transaction=True) as pipe:
@@ -468,3 +445,23 @@ def build_store(settings: CacheSettings) -> CacheStore:
             settings.redis_timeout_s,
         )
     return MemoryCacheStore(settings.max_entries, settings.max_per_bucket)
+
+
+def _split_records(
+    records: dict[bytes, bytes],
+) -> tuple[list[tuple[int, bytes, bytes]], list[bytes]]:
+    """A bucket hash's records as ``(stored_at, field, record)`` of the live ones and the
+    fields of the expired or malformed ones."""
+    now = time.time_ns() // 1000
+    live: list[tuple[int, bytes, bytes]] = []
+    dead: list[bytes] = []
+    for field, record in records.items():
+        if len(record) < _RECORD.size:
+            dead.append(field)
+            continue
+        expires_at, stored_at = _RECORD.unpack_from(record)
+        if expires_at <= now:
+            dead.append(field)
+        else:
+            live.append((stored_at, field, record))
+    return live, dead
