@@ -68,9 +68,20 @@ class SearchDocsArgs(_Args):
     question; each hit comes with its title, url and a snippet to cite."""
 
     query: Text = Field(description="What to look for, in the user's words.")
-    top_k: int = Field(5, ge=1, le=MAX_TOOL_TOP_K, description="How many passages to return.")
+    top_k: int = Field(
+        5,
+        ge=1,
+        json_schema_extra={"maximum": MAX_TOOL_TOP_K},
+        description=f"How many passages to return (at most {MAX_TOOL_TOP_K}; more is cut).",
+    )
     filters: ToolFilters = Field(default_factory=ToolFilters, description="Narrow the search.")
     format: Format = Field("json", description=FORMAT_DOC)
+
+    @field_validator("top_k")
+    @classmethod
+    def _clamp(cls, value: int) -> int:
+        """A model asking for more gets the tool's cap, not an error that breaks its loop."""
+        return min(value, MAX_TOOL_TOP_K)
 
 
 class EnrichAnswerArgs(_Args):

@@ -20,6 +20,7 @@ import pytest
 from batch_ingest.chunking import Chunker, tokenizer_counter
 from batch_ingest.chunks import chunk_builder
 from batch_ingest.documents import SourceDocument
+from batch_ingest.generations import IndexGenerations
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.reindex import Reindexer, ReindexOptions
 from batch_ingest.reindex.launcher import ReindexJobs
@@ -141,6 +142,9 @@ async def test_reindex_while_searching_swaps_without_a_failed_or_empty_search(
     await ingest_old(job_settings, store, embedder, docs)
     assert store.versions.current(team) == 1
     assert set(models_in(store, team)) == {OLD_MODEL}
+    # The team's index generation (the gateway's semantic cache keys by it).
+    generations = IndexGenerations(SourceStore(job_settings.state.url).engine)
+    generation = generations.get(team)
 
     # A second client, as a Serve replica would have, searching in a loop.
     searcher = MilvusStore(job_settings.milvus, dim=384)
@@ -196,6 +200,8 @@ async def test_reindex_while_searching_swaps_without_a_failed_or_empty_search(
     assert job.rate_chunks_s > 0 and job.eta_s == 0
     assert store.versions.current(team) == 2
     assert store.versions.existing(team) == [2]  # the old version is dropped (no --keep-previous)
+    # Raised at the swap and after the last catch-up: answers cached before are unreachable.
+    assert generations.get(team) >= generation + 2
     n = expected_chunks(job_settings, docs)
     assert job.expected_chunks == job.rows_in_target == n
     assert store.count(team) == n

@@ -318,12 +318,14 @@ def test_format_json_is_the_routes_own_answer(gw):
     assert {m["source_ref"]["team_id"] for m in body["matches"]} == {"dao_a"}
 
 
-def test_top_k_over_the_tool_maximum_is_422_naming_top_k(gw):
-    r = call(gw, "rag_search_docs", {"query": "Milvus", "top_k": 11})
-    assert r.status_code == 422, r.text
-    body = r.json()
-    assert body["error"] == "invalid_input" and body["fields"][0]["field"] == "top_k"
-    assert "top_k" in body["message"] and "10" in body["message"]
+def test_top_k_over_the_tool_maximum_is_cut_to_it(gw):
+    schema = BY_NAME["rag.search_docs"].parameters()["properties"]["top_k"]
+    assert schema["maximum"] == 10
+    r = call(gw, "rag_search_docs", {"query": "Milvus gateway search notes", "top_k": 40})
+    assert r.status_code == 200, r.text
+    assert 0 < len(r.json()["matches"]) <= 10
+    r = call(gw, "rag_search_docs", {"query": "Milvus", "top_k": 0})
+    assert r.status_code == 422 and r.json()["fields"][0]["field"] == "top_k"
 
 
 @pytest.mark.parametrize("key", ["team_id", "dao_id", "agent_id", "user_id"])
