@@ -168,6 +168,13 @@ class Neo4jSettings(BaseModel):
     # The gateway's own statements (ingest MERGE, deletes): transaction timeout, so a writer
     # waiting on a lock that is never released fails (and is retried) instead of hanging.
     write_timeout_s: float = Field(120.0, gt=0)
+    # How long the driver retries a transaction on a connection failure (its own default is
+    # 30 s: graph calls hung 33-65 s while Neo4j was away), and the most any read (graph
+    # tool, graph boost, EXPLAIN, connecting) may take in the gateway before it answers 503
+    # naming Neo4j (searches go on without the graph, degraded). Writes get write_timeout_s
+    # plus this.
+    retry_s: float = Field(1.0, ge=0, le=60)
+    deadline_s: float = Field(8.0, gt=0, le=600)
     max_rows: int = Field(1000, ge=1, le=100_000)
     # explain_path bounds.
     max_path_hops: int = Field(6, ge=1, le=10)

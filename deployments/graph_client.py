@@ -44,12 +44,11 @@ class Neo4jClient:
                     self._driver = AsyncGraphDatabase.driver(
                         self.settings.uri,
                         auth=(self.settings.user, self.settings.password),
-                        connection_timeout=self.settings.timeout_s,
+                        connection_timeout=min(self.settings.timeout_s, self.settings.deadline_s),
+                        max_transaction_retry_time=self.settings.retry_s,
                         notifications_min_severity="OFF",
                     )
-                await self._driver.verify_connectivity()
-                for statement in schema_statements():
-                    await self._driver.execute_query(statement, database_=self.settings.database)
+                await asyncio.wait_for(self._bootstrap(), self.settings.deadline_s)
             except Exception as exc:
                 await self._reset()
                 raise BackendUnavailable(
@@ -58,6 +57,25 @@ class Neo4jClient:
                     hint="start it with `python scripts/services.py up` or set NEO4J__URI",
                 ) from exc
             self._schema_ready = True
+
+    async def _bootstrap(self) -> None:
+        await self._driver.verify_connectivity()
+        for statement in schema_statements():
+            await self._driver.execute_query(statement, database_=self.settings.database)
+
+    async def _within(self, seconds: float, what: str, work: Any) -> Any:
+        """Await ``work`` for at most ``seconds``; past that the driver is dropped (the next
+        call reconnects) and the caller gets 503 naming Neo4j."""
+        try:
+            return await asyncio.wait_for(work, seconds)
+        except TimeoutError:
+            async with self._lock:
+                await self._reset()
+            raise BackendUnavailable(
+                "neo4j",
+                f"no answer from {self.settings.uri} within {seconds:g} s ({what})",
+                hint="check that Neo4j is up; NEO4J__DEADLINE_S bounds every graph call",
+            ) from None
 
     async def _reset(self) -> None:
         if self._driver is not None:
@@ -112,13 +130,20 @@ class Neo4jClient:
         from neo4j import Query
 
         await self.start()
+        deadline = self.settings.deadline_s + (self.settings.write_timeout_s if write else 0)
         try:
-            records, _, _ = await self._driver.execute_query(
-                Query(query, timeout=self.settings.write_timeout_s),
-                params or {},
-                database_=self.settings.database,
-                routing_="w" if write else "r",
+            records, _, _ = await self._within(
+                deadline,
+                "write" if write else "read",
+                self._driver.execute_query(
+                    Query(query, timeout=self.settings.write_timeout_s),
+                    params or {},
+                    database_=self.settings.database,
+                    routing_="w" if write else "r",
+                ),
             )
+        except BackendUnavailable:
+            raise
         except Exception as exc:
             await self._raise_mapped(exc)
             raise
@@ -148,13 +173,16 @@ class Neo4jClient:
                 rows.append([to_plain(v) for v in record.values()])
             return keys, rows
 
-        await self.start()
-        try:
+        async def transaction() -> tuple[list[str], list[list[Any]]]:
             async with self._driver.session(
                 database=self.settings.database, default_access_mode=READ_ACCESS
             ) as session:
                 return await session.execute_read(work)
-        except QueryLimitExceeded:
+
+        await self.start()
+        try:
+            return await self._within(self.settings.deadline_s, "query", transaction())
+        except (QueryLimitExceeded, BackendUnavailable):
             raise
         except Exception as exc:
             await self._raise_mapped(exc)
@@ -164,13 +192,18 @@ class Neo4jClient:
         """``EXPLAIN query`` in a READ session: the result summary (query type and plan)."""
         from neo4j import READ_ACCESS
 
-        await self.start()
-        try:
+        async def plan() -> Any:
             async with self._driver.session(
                 database=self.settings.database, default_access_mode=READ_ACCESS
             ) as session:
                 result = await session.run("EXPLAIN " + query, params)
                 return await result.consume()
+
+        await self.start()
+        try:
+            return await self._within(self.settings.deadline_s, "EXPLAIN", plan())
+        except BackendUnavailable:
+            raise
         except Exception as exc:
             await self._raise_mapped(exc)
             raise
