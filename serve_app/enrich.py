@@ -134,7 +134,7 @@ async def enrich_answer(
     embed_error: str | None = None
     if claims and mode in ("hybrid", "dense"):
         try:
-            embedded = await retrieval.embedder.embed(queries, "query")
+            embedded = await retrieval.embed_queries(queries)
             vectors = [[float(x) for x in v] for v in embedded]
         except BackendUnavailable as exc:
             embed_error = exc.message  # every claim's search falls back to BM25 and says so

@@ -282,7 +282,21 @@ class Retrieval:
         if given is not None:
             return given
         with stage("embed"):
-            return _as_list((await self.embedder.embed([query], "query"))[0])
+            return _as_list((await self.embed_queries([query]))[0])
+
+    async def embed_queries(self, queries: list[str]) -> Any:
+        """Query embeddings within ``search.embed_deadline_s``.
+
+        Raises:
+            BackendUnavailable: the embedder failed or did not answer in time.
+        """
+        deadline = self.settings.search.embed_deadline_s
+        try:
+            return await asyncio.wait_for(self.embedder.embed(queries, "query"), deadline)
+        except TimeoutError:
+            raise BackendUnavailable(
+                "embedder", f"no query embedding within {deadline:g} s"
+            ) from None
 
     def _fuse(
         self,
@@ -315,7 +329,13 @@ class Retrieval:
 
     async def _rerank(self, query: str, hits: list[SearchHit]) -> list[SearchHit]:
         assert self.reranker is not None
-        scores = await self.reranker.rerank(query, [strip_header(h.chunk) for h in hits])
+        deadline = self.settings.search.rerank_deadline_s
+        try:
+            scores = await asyncio.wait_for(
+                self.reranker.rerank(query, [strip_header(h.chunk) for h in hits]), deadline
+            )
+        except TimeoutError:
+            raise BackendUnavailable("reranker", f"no answer within {deadline:g} s") from None
         rescored = [
             SearchHit(chunk=h.chunk, score=float(s), scores={**h.scores, "rerank": float(s)})
             for h, s in zip(hits, scores, strict=True)

@@ -35,6 +35,8 @@ from serve_app.search import SearchService
 from serve_app.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
+# The longest /readyz waits for one component (a probe must answer before its own timeout).
+READY_TIMEOUT_S = 3.0
 
 
 class GatewayService:
@@ -126,7 +128,7 @@ class GatewayService:
 
         async def one(name: str, backend: Any) -> tuple[str, dict[str, Any]]:
             try:
-                return name, await asyncio.wait_for(backend.status(), timeout=10)
+                return name, await asyncio.wait_for(backend.status(), timeout=READY_TIMEOUT_S)
             except Exception as exc:
                 return name, {"ready": False, "error": f"{type(exc).__name__}: {exc}"}
 
@@ -140,7 +142,7 @@ class GatewayService:
         async def audit() -> tuple[str, dict[str, Any]]:
             try:
                 return "audit", await asyncio.wait_for(
-                    asyncio.to_thread(self.audit.status), timeout=10
+                    asyncio.to_thread(self.audit.status), timeout=READY_TIMEOUT_S
                 )
             except Exception as exc:
                 return "audit", {"ready": False, "error": f"{type(exc).__name__}: {exc}"}

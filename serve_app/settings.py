@@ -35,6 +35,11 @@ class SearchSettings(BaseModel):
 
     default_top_k: int = Field(5, ge=1)
     max_top_k: int = Field(50, ge=1)
+    # The longest a query embedding (search, enrich claims) and a rerank may take: past it
+    # the search answers BM25 only / in fused order, degraded, instead of waiting for an
+    # Embedder or Reranker replica that died (Serve replaces it in ~10 s) or never answers.
+    embed_deadline_s: float = Field(3.0, gt=0, le=120)
+    rerank_deadline_s: float = Field(3.0, gt=0, le=120)
     # Candidates fetched from each method before fusion.
     candidate_multiplier: int = Field(4, ge=1, le=50)
     mode: Literal["hybrid", "dense", "bm25"] = "hybrid"
