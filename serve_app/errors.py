@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.errors import (
     BackendUnavailable,
@@ -33,6 +34,15 @@ __all__ = [
     "install_error_handlers",
     "trace_id_of",
 ]
+
+
+# Starlette's own HTTP errors → (error code, hint).
+HTTP_CODES: dict[int, tuple[str, str | None]] = {
+    400: ("bad_request", None),
+    404: ("not_found", "GET /docs lists the routes; the agent tools are under /tools"),
+    405: ("method_not_allowed", "GET /docs lists each route's method"),
+    413: ("payload_too_large", None),
+}
 
 
 def trace_id_of(request: Request) -> str:
@@ -130,6 +140,31 @@ def install_error_handlers(app: FastAPI) -> None:
                 "hint": "see GET /docs for the request schema",
                 "trace_id": trace_id_of(request),
             },
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own answers (unknown path, wrong method, a body it cannot parse) in
+        # the gateway's shape, not FastAPI's {"detail": ...}.
+        code, hint = HTTP_CODES.get(exc.status_code, ("http_error", None))
+        message = str(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in message:
+            code = "invalid_input"
+            message = "the body is not valid JSON in UTF-8 (or nests deeper than JSON allows)"
+            hint = "send a UTF-8 JSON object; see GET /docs for the request schema"
+        elif exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        return JSONResponse(
+            status_code=exc.status_code,
+            content={
+                "error": code,
+                "message": message,
+                "hint": hint,
+                "trace_id": trace_id_of(request),
+            },
+            headers=getattr(exc, "headers", None),
         )
 
     @app.exception_handler(GatewayError)

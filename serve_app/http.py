@@ -13,6 +13,7 @@ from serve_app.auth import Authenticator
 from serve_app.contracts import ErrorBody
 from serve_app.errors import install_error_handlers
 from serve_app.mcp_server import mount_mcp
+from serve_app.openapi import install_openapi
 from serve_app.service import GatewayService
 from serve_app.timing import CountInFlight, InFlight, ServerTiming
 from serve_app.tools.runner import ToolRunner
@@ -59,6 +60,7 @@ def create_app(
     app.state.tools = ToolRunner(service)
     app.state.authenticator = authenticator or Authenticator.from_settings(service.settings)
     install_error_handlers(app)
+    install_openapi(app, service.settings)
     app.add_middleware(ServerTiming)
     if in_flight is not None:
         app.add_middleware(CountInFlight, gauge=in_flight)
