@@ -7,9 +7,33 @@ unexpected crash) becomes ``BackendUnavailable`` naming the backend.
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Any
 
 from deployments.errors import BackendUnavailable, GatewayError
+
+logger = logging.getLogger(__name__)
+# What of a replica's failure reaches a caller: one line, no terminal colours, no more than
+# this (a Ray error's text holds a traceback with internal paths and PIDs: the log keeps it).
+MAX_REASON_CHARS = 300
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def short_reason(error: BaseException) -> str:
+    """``Type: first line of the message`` of ``error``, at most MAX_REASON_CHARS."""
+    text = _ANSI.sub("", str(error))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # Ray's own wrappers put their traceback first and the cause's message last.
+    if any(line.startswith("Traceback") for line in lines):
+        lines = lines[-1:]
+    first = next((line for line in lines if not _is_trace(line)), "")
+    reason = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    return reason if len(reason) <= MAX_REASON_CHARS else reason[: MAX_REASON_CHARS - 1] + "…"
+
+
+def _is_trace(line: str) -> bool:
+    return line.startswith(("Traceback", "File ", "ray::", "^", "~")) or "(pid=" in line
 
 
 class HandleProxy:
@@ -34,10 +58,10 @@ class HandleProxy:
                 cause = getattr(exc, "cause", None)
                 if isinstance(cause, GatewayError):
                     raise cause from None
-                raise BackendUnavailable(
-                    backend, f"{type(cause or exc).__name__}: {cause or exc}"
-                ) from exc
+                logger.warning("%s call %s failed: %s", backend, name, exc)
+                raise BackendUnavailable(backend, short_reason(cause or exc)) from exc
             except Exception as exc:
-                raise BackendUnavailable(backend, f"{type(exc).__name__}: {exc}") from exc
+                logger.warning("%s call %s failed: %s", backend, name, exc)
+                raise BackendUnavailable(backend, short_reason(exc)) from exc
 
         return call

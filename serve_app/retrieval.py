@@ -181,9 +181,16 @@ class Retrieval:
                 raise BackendUnavailable(
                     "neo4j", "the graph is disabled in this deployment (graph_enabled: false)"
                 )
-            found = await self.graph.related_docs(
-                req.query, graph_access.graph_scope(ctx), opt.max_entities, opt.max_docs
-            )
+            deadline = self.settings.search.graph_deadline_s
+            try:
+                found = await asyncio.wait_for(
+                    self.graph.related_docs(
+                        req.query, graph_access.graph_scope(ctx), opt.max_entities, opt.max_docs
+                    ),
+                    deadline,
+                )
+            except TimeoutError:
+                raise BackendUnavailable("neo4j", f"no answer within {deadline:g} s") from None
         except BackendUnavailable as exc:
             degraded.append(f"graph unavailable, searched without it: {exc.message}")
             found, note = {"entities": [], "docs": {}}, "graph unavailable"

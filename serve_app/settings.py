@@ -40,6 +40,9 @@ class SearchSettings(BaseModel):
     # Embedder or Reranker replica that died (Serve replaces it in ~10 s) or never answers.
     embed_deadline_s: float = Field(3.0, gt=0, le=120)
     rerank_deadline_s: float = Field(3.0, gt=0, le=120)
+    # Graph-scoped retrieval: the entity lookup in Neo4j, after which the search goes on
+    # without the graph, degraded (the graph tools themselves have neo4j.deadline_s).
+    graph_deadline_s: float = Field(2.0, gt=0, le=120)
     # Candidates fetched from each method before fusion.
     candidate_multiplier: int = Field(4, ge=1, le=50)
     mode: Literal["hybrid", "dense", "bm25"] = "hybrid"

@@ -63,3 +63,17 @@ def test_a_hung_reranker_keeps_the_fused_order_within_the_deadline():
     assert body["degraded"] and body["matches"]
     assert any("reranker" in reason for reason in body["degraded_reasons"])
     assert time.perf_counter() - started < 2.0
+
+
+def test_a_hung_graph_lets_a_graph_boosted_search_go_on_without_it():
+    gw = build_gateway(
+        corpus=tenancy_corpus(), policy=TENANCY_POLICY, search={"graph_deadline_s": 0.3}
+    )
+    gw.service.graph.related_docs = hang(gw.service.graph.related_docs)
+    started = time.perf_counter()
+    r = gw.client.post("/rag/search_docs", json=QUERY | {"graph": "boost"}, headers=HEADERS)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["degraded"] and body["matches"] and body["graph"]["applied"] is False
+    assert any("graph unavailable" in reason for reason in body["degraded_reasons"])
+    assert time.perf_counter() - started < 2.0

@@ -76,3 +76,22 @@ def test_private_attributes_are_not_proxied():
     proxy = HandleProxy(FakeHandle(), "milvus")
     with pytest.raises(AttributeError):
         proxy._secret  # noqa: B018
+
+
+async def test_a_replica_failure_reaches_the_caller_as_one_short_line():
+    # What Ray gives for an exception it could not pickle: a traceback with ANSI colours,
+    # internal paths and PIDs, then the message.
+    text = (
+        "\x1b[36mray::ServeReplica:rag:Retriever.handle_request()\x1b[39m (pid=4242, ip=10.0.0.1)\n"
+        'Traceback (most recent call last):\n  File "/opt/ray/serve/_private/replica.py", line 1\n'
+        "    raise\nMilvusException: <MilvusException: (code=2, message=Fail connecting to server)>"
+        + " detail"
+        * 200
+    )
+    proxy = HandleProxy(FakeHandle(search=FakeMethod(RuntimeError(text))), "milvus")
+    with pytest.raises(BackendUnavailable) as err:
+        await proxy.search()
+    message = err.value.message
+    assert "\x1b" not in message and "\n" not in message and "pid=" not in message
+    assert "Traceback" not in message and "/opt/ray" not in message
+    assert "MilvusException" in message and len(message) <= 320
