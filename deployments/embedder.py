@@ -15,6 +15,7 @@ from ray import serve
 
 from deployments.config import EMBED_BATCH, EMBED_BATCH_WAIT_S, EmbedderSettings
 from deployments.errors import InvalidInput
+from deployments.health import check_model
 from deployments.loading import BackgroundLoad
 from deployments.timing import MeanTimes
 
@@ -80,6 +81,10 @@ class EmbedderDeployment:
                 queue.set_max_batch_size(self._max_texts)
             if wait is not None:
                 queue.set_batch_wait_timeout_s(float(wait))
+
+    async def check_health(self) -> None:
+        """Serve's health check: fails the replica whose model failed to load."""
+        check_model(self._loading)
 
     async def status(self) -> dict[str, Any]:
         return {

@@ -7,6 +7,7 @@ from typing import Any
 
 from deployments.config import Neo4jSettings
 from deployments.graph_store import Neo4jGraph
+from deployments.health import BackendHealth
 from deployments.protocols import GraphDocument, GraphScope
 
 logger = logging.getLogger(__name__)
@@ -22,6 +23,11 @@ class GraphDeployment:
 
     def __init__(self, settings: Neo4jSettings) -> None:
         self.graph = Neo4jGraph(settings)
+        self.health = BackendHealth("neo4j", self.graph.status)
+
+    async def check_health(self) -> None:
+        """Serve's health check: fails the replica after Neo4j failed several in a row."""
+        await self.health.check()
 
     async def merge_documents(self, docs: list[GraphDocument]) -> int:
         return await self.graph.merge_documents(docs)

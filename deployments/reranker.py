@@ -21,6 +21,7 @@ from ray import serve
 
 from deployments.config import RERANK_BATCH, RERANK_BATCH_WAIT_S, RerankerSettings
 from deployments.errors import InvalidInput
+from deployments.health import check_model
 from deployments.loading import BackgroundLoad
 
 logger = logging.getLogger(__name__)
@@ -144,6 +145,10 @@ class RerankerDeployment:
             queue.set_max_batch_size(int(user_config["max_batch_size"]))
         if "batch_wait_timeout_s" in user_config:
             queue.set_batch_wait_timeout_s(float(user_config["batch_wait_timeout_s"]))
+
+    async def check_health(self) -> None:
+        """Serve's health check: fails the replica whose model failed to load."""
+        check_model(self._loading)
 
     async def status(self) -> dict[str, Any]:
         return {

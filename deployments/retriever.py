@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from deployments.config import MilvusSettings
+from deployments.health import BackendHealth
 from deployments.memindex.cache import HotIndex
 from deployments.milvus_store import MilvusStore
 from deployments.protocols import (
@@ -48,6 +49,11 @@ class RetrieverDeployment:
             if mem.enabled
             else None
         )
+        self.health = BackendHealth("milvus", self.status)
+
+    async def check_health(self) -> None:
+        """Serve's health check: fails the replica after Milvus failed several in a row."""
+        await self.health.check()
 
     async def upsert(self, chunks: list[ChunkRecord]) -> int:
         return await asyncio.to_thread(self.store.upsert, chunks)
