@@ -279,8 +279,16 @@ class Retrieval:
         methods: tuple[str, ...],
         read_id: str,
     ) -> dict[str, list[SearchHit]]:
+        deadline = self.settings.search.store_deadline_s
         with stage("+".join(methods)):
-            return await self.store.candidates(query, vector, flt, fetch, methods, read_id)
+            try:
+                return await asyncio.wait_for(
+                    self.store.candidates(query, vector, flt, fetch, methods, read_id), deadline
+                )
+            except TimeoutError:
+                raise BackendUnavailable(
+                    "milvus", f"no candidates ({'+'.join(methods)}) within {deadline:g} s"
+                ) from None
 
     async def query_vector(
         self, query: str, given: list[float] | None = None

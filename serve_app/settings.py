@@ -43,6 +43,8 @@ class SearchSettings(BaseModel):
     # Graph-scoped retrieval: the entity lookup in Neo4j, after which the search goes on
     # without the graph, degraded (the graph tools themselves have neo4j.deadline_s).
     graph_deadline_s: float = Field(2.0, gt=0, le=120)
+    # A candidate search in the Retriever (Milvus or its in-memory index): past it, 503.
+    store_deadline_s: float = Field(10.0, gt=0, le=300)
     # Candidates fetched from each method before fusion.
     candidate_multiplier: int = Field(4, ge=1, le=50)
     mode: Literal["hybrid", "dense", "bm25"] = "hybrid"

@@ -77,3 +77,15 @@ def test_a_hung_graph_lets_a_graph_boosted_search_go_on_without_it():
     assert body["degraded"] and body["matches"] and body["graph"]["applied"] is False
     assert any("graph unavailable" in reason for reason in body["degraded_reasons"])
     assert time.perf_counter() - started < 2.0
+
+
+def test_a_hung_retriever_is_a_503_naming_milvus_within_the_deadline():
+    gw = build_gateway(
+        corpus=tenancy_corpus(), policy=TENANCY_POLICY, search={"store_deadline_s": 0.3}
+    )
+    gw.store.candidates = hang(gw.store.candidates)
+    started = time.perf_counter()
+    r = gw.client.post("/rag/search_docs", json=QUERY, headers=HEADERS)
+    assert r.status_code == 503, r.text
+    assert r.json()["error"] == "backend_unavailable" and "milvus" in r.json()["message"]
+    assert time.perf_counter() - started < 2.0
