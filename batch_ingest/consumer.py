@@ -27,7 +27,11 @@ What it does:
   source registry while its events are applied (``SourceStore.claim``), so two writers never
   interleave one document's revisions.
 - After a document is searchable: ``rag.document.indexed`` (``{team_id, doc_id, doc_type,
-  chunks, revision, event_id, event_ts}``), after a delete ``rag.document.deleted``.
+  chunks, revision, event_id, event_ts, status, meta: {team_id, trace_id}}``, ``trace_id``
+  the source event's ``meta.trace_id``), after a delete ``rag.document.deleted``.
+- Trace ids: each event is logged (one line: id, type, document, status) and settled under
+  its own ``meta.trace_id``; the batch's shared work under its first one, its lines listing
+  all (``handle``). ``--log-format json`` writes one JSON object per line with ``trace_id``.
 - SIGTERM/SIGINT: stops fetching, finishes and acks the batch in flight, drains, closes.
 
 Why in-process and not ``POST /ingest/events`` on the gateway: the consumer is a platform
@@ -67,6 +71,7 @@ from batch_ingest.events import (
 )
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.settings import BatchSettings, ConsumerSettings
+from deployments.tracing import LOG_FORMATS, configure_logging, trace_context
 
 logger = logging.getLogger("batch_ingest.consumer")
 
@@ -208,24 +213,45 @@ class EventConsumer:
                 await self.nc.drain()
 
     async def handle(self, msgs: list[Any]) -> list[EventResult]:
+        """Apply a batch, settle each message, announce what became searchable or deleted.
+
+        Trace ids (``meta.trace_id``): the per-event work (settling, dead-lettering, the
+        event's log line, its notification) runs under the event's own trace id. The shared
+        work (one ``apply_events`` call: embedding, Milvus, Neo4j, the registry for all events
+        at once) runs under the batch's first trace id, and the batch's log lines list all of
+        them (``traces …``), so a search for any one finds them.
+        """
         started = time.perf_counter()
         parsed = [self._parse(m) for m in msgs]
+        traces = list(dict.fromkeys(ev.trace_id for ev in parsed if ev.trace_id))
+        with trace_context(traces[0] if traces else ""):
+            return await self._handle(msgs, parsed, traces, started)
+
+    async def _handle(
+        self,
+        msgs: list[Any],
+        parsed: list[MappedEvent | InvalidEvent],
+        traces: list[str],
+        started: float,
+    ) -> list[EventResult]:
         beat = asyncio.create_task(self._keep_alive(msgs))
         try:
             try:
                 results, degraded = await apply_events(self.pipeline, parsed)
             except Exception as exc:  # Milvus/embedder down before anything was written
-                logger.warning("batch of %d failed: %s", len(msgs), exc)
+                logger.warning("batch of %d failed%s: %s", len(msgs), _listed(traces), exc)
                 error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
                 results, degraded = [_failed(ev, error) for ev in parsed], []
         finally:
             beat.cancel()
         for reason in degraded:
-            logger.warning("degraded: %s", reason)
+            logger.warning("degraded%s: %s", _listed(traces), reason)
         notes: list[tuple[str, dict[str, Any]]] = []
         for msg, ev, result in zip(msgs, parsed, results, strict=True):
-            self.stats.count(result.status)
-            await self._settle(msg, ev, result)
+            with trace_context(ev.trace_id):
+                self.stats.count(result.status)
+                logger.info("event %s", _describe(result))
+                await self._settle(msg, ev, result)
             # Searchable: indexed, or indexed with the graph write still to retry (that
             # redelivery is then "unchanged" and announces nothing again).
             if result.searchable:
@@ -238,9 +264,10 @@ class EventConsumer:
         self.stats.batches += 1
         self.stats.messages += len(msgs)
         logger.info(
-            "batch of %d in %.0f ms: %s",
+            "batch of %d in %.0f ms%s: %s",
             len(msgs),
             (time.perf_counter() - started) * 1000,
+            _listed(traces),
             ", ".join(f"{k} {v}" for k, v in sorted(self.stats.statuses.items())),
         )
         return results
@@ -258,6 +285,7 @@ class EventConsumer:
                         "problem": f"{ev.envelope.type!r} published on subject {msg.subject!r}",
                     }
                 ],
+                ev.trace_id,
             )
         return ev
 
@@ -356,10 +384,13 @@ def _failed(ev: MappedEvent | InvalidEvent, error: str) -> EventResult:
         revision=ev.revision,
         status="failed",
         error=error,
+        trace_id=ev.trace_id,
     )
 
 
 def _note(result: EventResult, ev: Any) -> dict[str, Any]:
+    """The notification body; ``meta`` as in the bus envelope, with the source event's
+    ``trace_id``."""
     return {
         "team_id": result.team_id,
         "doc_id": result.doc_id,
@@ -369,7 +400,23 @@ def _note(result: EventResult, ev: Any) -> dict[str, Any]:
         "event_id": result.event_id,
         "event_ts": ev.envelope.ts if isinstance(ev, MappedEvent) else None,
         "status": result.status,
+        "meta": {"team_id": result.team_id, "trace_id": result.trace_id},
     }
+
+
+def _listed(traces: list[str]) -> str:
+    """`` (traces a, b)`` for a batch's log lines; ``""`` when its events carry none."""
+    return f" (traces {', '.join(traces)})" if traces else ""
+
+
+def _describe(result: EventResult) -> str:
+    """One event's outcome, for its log line: id, type, document@revision, status, why."""
+    doc = "/".join(p for p in (result.team_id, result.doc_type, result.doc_id) if p)
+    where = f" {doc}@{result.revision}" if doc else ""
+    text = f"{result.event_id or '?'} ({result.type or '?'}{where}): {result.status}"
+    if result.chunks:
+        text += f", {result.chunks} chunks"
+    return f"{text}: {result.error}" if result.error else text
 
 
 def build_pipeline(settings: Any = None) -> IngestPipeline:
@@ -432,8 +479,14 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(f"{s:g}" for s in d.backoff_s),
         help="seconds before each redelivery, comma-separated",
     )
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="json: one JSON object per log line, with the event's trace_id",
+    )
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging(args.log_format, text_format="%(asctime)s %(name)s %(message)s")
     cfg = ConsumerSettings.model_validate(
         {
             **d.model_dump(),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import types
 import typing
-import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,6 +21,7 @@ from deployments.errors import (
     InvalidInput,
     Unauthorized,
 )
+from deployments.tracing import new_trace_id, single_traceparent
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +45,22 @@ HTTP_CODES: dict[int, tuple[str, str | None]] = {
 }
 
 
+MAX_TRACE_ID = 128
+
+
 def trace_id_of(request: Request) -> str:
+    """The request's trace id (decided once, kept on ``request.state``): the trace id of a
+    valid W3C ``traceparent`` header (one header; two are invalid, as the W3C rules say),
+    else the ``X-Trace-Id`` header, else a new uuid4 hex."""
     existing = getattr(request.state, "trace_id", None)
     if existing:
         return existing
-    trace = request.headers.get("x-trace-id") or uuid.uuid4().hex
+    parent = single_traceparent(request.headers.getlist("traceparent"))
+    given = request.headers.get("x-trace-id", "")
+    # A caller's id is kept when it fits the audit column (128 printable ASCII characters).
+    if not (0 < len(given) <= MAX_TRACE_ID and given.isascii() and given.isprintable()):
+        given = ""
+    trace = parent.trace_id if parent else given or new_trace_id()
     request.state.trace_id = trace
     return trace
 

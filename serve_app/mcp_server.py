@@ -154,7 +154,7 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope)
-        trace_id = trace_id_of(request)  # X-Trace-Id or a new one, kept in the request's state
+        trace_id = trace_id_of(request)  # traceparent, X-Trace-Id or a new one (errors.py)
         try:
             principal = await authenticate(request, AUDIT_ACTION)
             if self.manager is None:

@@ -35,6 +35,9 @@ Rules:
   their revision, so an older upsert delivered late does not bring the document back.
 - ``ts`` is ISO-8601 (naive = UTC) or epoch seconds/milliseconds (a number above 10^11 is
   milliseconds).
+- ``meta.trace_id`` (at most 256 characters, optional) is the producer's trace id: each
+  event's result carries it (``EventResult.trace_id``), the consumer logs the event under it
+  and its ``rag.document.indexed`` / ``rag.document.deleted`` notification repeats it.
 
 ``parse_event`` validates one raw envelope into a ``MappedEvent`` or an ``InvalidEvent`` (with
 422-style ``fields``); ``apply_events`` applies a batch through ``IngestPipeline`` (one
@@ -232,14 +235,21 @@ class MappedEvent:
     def event_id(self) -> str:
         return self.envelope.event_id
 
+    @property
+    def trace_id(self) -> str:
+        """The producer's ``meta.trace_id`` (``""`` when it sent none)."""
+        return self.envelope.meta.trace_id
+
 
 @dataclass(frozen=True)
 class InvalidEvent:
-    """An envelope that failed validation; ``fields`` in the 422 shape of the gateway."""
+    """An envelope that failed validation; ``fields`` in the 422 shape of the gateway;
+    ``trace_id`` its ``meta.trace_id`` when that one is a string (``""`` otherwise)."""
 
     event_id: str
     type: str
     fields: list[dict[str, Any]]
+    trace_id: str = ""
 
     @property
     def message(self) -> str:
@@ -263,6 +273,12 @@ def _raw_id(raw: Any, name: str) -> str:
     return str(value)[:256] if isinstance(value, str | int) else ""
 
 
+def _raw_trace_id(raw: dict[str, Any]) -> str:
+    meta = raw.get("meta")
+    value = meta.get("trace_id") if isinstance(meta, dict) else None
+    return value[:256] if isinstance(value, str) else ""
+
+
 def parse_event(raw: Any) -> MappedEvent | InvalidEvent:
     """Validate one envelope (a dict, JSON text or bytes) and map it; never raises."""
     if isinstance(raw, bytes | str):
@@ -273,14 +289,15 @@ def parse_event(raw: Any) -> MappedEvent | InvalidEvent:
     if not isinstance(raw, dict):
         return InvalidEvent("", "", [{"field": "event", "problem": "must be a JSON object"}])
     event_id, etype = _raw_id(raw, "event_id"), _raw_id(raw, "type")
+    trace_id = _raw_trace_id(raw)
     try:
         env = EventEnvelope.model_validate(raw)
     except ValidationError as exc:
-        return InvalidEvent(event_id, etype, _fields(exc, default="type"))
+        return InvalidEvent(event_id, etype, _fields(exc, default="type"), trace_id)
     try:
         payload = PAYLOADS[env.type].model_validate(env.payload)
     except ValidationError as exc:
-        return InvalidEvent(env.event_id, env.type, _fields(exc, ("payload",)))
+        return InvalidEvent(env.event_id, env.type, _fields(exc, ("payload",)), trace_id)
     team = env.meta.team_id
     if payload.team_id is not None and payload.team_id != team:
         return InvalidEvent(
@@ -292,6 +309,7 @@ def parse_event(raw: Any) -> MappedEvent | InvalidEvent:
                     "problem": f"{payload.team_id!r} differs from meta.team_id {team!r}",
                 }
             ],
+            trace_id,
         )
     revision = payload.revision if payload.revision is not None else env.ts
     if isinstance(payload, DeletePayload):
@@ -301,7 +319,7 @@ def parse_event(raw: Any) -> MappedEvent | InvalidEvent:
     try:
         doc = _document(env, payload)
     except ValidationError as exc:
-        return InvalidEvent(env.event_id, env.type, _fields(exc, ("payload",)))
+        return InvalidEvent(env.event_id, env.type, _fields(exc, ("payload",)), trace_id)
     return MappedEvent(env, (doc.team_id, doc.doc_type, doc.doc_id), revision, doc)
 
 

@@ -31,6 +31,9 @@ class EventResult(BaseModel):
     searchable: bool = False
     error: str | None = None
     fields: list[dict[str, Any]] | None = None
+    # The event's own meta.trace_id ("" when it has none); the response's trace_id is the
+    # HTTP request's.
+    trace_id: str = ""
 
 
 class IngestEventsResponse(BaseModel):
@@ -51,13 +54,19 @@ def result_of(ev: MappedEvent, status: EventStatus, **kw: Any) -> EventResult:
         doc_id=ev.key[2],
         revision=ev.revision,
         status=status,
+        trace_id=ev.trace_id,
         **kw,
     )
 
 
 def invalid_result(ev: InvalidEvent) -> EventResult:
     return EventResult(
-        event_id=ev.event_id, type=ev.type, status="invalid", error=ev.message, fields=ev.fields
+        event_id=ev.event_id,
+        type=ev.type,
+        status="invalid",
+        error=ev.message,
+        fields=ev.fields,
+        trace_id=ev.trace_id,
     )
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from typing import Any
 
@@ -12,6 +11,7 @@ import batch_ingest.reindex as package
 from batch_ingest.reindex.job import reindex
 from batch_ingest.reindex.options import ReindexError, ReindexOptions
 from batch_ingest.settings import BatchSettings
+from deployments.tracing import LOG_FORMATS, configure_logging
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,11 +38,15 @@ def main(argv: list[str] | None = None) -> int:
         help="read the BatchSettings overrides (JSON) from standard input: the admin API "
         "passes its own this way, so secrets are in neither argv nor the environment",
     )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="json: one JSON object per log line (stderr)",
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    configure_logging(
+        args.log_format, text_format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     raw = sys.stdin.read() if args.settings_stdin else args.settings_json
     overrides: dict[str, Any] = json.loads(raw) if raw else {}
