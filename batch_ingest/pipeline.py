@@ -21,6 +21,7 @@ from batch_ingest.settings import BatchSettings
 from batch_ingest.source_store import Key, SourceStore
 from batch_ingest.wikilinks import extract_links, wiki_key
 from deployments.errors import BackendUnavailable, GatewayError
+from deployments.metrics import EMBEDDED_TOKENS
 from deployments.protocols import (
     Backends,
     ChunkRecord,
@@ -163,6 +164,7 @@ class IngestPipeline:
         # One embedding call for the whole request lets the embedder batch it.
         texts = [c.text for _, chunks in planned for c in chunks]
         vectors = await self.embedder.embed(texts, "passage") if texts else []
+        self._meter(planned)
         offset = 0
         written: list[SourceDocument] = []
         for doc, chunks in planned:
@@ -215,6 +217,19 @@ class IngestPipeline:
         await self._bump({r.team_id for r in report.results if r.status != "unchanged"}, report)
         report.took_ms = round((time.perf_counter() - started) * 1000, 1)
         return report
+
+    def _meter(self, embedded: list[tuple[SourceDocument, list[ChunkRecord]]]) -> None:
+        """Count the tokens just embedded per team (``EMBEDDED_TOKENS``, the metering), with
+        the chunker's own counter; only where the counter is exported (a Serve replica)."""
+        if not EMBEDDED_TOKENS.live:
+            return
+        count = self.chunks.chunker.count
+        tokens: dict[str, int] = {}
+        for _, chunks in embedded:
+            for c in chunks:
+                tokens[c.team_id] = tokens.get(c.team_id, 0) + count(c.text)
+        for team_id, n in tokens.items():
+            EMBEDDED_TOKENS.inc(n, team_id=team_id)
 
     async def _bump(self, teams: set[str], report: IngestReport) -> None:
         """A new generation for ``teams`` (after their writes, so a cache keyed by the old

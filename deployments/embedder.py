@@ -17,6 +17,7 @@ from deployments.config import EMBED_BATCH, EMBED_BATCH_WAIT_S, EmbedderSettings
 from deployments.errors import InvalidInput
 from deployments.health import check_model
 from deployments.loading import BackgroundLoad
+from deployments.metrics import EMBEDDER_BATCH_SIZE, EMBEDDER_QUEUE_WAIT
 from deployments.timing import MeanTimes
 
 if TYPE_CHECKING:
@@ -31,8 +32,12 @@ logger = logging.getLogger(__name__)
 INLINE_QUERY_CHARS = 4096
 
 
-def _count_texts(requests: list[list[str]]) -> int:
-    return sum(len(texts) for texts in requests)
+# One request in a batch queue: when it was queued (``time.perf_counter``) and its texts.
+Queued = tuple[float, list[str]]
+
+
+def _count_texts(requests: list[Queued]) -> int:
+    return sum(len(texts) for _, texts in requests)
 
 
 def deployment_options(settings: EmbedderSettings) -> dict[str, Any]:
@@ -107,18 +112,21 @@ class EmbedderDeployment:
         step = self._max_texts
         started = time.perf_counter()
         parts = await asyncio.gather(
-            *(queue(list(texts[i : i + step])) for i in range(0, len(texts), step))
+            *(queue((started, list(texts[i : i + step]))) for i in range(0, len(texts), step))
         )
         self._timing.add(f"{kind}_call", started)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    async def _run(self, requests: list[list[str]], kind: str) -> list[np.ndarray]:
+    async def _run(self, requests: list[Queued], kind: str) -> list[np.ndarray]:
         # Flatten the requests of one batch, embed once, split back. A small query batch runs
         # on the event loop itself: handing a ~10 ms forward pass to a worker thread made it
         # ~20 % slower and cut query throughput to a third (GIL hand-offs; bench/README.md).
         # Anything larger runs off the loop, so the replica keeps answering meanwhile.
-        flat = [text for texts in requests for text in texts]
+        flat = [text for _, texts in requests for text in texts]
         started = time.perf_counter()
+        EMBEDDER_BATCH_SIZE.observe(len(flat), kind=kind)
+        for queued, _ in requests:
+            EMBEDDER_QUEUE_WAIT.observe(started - queued, kind=kind)
         if kind == "query" and sum(len(t) for t in flat) <= INLINE_QUERY_CHARS:
             vectors = self.core.embed(flat, kind)
         else:
@@ -126,13 +134,13 @@ class EmbedderDeployment:
             vectors = await loop.run_in_executor(None, self.core.embed, flat, kind)
         self._timing.add(f"{kind}_batch", started, len(requests))
         out, offset = [], 0
-        for texts in requests:
+        for _, texts in requests:
             out.append(vectors[offset : offset + len(texts)])
             offset += len(texts)
         return out
 
     @serve.batch(max_batch_size=EMBED_BATCH, batch_wait_timeout_s=0.0, batch_size_fn=_count_texts)
-    async def _embed_queries(self, requests: list[list[str]]) -> list[np.ndarray]:
+    async def _embed_queries(self, requests: list[Queued]) -> list[np.ndarray]:
         return await self._run(requests, "query")
 
     @serve.batch(
@@ -140,7 +148,7 @@ class EmbedderDeployment:
         batch_wait_timeout_s=EMBED_BATCH_WAIT_S,
         batch_size_fn=_count_texts,
     )
-    async def _embed_passages(self, requests: list[list[str]]) -> list[np.ndarray]:
+    async def _embed_passages(self, requests: list[Queued]) -> list[np.ndarray]:
         return await self._run(requests, "passage")
 
     async def count_tokens(self, text: str) -> int:

@@ -23,6 +23,7 @@ from deployments.config import RERANK_BATCH, RERANK_BATCH_WAIT_S, RerankerSettin
 from deployments.errors import InvalidInput
 from deployments.health import check_model
 from deployments.loading import BackgroundLoad
+from deployments.metrics import RERANKER_BATCH_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +167,7 @@ class RerankerDeployment:
 
     @serve.batch(max_batch_size=RERANK_BATCH, batch_wait_timeout_s=RERANK_BATCH_WAIT_S)
     async def _rerank_batch(self, requests: list[tuple[str, list[str]]]) -> list[np.ndarray]:
+        RERANKER_BATCH_SIZE.observe(len(requests))
         loop = asyncio.get_running_loop()
         out = []
         for query, texts in requests:

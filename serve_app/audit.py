@@ -5,8 +5,8 @@ One schema for SQLite (the default, a file under var/) and PostgreSQL (``audit.u
 with SQLAlchemy Core. The request path only appends to an in-memory queue; a background thread
 writes batches. When the database is down, requests still answer: the records wait in memory
 (up to ``audit.max_pending``), the writer retries, and ``status()`` (shown by /readyz) and the
-``rag_audit_records_total`` counter say that the audit log is degraded. ``close()`` (app
-shutdown, and at interpreter exit) writes what is still queued.
+``rag_gateway_audit_records`` metric (serve_app/metrics.py) say that the audit log is
+degraded. ``close()`` (app shutdown, and at interpreter exit) writes what is still queued.
 
     python -m serve_app.audit query --since 1h --decision deny
     python -m serve_app.audit query --since 2026-11-30T00:00:00Z --subject alice --format json
@@ -30,11 +30,11 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from prometheus_client import Counter
 from sqlalchemy.engine import Engine, make_url
 
 from batch_ingest.documents import parse_iso
 from batch_ingest.sql import resolve_url
+from serve_app.metrics import record_audit
 from serve_app.settings import AuditSettings
 
 if TYPE_CHECKING:
@@ -43,13 +43,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DECISIONS = ("allow", "deny")
-
-RECORDS = Counter(
-    "rag_audit_records_total",
-    "Audit records by outcome: written, failed (a write attempt failed, kept for retry), "
-    "dropped (lost: queue full while the database was down)",
-    ["outcome"],
-)
 
 
 def scope_resource(req: Any) -> str:
@@ -298,7 +291,7 @@ class AuditLog:
             for _ in range(max(0, overflow)):
                 self._pending.popleft()
                 self.dropped += 1
-                RECORDS.labels("dropped").inc()
+                record_audit("dropped")
             if overflow > 0:
                 logger.error("audit queue full: %d oldest records dropped", overflow)
             if self._thread is None:
@@ -314,7 +307,7 @@ class AuditLog:
             self.store.insert(batch)
         except Exception as exc:
             self.failures += 1
-            RECORDS.labels("failed").inc(len(batch))
+            record_audit("failed", len(batch))
             if self.healthy:
                 logger.error("audit log DEGRADED: cannot write to %s: %s", self.store.backend, exc)
             self.healthy = False
@@ -325,7 +318,7 @@ class AuditLog:
             logger.warning("audit log recovered; writing again")
         self.healthy = True
         self.written += len(batch)
-        RECORDS.labels("written").inc(len(batch))
+        record_audit("written", len(batch))
         return True
 
     def _take(self) -> list[AuditRecord]:
@@ -397,7 +390,7 @@ class AuditLog:
             self._pending.clear()
         if rest and not self._write(rest):
             self.dropped += len(rest)
-            RECORDS.labels("dropped").inc(len(rest))
+            record_audit("dropped", len(rest))
             logger.error("audit log: %d records lost at shutdown (%s)", len(rest), self.last_error)
         _OPEN_LOGS.discard(self)
 

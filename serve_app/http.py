@@ -13,10 +13,12 @@ from serve_app.auth import Authenticator
 from serve_app.contracts import ErrorBody
 from serve_app.errors import install_error_handlers
 from serve_app.mcp_server import mount_mcp
+from serve_app.metrics import RequestMetrics
 from serve_app.openapi import install_openapi
 from serve_app.service import GatewayService
 from serve_app.timing import CountInFlight, InFlight, ServerTiming
 from serve_app.tools.runner import ToolRunner
+from serve_app.tracing_http import install_tracing
 
 # The error answers every tool route may give, in the one shape of serve_app/errors.py.
 ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
@@ -61,7 +63,9 @@ def create_app(
     app.state.authenticator = authenticator or Authenticator.from_settings(service.settings)
     install_error_handlers(app)
     install_openapi(app, service.settings)
+    install_tracing(app)  # trace id headers and log context, around everything
     app.add_middleware(ServerTiming)
+    app.add_middleware(RequestMetrics)  # Prometheus, inside a Serve replica only
     if in_flight is not None:
         app.add_middleware(CountInFlight, gauge=in_flight)
     for module in (search, enrich, graph, ingest, events, audit, admin, tools):

@@ -13,6 +13,7 @@ from typing import Any
 from deployments.errors import Forbidden, GatewayError
 from serve_app.audit import AuditLog, AuditRecord
 from serve_app.auth.principal import Principal
+from serve_app.metrics import record_denial
 from serve_app.request import RequestContext
 from serve_app.timing import stage
 
@@ -96,6 +97,8 @@ class AuditRecorder:
         if denied is None:
             denied = isinstance(exc, Forbidden) or exc.status_code == 401
         reason = exc.reason or exc.code
+        if denied:
+            record_denial(exc.status_code, reason)
         self.decision(
             trace_id,
             principal,

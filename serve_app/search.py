@@ -21,6 +21,7 @@ from serve_app.contracts import (
     SearchDocsResponse,
     SourceRef,
 )
+from serve_app.metrics import record_cache, record_search
 from serve_app.policy import Policy
 from serve_app.profiles import DEFAULT_PROFILES, ProfileSet, plan_search
 from serve_app.recorder import AuditRecorder
@@ -52,6 +53,7 @@ class SearchService:
         audit = request_audit(req, rc.principal, "search", scope_resource(req), req.query)
         with self.recorder.audited(rc, audit) as allowed:
             response = await self._search_docs(req, rc)
+            record_search(response.mode, len(response.matches), response.degraded_reasons)
             allowed.fields = {
                 "chunk_ids": [m.chunk_id for m in response.matches],
                 "doc_ids": list(dict.fromkeys(m.source_ref.id for m in response.matches)),
@@ -112,6 +114,7 @@ class SearchService:
                     dense=plan.method != "bm25",
                     ttl_s=self.cache.ttl_for(agent.profile.cache_ttl_s),
                 )
+            record_cache(lookup.status)
             if lookup.hit is not None:
                 stored = json.loads(lookup.hit.value)
                 stored.update(took_ms=rc.elapsed_ms, trace_id=rc.trace_id)

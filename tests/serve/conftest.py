@@ -48,6 +48,8 @@ def wait_ready(base: str, timeout: float = 180) -> None:
 # The team of the suite's one API key, and the key (set when the gateway starts).
 KEY_TEAM = "dao_serve_keyed"
 API_KEY: dict[str, str] = {}
+# How the second app (reranker on, graph off) was deployed, for a test that redeploys it.
+RR_APP: dict[str, object] = {}
 
 
 @pytest.fixture(scope="session")
@@ -75,12 +77,15 @@ def gateway(run_id: str):
     # Logical CPUs: the second app (reranker on) needs its own Embedder replica (1 CPU), and
     # a reindex job submitted through /admin/reindex needs room for its Ray Data tasks and
     # embedding actor beside the Serve replicas (with none free it waits for CPUs).
+    # The node's metrics agent exports the replicas' metrics on a port of its own
+    # (tests/serve/test_metrics.py scrapes it; ray.nodes() names it).
     ray.init(
         address="local",
         include_dashboard=False,
         _temp_dir=str(tmp / "ray"),
         log_to_driver=False,
         num_cpus=6,
+        _metrics_export_port=free_port(),
     )
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     # Dev mode trusts a request without a credential, but an API key sent is verified: one
@@ -98,6 +103,7 @@ def gateway(run_id: str):
         "milvus": {"collection": collection},
         "reranker": {"enabled": True, "model_path": str(reranker_path)},
     }
+    RR_APP.update(settings=rr_settings, name="rag_rr", route_prefix="/rr")
     serve.run(
         build_app(AppArgs(settings=rr_settings, graph_enabled=False)),
         name="rag_rr",
