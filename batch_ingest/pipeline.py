@@ -232,15 +232,23 @@ class IngestPipeline:
             EMBEDDED_TOKENS.inc(n, team_id=team_id)
 
     async def _bump(self, teams: set[str], report: IngestReport) -> None:
+        problem = await self.bump_generations(teams)
+        if problem:
+            report.degraded.append(
+                f"index generation not raised (cached answers may lag): {problem}"
+            )
+
+    async def bump_generations(self, teams: set[str]) -> str | None:
         """A new generation for ``teams`` (after their writes, so a cache keyed by the old
-        one can no longer answer)."""
+        one can no longer answer); what went wrong, if it could not be raised."""
         if not teams or self.generations is None:
-            return
+            return None
         try:
             await asyncio.to_thread(self.generations.bump, teams)
         except Exception as exc:
             logger.warning("index generation not raised for %s: %s", sorted(teams), exc)
-            report.degraded.append(f"index generation not raised (cached answers may lag): {exc}")
+            return str(exc)
+        return None
 
     async def delete(self, keys: list[Key], versions: dict[Key, int] | None = None) -> IngestReport:
         """Delete documents by ``(team_id, doc_type, doc_id)``: their chunks from Milvus (by

@@ -48,6 +48,23 @@ HTTP_CODES: dict[int, tuple[str, str | None]] = {
 MAX_TRACE_ID = 128
 
 
+def error_content(exc: GatewayError, trace_id: str) -> dict[str, Any]:
+    """The JSON body of a gateway error: every HTTP answer's and every MCP tool error's."""
+    content: dict[str, Any] = {
+        "error": exc.code,
+        "message": exc.message,
+        "hint": exc.hint,
+        "trace_id": trace_id,
+    }
+    if exc.reason:
+        content["reason"] = exc.reason
+    if exc.fields:
+        content["fields"] = exc.fields
+    elif exc.field:
+        content["fields"] = [{"field": exc.field, "problem": exc.message}]
+    return content
+
+
 def trace_id_of(request: Request) -> str:
     """The request's trace id (decided once, kept on ``request.state``): the trace id of a
     valid W3C ``traceparent`` header (one header; two are invalid, as the W3C rules say),
@@ -184,20 +201,10 @@ def install_error_handlers(app: FastAPI) -> None:
             logger.warning(
                 "%s %s -> %s: %s", request.method, request.url.path, exc.status_code, exc.message
             )
-        content: dict[str, Any] = {
-            "error": exc.code,
-            "message": exc.message,
-            "hint": exc.hint,
-            "trace_id": trace_id_of(request),
-        }
-        if exc.reason:
-            content["reason"] = exc.reason
-        if exc.fields:
-            content["fields"] = exc.fields
-        elif exc.field:
-            content["fields"] = [{"field": exc.field, "problem": exc.message}]
         return JSONResponse(
-            status_code=exc.status_code, content=content, headers=exc.headers or None
+            status_code=exc.status_code,
+            content=error_content(exc, trace_id_of(request)),
+            headers=exc.headers or None,
         )
 
     @app.exception_handler(Exception)

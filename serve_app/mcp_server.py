@@ -32,7 +32,7 @@ from starlette.types import Receive, Scope, Send
 from deployments.errors import BackendUnavailable, GatewayError, Unauthorized
 from serve_app.api.deps import authenticate, request_context
 from serve_app.auth import Principal
-from serve_app.errors import trace_id_of
+from serve_app.errors import error_content, trace_id_of
 from serve_app.tools.catalog import mcp_tools
 from serve_app.tools.runner import ToolRunner
 
@@ -51,18 +51,7 @@ INSTRUCTIONS = (
 
 def error_body(exc: GatewayError, trace_id: str) -> dict[str, Any]:
     """The JSON error body of serve_app/errors.py, with the HTTP status it would have."""
-    body: dict[str, Any] = {
-        "error": exc.code,
-        "message": exc.message,
-        "hint": exc.hint,
-        "status": exc.status_code,
-        "trace_id": trace_id,
-    }
-    if exc.reason:
-        body["reason"] = exc.reason
-    if exc.field:
-        body["fields"] = [{"field": exc.field, "problem": exc.message}]
-    return body
+    return {**error_content(exc, trace_id), "status": exc.status_code}
 
 
 def _text(value: Any) -> types.TextContent:

@@ -101,12 +101,8 @@ class GatewayService:
         self.ingest = IngestService(settings, self.policy, pipeline, self.recorder)
 
     async def _graph_written(self, team_id: str) -> None:
-        generations = self.pipeline.generations
-        if generations is not None:
-            try:
-                await asyncio.to_thread(generations.bump, [team_id])
-            except Exception as exc:  # the write is done; cached answers may lag
-                logger.warning("index generation of %s not raised: %s", team_id, exc)
+        # The write is done; if the generation cannot be raised, cached answers may lag.
+        await self.pipeline.bump_generations({team_id})
 
     @property
     def audit(self) -> AuditLog:
