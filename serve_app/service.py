@@ -9,7 +9,6 @@ it with fakes. Routes stay thin: each calls one method of its feature's service.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +33,6 @@ from serve_app.retrieval import Retrieval
 from serve_app.search import SearchService
 from serve_app.settings import GatewaySettings
 
-logger = logging.getLogger(__name__)
 # The longest /readyz waits for one component (a probe must answer before its own timeout).
 READY_TIMEOUT_S = 3.0
 
