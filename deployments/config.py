@@ -141,7 +141,12 @@ class MilvusSettings(BaseModel):
     # HNSW on the dense vector; BM25 sparse index on the text.
     index_type: str = "HNSW"
     metric_type: Literal["COSINE", "IP", "L2"] = "COSINE"
+    # Connecting, and each read the gateway makes through MilvusConnection.call (lookups,
+    # collection checks).
     timeout_s: float = Field(10.0, gt=0)
+    # Each write (upsert, delete, flush): past it the write fails (ingestion answers 503
+    # naming Milvus, a background job retries later) instead of waiting without end.
+    write_timeout_s: float = Field(30.0, gt=0)
     # Flush after this many upserted rows (0 = never): Milvus Lite searches and filtered
     # queries slow down as unflushed rows pile up during a bulk load.
     auto_flush_rows: int = Field(2000, ge=0)

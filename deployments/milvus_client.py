@@ -57,7 +57,7 @@ class MilvusConnection:
             try:
                 if self._client is None:
                     self._client = self._connect()
-                self._client.list_collections()
+                self._client.list_collections(timeout=self.settings.timeout_s)
             except Exception as exc:
                 self._client, self._ready = None, False
                 raise BackendUnavailable(
@@ -77,6 +77,10 @@ class MilvusConnection:
         """Call a client method, connecting first. Every operation the gateway makes is
         idempotent, so a failure (often a connection the server dropped while idle) is
         retried once on a fresh connection before it becomes ``BackendUnavailable``."""
+        if method in WRITES:
+            kwargs.setdefault("timeout", self.settings.write_timeout_s)
+        elif method in TIMED_READS:
+            kwargs.setdefault("timeout", self.settings.timeout_s)
         for attempt in (1, 2):
             self.start()
             try:
@@ -86,6 +90,10 @@ class MilvusConnection:
             except Exception as exc:
                 if already_exists(exc):
                     raise BackendUnavailable("milvus", f"{what} failed: {exc}") from exc
+                if timed_out(exc):  # a retry would only double the wait
+                    raise BackendUnavailable(
+                        "milvus", f"{what}: no answer within {kwargs.get('timeout')} s"
+                    ) from exc
                 self.reset()
                 if attempt == 2:
                     raise BackendUnavailable("milvus", f"{what} failed: {exc}") from exc
@@ -109,6 +117,19 @@ class MilvusConnection:
             client, self._client, self._ready = self._client, None, False
         if client is not None:
             client.close()
+
+
+# The client methods given a deadline per call: writes (MilvusSettings.write_timeout_s) and
+# the reads of ingestion and collection management (timeout_s). Searches are bounded by the
+# gateway (search.store_deadline_s); loading a collection may take long on a cluster.
+WRITES = frozenset({"upsert", "delete", "flush"})
+TIMED_READS = frozenset({"query", "has_collection", "describe_collection", "describe_alias"})
+
+
+def timed_out(exc: Exception) -> bool:
+    """A call that ran past its deadline (gRPC DEADLINE_EXCEEDED, as pymilvus reports it)."""
+    text = str(exc).lower()
+    return "deadline" in text or "timed out" in text or "timeout" in type(exc).__name__.lower()
 
 
 def already_exists(exc: Exception) -> bool:
