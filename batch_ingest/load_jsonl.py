@@ -41,6 +41,22 @@ def read_documents(path: Path) -> list[dict]:
     return docs
 
 
+def wait_for_job(client: httpx.Client, url: str, poll_s: float = 2.0) -> httpx.Response:
+    """Poll a background ingestion job until it ends; its result as a 200 answer (or the
+    failed job's error as a 500-class one, so the caller stops)."""
+    while True:
+        r = client.get(url)
+        if r.status_code != 200:
+            return r
+        job = r.json()
+        if job["status"] == "done":
+            return httpx.Response(200, json=job["result"])
+        if job["status"] == "failed":
+            return httpx.Response(500, json={"error": "job_failed", "message": job["error"]})
+        logger.info("job %s %s (attempt %d)", job["job_id"], job["status"], job["attempts"])
+        time.sleep(poll_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("file", nargs="?", type=Path, default=SAMPLE, help="JSON-lines file")
@@ -58,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         for start in range(0, len(docs), args.batch):
             batch = docs[start : start + args.batch]
             r = client.post("/ingest/documents", json={"documents": batch})
+            if r.status_code == 202:  # too long for one request: indexed in the background
+                r = wait_for_job(client, r.json()["status_url"])
             if r.status_code != 200:
                 logger.error("batch at line %d refused: HTTP %d %s", start + 1, r.status_code,
                              r.text[:2000])  # fmt: skip

@@ -127,7 +127,8 @@ class IngestPipeline:
         report = IngestReport()
         planned: list[tuple[SourceDocument, list[ChunkRecord]]] = []
         unchanged: list[SourceDocument] = []
-        built = [(doc, self.build_chunks(doc)) for doc in docs]
+        # Off the event loop: a long document takes seconds to tokenize.
+        built = await asyncio.to_thread(lambda: [(d, self.build_chunks(d)) for d in docs])
         # Primary-key lookups only (filtered scans are slow in Milvus Lite): chunk ids are
         # deterministic, so the new ids find whatever of the document is already stored.
         by_team: dict[str, list[str]] = {}

@@ -228,6 +228,33 @@ class IngestDocumentsResponse(BaseModel):
     trace_id: str
 
 
+class IngestJobAccepted(BaseModel):
+    """``202 Accepted``: the documents are stored and will be indexed in the background."""
+
+    job_id: str
+    status: str = "queued"
+    status_url: str
+    documents: int
+    chars: int
+    trace_id: str
+
+
+class IngestJobStatus(BaseModel):
+    """``GET /ingest/jobs/{job_id}``: queued, running, done (with the ingest result) or
+    failed (with the error)."""
+
+    job_id: str
+    status: str
+    documents: int
+    chars: int
+    attempts: int
+    created_at: str
+    updated_at: str
+    result: IngestDocumentsResponse | None = None
+    error: str | None = None
+    trace_id: str
+
+
 class ErrorBody(BaseModel):
     error: str
     message: str

@@ -41,7 +41,8 @@ HTTP_CODES: dict[int, tuple[str, str | None]] = {
     400: ("bad_request", None),
     404: ("not_found", "GET /docs lists the routes; the agent tools are under /tools"),
     405: ("method_not_allowed", "GET /docs lists each route's method"),
-    413: ("payload_too_large", None),
+    408: ("request_timeout", "send the whole body promptly (http.body_read_timeout_s)"),
+    413: ("payload_too_large", "split the request (http.max_body_bytes)"),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -10,6 +11,7 @@ from fastapi import FastAPI
 
 from serve_app.api import admin, audit, enrich, events, graph, health, ingest, search, tools
 from serve_app.auth import Authenticator
+from serve_app.body_limits import BodyLimits
 from serve_app.contracts import ErrorBody
 from serve_app.errors import install_error_handlers
 from serve_app.mcp_server import mount_mcp
@@ -47,7 +49,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # The MCP server's session manager runs for the app's lifetime (Serve runs this too).
-        async with mcp.running():
+        # So does the worker of background ingestion jobs (serve_app/ingest_jobs.py).
+        worker = service.ingest.worker
+        async with mcp.running(), worker.running() if worker else contextlib.nullcontext():
             yield
         # Shutdown: write every queued audit record before the process goes.
         await asyncio.to_thread(service.audit.close)
@@ -65,6 +69,10 @@ def create_app(
     install_openapi(app, service.settings)
     install_tracing(app)  # trace id headers and log context, around everything
     app.add_middleware(ServerTiming)
+    limits = service.settings.http
+    app.add_middleware(
+        BodyLimits, timeout_s=limits.body_read_timeout_s, max_bytes=limits.max_body_bytes
+    )
     app.add_middleware(RequestMetrics)  # Prometheus, inside a Serve replica only
     if in_flight is not None:
         app.add_middleware(CountInFlight, gauge=in_flight)

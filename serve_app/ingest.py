@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from batch_ingest.documents import SourceDocument
 from batch_ingest.events import (
@@ -16,10 +17,18 @@ from batch_ingest.events import (
     apply_events,
     count_statuses,
 )
-from batch_ingest.pipeline import IngestPipeline
-from deployments.errors import Forbidden, InvalidInput
+from batch_ingest.jobs import IngestJob, IngestJobs
+from batch_ingest.pipeline import IngestPipeline, IngestReport
+from deployments.errors import Forbidden, InvalidInput, NotFound
 from serve_app.access import AccessContext, check_ingest
-from serve_app.contracts import IngestDocumentsResponse, IngestedDocument
+from serve_app.auth.principal import Principal
+from serve_app.contracts import (
+    IngestDocumentsResponse,
+    IngestedDocument,
+    IngestJobAccepted,
+    IngestJobStatus,
+)
+from serve_app.ingest_jobs import JobWorker
 from serve_app.policy import Policy
 from serve_app.recorder import AuditRecorder
 from serve_app.request import RequestContext
@@ -32,12 +41,26 @@ class IngestService:
     policy: Policy
     pipeline: IngestPipeline
     recorder: AuditRecorder
+    # Background jobs (batch_ingest/jobs.py) for requests too long to index within one HTTP
+    # request; None (no state database) indexes every request inline.
+    jobs: IngestJobs | None = None
+    worker: JobWorker | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.jobs is None and self.pipeline.sources is not None:
+            self.jobs = IngestJobs(self.pipeline.sources.engine)
+        if self.jobs is not None:
+            self.worker = JobWorker(
+                self.jobs, self._run_job, lease_s=self.settings.ingest.job_lease_s
+            )
 
     async def ingest_documents(
-        self, docs: list[SourceDocument], rc: RequestContext
-    ) -> IngestDocumentsResponse:
+        self, docs: list[SourceDocument], rc: RequestContext, *, prefer_async: bool = False
+    ) -> IngestDocumentsResponse | IngestJobAccepted:
         """Index ``docs`` after checking that the caller (``rc.principal``) may write every one
-        of them.
+        of them. A request of more than ``ingest.sync_max_chars`` characters, or any request
+        with ``prefer_async``, is stored as a background job instead and answered with its
+        id (``IngestJobAccepted``, HTTP 202) when the gateway has a state database.
 
         Raises:
             Forbidden: a document's team, doc type, visibility or project is not writable by
@@ -90,18 +113,51 @@ class IngestService:
                 doc_ids=[doc.doc_id],
                 subject=ctx.user_id if principal.trusts_body else principal.sub,
             )
+        chars = sum(len(d.text) for d in docs)
+        if self.jobs is not None and (prefer_async or chars > self.settings.ingest.sync_max_chars):
+            job = await asyncio.to_thread(self.jobs.submit, docs, _job_subject(principal), trace_id)
+            if self.worker is not None:
+                self.worker.wake()
+            return IngestJobAccepted(
+                job_id=job.job_id,
+                status_url=f"/ingest/jobs/{job.job_id}",
+                documents=job.documents,
+                chars=job.chars,
+                trace_id=trace_id,
+            )
+        return _response(await self.pipeline.ingest(docs), trace_id)
+
+    async def _run_job(self, job: IngestJob, docs: list[SourceDocument]) -> dict[str, Any]:
         report = await self.pipeline.ingest(docs)
-        counts = {
-            s: sum(r.status == s for r in report.results)
-            for s in ("indexed", "unchanged", "failed")
-        }
-        return IngestDocumentsResponse(
-            degraded=bool(report.degraded or counts["failed"]),
-            degraded_reasons=report.degraded + [f"{r.doc_id}: {r.error}" for r in report.failed],
-            documents=[IngestedDocument(**vars(r)) for r in report.results],
-            took_ms=report.took_ms,
-            trace_id=trace_id,
-            **counts,
+        return _response(report, job.trace_id).model_dump(mode="json")
+
+    async def job_status(self, job_id: str, principal: Principal) -> IngestJobStatus:
+        """The job ``job_id`` as its submitter sees it.
+
+        Raises:
+            NotFound: no such job, or it was submitted by someone else (the same answer, so
+                a job id of another caller reveals nothing).
+        """
+        job = None
+        if self.jobs is not None and len(job_id) == 32:
+            job = await asyncio.to_thread(self.jobs.get, job_id)
+        if job is None or job.subject != _job_subject(principal):
+            raise NotFound(
+                f"job_id: no ingest job {job_id!r} of this caller",
+                hint="the job id comes from the 202 answer of POST /ingest/documents",
+                field="job_id",
+            )
+        return IngestJobStatus(
+            job_id=job.job_id,
+            status=job.status,
+            documents=job.documents,
+            chars=job.chars,
+            attempts=job.attempts,
+            created_at=job.created_at.isoformat(),
+            updated_at=job.updated_at.isoformat(),
+            result=IngestDocumentsResponse.model_validate(job.result) if job.result else None,
+            error=job.error or None,
+            trace_id=job.trace_id,
         )
 
     async def ingest_events(
@@ -211,6 +267,26 @@ class IngestService:
                 )
 
     # --- health -------------------------------------------------------------------------
+
+
+def _response(report: IngestReport, trace_id: str) -> IngestDocumentsResponse:
+    counts = {
+        s: sum(r.status == s for r in report.results) for s in ("indexed", "unchanged", "failed")
+    }
+    return IngestDocumentsResponse(
+        degraded=bool(report.degraded or counts["failed"]),
+        degraded_reasons=report.degraded + [f"{r.doc_id}: {r.error}" for r in report.failed],
+        documents=[IngestedDocument(**vars(r)) for r in report.results],
+        took_ms=report.took_ms,
+        trace_id=trace_id,
+        **counts,
+    )
+
+
+def _job_subject(principal: Principal) -> str:
+    """Who owns a job: the verified subject (with its method: an API key and a token of the
+    same name are different callers); every development-mode caller is one subject."""
+    return f"{principal.method}:{principal.sub}"
 
 
 def _failing_document(exc: Forbidden, docs: list[SourceDocument]) -> SourceDocument | None:

@@ -88,6 +88,12 @@ class IngestSettings(BaseModel):
 
     max_documents: int = Field(256, ge=1)
     max_document_chars: int = Field(2_000_000, ge=1)
+    # A request with more characters than this (all documents together) is indexed in the
+    # background: 202 with a job id, GET /ingest/jobs/{job_id} for its state. 200,000
+    # characters are ~250 chunks, ~20 s on 2 CPU cores (the proxy gives a request 120 s).
+    sync_max_chars: int = Field(200_000, ge=1)
+    # A background job's lease; a replica that stops renewing it loses the job to another.
+    job_lease_s: float = Field(60.0, gt=1.0)
 
 
 class EnrichSettings(BaseModel):
@@ -263,6 +269,15 @@ class CacheSettings(BaseModel):
     redis_timeout_s: float = Field(0.25, gt=0, le=10)
 
 
+class HttpSettings(BaseModel):
+    """Bounds on reading a request (serve_app/body_limits.py)."""
+
+    # The whole body must arrive within this time (408 otherwise).
+    body_read_timeout_s: float = Field(30.0, gt=0.0)
+    # A larger body is refused with 413 (64 MiB: a few long documents per request).
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+
+
 class ProfileSettings(BaseModel):
     """Per-agent RAG profiles (serve_app/profiles.py): a YAML file keyed by agent id; empty
     uses the packaged serve_app/profiles.yaml."""
@@ -285,6 +300,7 @@ class GatewaySettings(BatchSettings):
     audit: AuditSettings = AuditSettings()
     cache: CacheSettings = CacheSettings()
     profiles: ProfileSettings = ProfileSettings()
+    http: HttpSettings = HttpSettings()
 
     @model_validator(mode="after")
     def _verified_identity_in_production(self) -> GatewaySettings:

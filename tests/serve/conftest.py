@@ -94,7 +94,9 @@ def gateway(run_id: str):
         tmp / "api_keys.yaml", [{"sub": "svc_serve", "teams": {KEY_TEAM: ["member"]}}]
     )
     auth = {"api_keys_file": str(tmp / "api_keys.yaml"), "api_key_pepper": PEPPER}
-    app = build_app(AppArgs(settings={"milvus": {"collection": collection}, "auth": auth}))
+    # A short body-read timeout for tests/serve/test_ingest_limits_serve.py's stalled body.
+    main = {"milvus": {"collection": collection}, "auth": auth, "http": {"body_read_timeout_s": 5}}
+    app = build_app(AppArgs(settings=main))
     serve.run(app, name="rag", route_prefix="/")
     # The same store behind a second app whose Reranker deployment loads a real (tiny)
     # cross-encoder checkpoint; graph off to keep it small.
