@@ -24,7 +24,26 @@ if [ "$code" != 200 ]; then
   echo "[start] gateway not ready: $(cat "$VAR/readyz.json" 2>/dev/null)" >&2
   exit 1
 fi
-"$VENV/bin/python" -m batch_ingest.load_jsonl --url "http://127.0.0.1:$PORT"
+# The sample corpus needs a credential that may write its teams. Development mode (the
+# default) needs none; with AUTH__MODE=jwt a local HS256 token is minted when
+# AUTH__HS256_SECRET is set, otherwise the load is skipped (the gateway runs either way).
+sample_args=(--url "http://127.0.0.1:$PORT")
+load_sample=1
+if [ "${AUTH__MODE:-dev}" = "jwt" ]; then
+  if [ -n "${AUTH__HS256_SECRET:-}" ]; then
+    token=$("$VENV/bin/python" -m serve_app.auth mint-token --sub rag-start-sample \
+      --team dao_greenfood=owner --team dao_energy=owner --team dao_daarion=owner)
+    sample_args+=(--token "$token")
+  else
+    load_sample=0
+    echo "[start] AUTH__MODE=jwt without AUTH__HS256_SECRET: skipping the sample corpus load" \
+      "(load it later with: python -m batch_ingest.load_jsonl --token <a token that may" \
+      "write dao_greenfood, dao_energy and dao_daarion>)"
+  fi
+fi
+if [ "$load_sample" = 1 ]; then
+  "$VENV/bin/python" -m batch_ingest.load_jsonl "${sample_args[@]}"
+fi
 cat <<MSG
 
 RAG Gateway is up on http://127.0.0.1:$PORT  (API docs: /docs, readiness: /readyz)
