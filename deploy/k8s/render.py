@@ -43,7 +43,8 @@ ENV = [
             "name": name,
             "valueFrom": {"secretKeyRef": {"name": "rag-gateway-secrets", "key": name}},
         }
-        for name in ("NEO4J__PASSWORD", "MILVUS__TOKEN", "AUTH__API_KEY_PEPPER")
+        # PGPASSWORD: libpq (psycopg) reads it for STATE__URL and AUDIT__URL.
+        for name in ("NEO4J__PASSWORD", "MILVUS__TOKEN", "AUTH__API_KEY_PEPPER", "PGPASSWORD")
     ),
 ]
 
