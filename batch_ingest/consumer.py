@@ -437,7 +437,9 @@ def build_pipeline(settings: Any = None) -> IngestPipeline:
         store=RetrieverDeployment(settings.milvus, embedding_dim(settings.embedder)),
         graph=Neo4jGraph(settings.neo4j),
     )
-    return pipeline.build_pipeline(settings, backends, sources=SourceStore(settings.state.url))
+    return pipeline.build_pipeline(
+        settings, backends, sources=SourceStore(settings.state.url), usage_source="bus"
+    )
 
 
 async def serve(cfg: ConsumerSettings, pipeline: IngestPipeline | None = None) -> ConsumerStats:

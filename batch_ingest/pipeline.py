@@ -19,6 +19,7 @@ from batch_ingest.documents import SourceDocument
 from batch_ingest.generations import IndexGenerations
 from batch_ingest.settings import BatchSettings
 from batch_ingest.source_store import Key, SourceStore
+from batch_ingest.usage import EmbeddingUsage
 from batch_ingest.wikilinks import extract_links, wiki_key
 from deployments.errors import BackendUnavailable, GatewayError
 from deployments.metrics import EMBEDDED_TOKENS
@@ -65,6 +66,7 @@ def build_pipeline(
     *,
     count_tokens: TokenCounter | None = None,
     sources: SourceStore | None = None,
+    usage_source: str = "api",
 ) -> IngestPipeline:
     """The ingestion pipeline ``settings`` describe over ``backends``: chunking settings,
     the embedder's tokenizer (``count_tokens`` replaces it) and model tag; ``sources`` is
@@ -77,6 +79,7 @@ def build_pipeline(
         chunker=Chunker(count, settings.chunking.max_tokens, settings.chunking.overlap_tokens),
         embed_model=settings.embedder.embed_model_tag,
         sources=sources,
+        usage_source=usage_source,
     )
 
 
@@ -100,6 +103,7 @@ class IngestPipeline:
         chunker: Chunker,
         embed_model: str,
         sources: SourceStore | None = None,
+        usage_source: str = "api",
     ) -> None:
         self.embedder = embedder
         self.store = store
@@ -109,6 +113,9 @@ class IngestPipeline:
         self.sources = sources
         # Raised after every change a search can see (the semantic cache keys by it).
         self.generations = IndexGenerations(sources.engine) if sources is not None else None
+        # The embedding ledger (batch_ingest/usage.py), as ``usage_source`` (api, bus).
+        self.usage = EmbeddingUsage(sources.engine) if sources is not None else None
+        self.usage_source = usage_source
 
     def build_chunks(self, doc: SourceDocument) -> list[ChunkRecord]:
         """Chunk records without vectors; ids and hashes are deterministic."""
@@ -165,7 +172,7 @@ class IngestPipeline:
         # One embedding call for the whole request lets the embedder batch it.
         texts = [c.text for _, chunks in planned for c in chunks]
         vectors = await self.embedder.embed(texts, "passage") if texts else []
-        self._meter(planned)
+        await self._meter(planned)
         offset = 0
         written: list[SourceDocument] = []
         for doc, chunks in planned:
@@ -219,18 +226,28 @@ class IngestPipeline:
         report.took_ms = round((time.perf_counter() - started) * 1000, 1)
         return report
 
-    def _meter(self, embedded: list[tuple[SourceDocument, list[ChunkRecord]]]) -> None:
-        """Count the tokens just embedded per team (``EMBEDDED_TOKENS``, the metering), with
-        the chunker's own counter; only where the counter is exported (a Serve replica)."""
-        if not EMBEDDED_TOKENS.live:
+    async def _meter(self, embedded: list[tuple[SourceDocument, list[ChunkRecord]]]) -> None:
+        """Count the tokens just embedded per team, with the chunker's own counter: into the
+        embedding ledger of the state database (every process) and ``EMBEDDED_TOKENS``
+        (where it is exported: a Serve replica). A ledger that cannot be written is logged;
+        the documents are indexed all the same."""
+        live = EMBEDDED_TOKENS.live
+        if not embedded or (self.usage is None and not live):
             return
         count = self.chunks.chunker.count
-        tokens: dict[str, int] = {}
+        by_team: dict[str, tuple[int, int]] = {}
         for _, chunks in embedded:
             for c in chunks:
-                tokens[c.team_id] = tokens.get(c.team_id, 0) + count(c.text)
-        for team_id, n in tokens.items():
-            EMBEDDED_TOKENS.inc(n, team_id=team_id)
+                tokens, n = by_team.get(c.team_id, (0, 0))
+                by_team[c.team_id] = (tokens + count(c.text), n + 1)
+        if live:
+            for team_id, (tokens, _) in by_team.items():
+                EMBEDDED_TOKENS.inc(tokens, team_id=team_id)
+        if self.usage is not None:
+            try:
+                await asyncio.to_thread(self.usage.add, self.usage_source, by_team)
+            except Exception as exc:
+                logger.warning("embedding ledger not updated: %s", exc)
 
     async def _bump(self, teams: set[str], report: IngestReport) -> None:
         problem = await self.bump_generations(teams)

@@ -9,7 +9,18 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from serve_app.api import admin, audit, enrich, events, graph, health, ingest, search, tools
+from serve_app.api import (
+    admin,
+    audit,
+    enrich,
+    events,
+    graph,
+    health,
+    ingest,
+    search,
+    tools,
+    usage,
+)
 from serve_app.auth import Authenticator
 from serve_app.body_limits import BodyLimits
 from serve_app.contracts import ErrorBody
@@ -76,7 +87,7 @@ def create_app(
     app.add_middleware(RequestMetrics)  # Prometheus, inside a Serve replica only
     if in_flight is not None:
         app.add_middleware(CountInFlight, gauge=in_flight)
-    for module in (search, enrich, graph, ingest, events, audit, admin, tools):
+    for module in (search, enrich, graph, ingest, events, audit, admin, usage, tools):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)
     # The same four tools over MCP (Streamable HTTP) at /mcp, through app.state.tools.

@@ -3,14 +3,18 @@ documents, embeds what the target version lacks and upserts it there."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
 from batch_ingest.documents import SourceDocument
 from batch_ingest.settings import BatchSettings
+from batch_ingest.usage import EmbeddingUsage
 from deployments.milvus_versions import CollectionVersions
 from deployments.protocols import ChunkRecord
+
+logger = logging.getLogger(__name__)
 
 
 def worker_spec(settings: BatchSettings) -> dict[str, Any]:
@@ -19,6 +23,8 @@ def worker_spec(settings: BatchSettings) -> dict[str, Any]:
         "embedder": settings.embedder.model_dump(),
         "milvus": settings.milvus.model_dump(),
         "chunking": settings.chunking.model_dump(),
+        # The embedding ledger (batch_ingest/usage.py) in the state database.
+        "state_url": settings.state.url,
     }
 
 
@@ -33,6 +39,7 @@ class ReindexWorker:
         check_existing: look chunk ids up in the target first (resume): a document whose
             chunks are all there with the same hash and model is not embedded again.
         versions, embed, builder: injected by tests; built from ``spec`` when ``None``.
+        usage: the embedding ledger; from ``spec["state_url"]`` when ``None`` and given.
     """
 
     def __init__(
@@ -44,6 +51,7 @@ class ReindexWorker:
         versions: CollectionVersions | None = None,
         embed: Callable[[list[str]], Any] | None = None,
         builder: Any = None,
+        usage: EmbeddingUsage | None = None,
     ) -> None:
         from batch_ingest.chunks import chunk_builder
         from batch_ingest.settings import ChunkingSettings
@@ -73,6 +81,13 @@ class ReindexWorker:
             store.start()
             versions = store.versions
         self.versions = versions
+        if usage is None and spec.get("state_url"):
+            import sqlalchemy as sa
+
+            from batch_ingest.sql import resolve_url
+
+            usage = EmbeddingUsage(sa.create_engine(resolve_url(spec["state_url"])))
+        self.usage = usage
 
     def process(self, documents: Iterable[str]) -> list[dict[str, Any]]:
         """Per document: ``{doc_type, doc_id, chunks, embedded}``, in input order."""
@@ -104,7 +119,22 @@ class ReindexWorker:
                 replace(c, vector=[float(x) for x in v]) for c, v in zip(todo, vectors, strict=True)
             ]
             self.versions.upsert(self.physical, with_vectors)
+            self._meter(todo)
         return out
+
+    def _meter(self, embedded: list[ChunkRecord]) -> None:
+        """Record the tokens embedded per team in the ledger (source ``reindex``)."""
+        count = getattr(getattr(self.builder, "chunker", None), "count", None)
+        if self.usage is None or count is None:
+            return
+        by_team: dict[str, tuple[int, int]] = {}
+        for c in embedded:
+            tokens, n = by_team.get(c.team_id, (0, 0))
+            by_team[c.team_id] = (tokens + count(c.text), n + 1)
+        try:
+            self.usage.add("reindex", by_team)
+        except Exception as exc:  # the batch is written; the ledger lags
+            logger.warning("embedding ledger not updated: %s", exc)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         rows = self.process([str(d) for d in batch["document"]])

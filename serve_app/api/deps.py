@@ -29,6 +29,7 @@ ACTIONS = {
     "/ingest/events": "ingest.events",
     "/audit/decisions": "audit.read",
     "/admin/reindex": "admin.reindex",
+    "/admin/usage": "usage.read",
 }
 
 

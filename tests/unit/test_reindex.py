@@ -531,3 +531,17 @@ def test_options_default_to_the_reindex_settings_and_given_values_win():
     opts = ReindexOptions.from_settings(TEAM, cfg, batch_size=None, actors=2)
     assert (opts.actors, opts.batch_size, opts.keep_previous) == (2, 40, True)
     assert ReindexOptions(team_id=TEAM).batch_size == ReindexSettings().batch_size
+
+
+def test_reindex_records_its_embedded_tokens_in_the_ledger(env):
+    from batch_ingest.usage import EmbeddingUsage
+
+    docs = [doc(i) for i in range(4)]
+    env.sources.put(docs)
+    env.versions.create(TEAM, 1)
+    env.versions.switch(TEAM, 1)
+    assert env.make().run(options()).job.status == "succeeded"
+    chunks = [c for d in docs for c in env.builder.build_chunks(d)]
+    (row,) = EmbeddingUsage(env.sources.engine).rows(TEAM)
+    assert (row.source, row.chunks) == ("reindex", len(chunks))
+    assert row.tokens == sum(whitespace_tokens(c.text) for c in chunks)
