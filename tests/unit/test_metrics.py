@@ -145,6 +145,8 @@ def test_a_replica_context_of_ray_serve_turns_them_on(monkeypatch: pytest.Monkey
     assert dm.in_serve_replica() is False
     context[0] = object()
     assert dm.in_serve_replica() is True
+    monkeypatch.setattr(dm, "ENABLED", False)  # METRICS__ENABLED=false
+    assert dm.in_serve_replica() is False
 
 
 def test_a_metric_that_cannot_be_made_stays_off(monkeypatch: pytest.MonkeyPatch):
