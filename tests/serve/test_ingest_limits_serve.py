@@ -82,7 +82,7 @@ def test_a_long_document_is_indexed_by_a_background_job(client: httpx.Client):
     found = client.post(
         "/rag/search_docs", json={"team_id": team, "query": "Report 1234 site figures", "top_k": 3}
     ).json()
-    assert found["matches"] and found["matches"][0]["doc_id"] == "annual"
+    assert found["matches"] and found["matches"][0]["source_ref"]["id"] == "annual"
 
 
 def test_a_stalled_body_gets_408_from_the_gateway(gateway: str):
