@@ -327,6 +327,44 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(15)
         t2 = time.time()
         result["after_recovery"] = traffic.window(t1 + (back or 0), t2)
+        # serve deploy again under the same traffic: other batch settings for the Embedder
+        # (user_config, in place) and one Retriever replica instead of two; then back.
+        for step, (batch, retrievers) in enumerate(((16, 1), (32, 2))):
+            changed = render_config(config)
+            for dep in changed["applications"][0]["deployments"]:
+                if dep["name"] == "Embedder":
+                    dep["user_config"]["max_batch_size"] = batch
+                if dep["name"] == "Retriever":
+                    dep["num_replicas"] = retrievers
+            config.write_text(yaml.safe_dump(changed, sort_keys=False))
+            log(f"serve deploy again: Embedder max_batch_size {batch}, {retrievers} Retriever(s)")
+            t3 = time.time()
+            again = subprocess.run(
+                [
+                    str(VENV_BIN / "serve"),
+                    "deploy",
+                    str(config),
+                    "-a",
+                    f"http://127.0.0.1:{DASHBOARD_PORT}",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if len(placement().get("Retriever", [])) == retrievers:
+                    break
+                time.sleep(2)
+            time.sleep(10)
+            result[f"redeploy_{step + 1}"] = {
+                "rc": again.returncode,
+                "embedder_max_batch_size": batch,
+                "retrievers": len(placement().get("Retriever", [])),
+                **traffic.window(t3, time.time()),
+            }
+            log(f"redeploy {step + 1}: {result[f'redeploy_{step + 1}']}")
         traffic.join()
         result["total"] = traffic.window(0, time.time() + 1)
         from deployments.config import MilvusSettings
