@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+
+from batch_ingest.sql import increment
 
 
 class IndexGenerations:
@@ -37,23 +38,6 @@ class IndexGenerations:
 
     def bump(self, team_ids: Iterable[str]) -> None:
         """Raise the generation of each team by one (creating its row at 1)."""
-        t = self.table
         for team_id in sorted(set(team_ids)):
-            now = datetime.now(UTC)
-            for _ in range(3):  # a concurrent first INSERT of the same team: update instead
-                with self.engine.begin() as conn:
-                    updated = conn.execute(
-                        sa.update(t)
-                        .where(t.c.team_id == team_id)
-                        .values(generation=t.c.generation + 1, updated_at=now)
-                    ).rowcount
-                if updated:
-                    break
-                try:
-                    with self.engine.begin() as conn:
-                        conn.execute(
-                            sa.insert(t).values(team_id=team_id, generation=1, updated_at=now)
-                        )
-                    break
-                except IntegrityError:
-                    continue
+            values = {"updated_at": datetime.now(UTC)}
+            increment(self.engine, self.table, {"team_id": team_id}, {"generation": 1}, values)

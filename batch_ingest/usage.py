@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+
+from batch_ingest.sql import increment
 
 SOURCES = ("api", "bus", "reindex")
 
@@ -53,39 +54,18 @@ class EmbeddingUsage:
         """Add ``(tokens, chunks)`` per team to today's row of ``source``."""
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
-        t = self.table
         now = datetime.now(UTC)
         day = now.date().isoformat()
         for team_id, (tokens, chunks) in sorted(by_team.items()):
             if tokens <= 0 and chunks <= 0:
                 continue
-            key = (t.c.team_id == team_id, t.c.source == source, t.c.day == day)
-            for _ in range(3):  # a concurrent first INSERT of the same row: update instead
-                with self.engine.begin() as conn:
-                    updated = conn.execute(
-                        sa.update(t)
-                        .where(*key)
-                        .values(
-                            tokens=t.c.tokens + tokens, chunks=t.c.chunks + chunks, updated_at=now
-                        )
-                    ).rowcount
-                if updated:
-                    break
-                try:
-                    with self.engine.begin() as conn:
-                        conn.execute(
-                            sa.insert(t).values(
-                                team_id=team_id,
-                                source=source,
-                                day=day,
-                                tokens=tokens,
-                                chunks=chunks,
-                                updated_at=now,
-                            )
-                        )
-                    break
-                except IntegrityError:
-                    continue
+            increment(
+                self.engine,
+                self.table,
+                {"team_id": team_id, "source": source, "day": day},
+                {"tokens": tokens, "chunks": chunks},
+                {"updated_at": now},
+            )
 
     def rows(
         self, team_id: str | None = None, since: str | None = None, until: str | None = None
