@@ -194,6 +194,23 @@ def placement() -> dict[str, list[str]]:
     return out
 
 
+def serve_deploy(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``serve deploy <config>`` through the head's dashboard, as an operator runs it."""
+    return subprocess.run(
+        [
+            str(VENV_BIN / "serve"),
+            "deploy",
+            str(config),
+            "-a",
+            f"http://127.0.0.1:{DASHBOARD_PORT}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def wait_ready(timeout: float) -> float:
     started = time.monotonic()
     while time.monotonic() - started < timeout:
@@ -277,19 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         config = tmp / "serve_two_node.yaml"
         render_config(config)
         log("serve deploy (the CLI, through the head's dashboard)")
-        deployed = subprocess.run(
-            [
-                str(VENV_BIN / "serve"),
-                "deploy",
-                str(config),
-                "-a",
-                f"http://127.0.0.1:{DASHBOARD_PORT}",
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        deployed = serve_deploy(config, env)
         result["serve_deploy"] = {"rc": deployed.returncode, "output": deployed.stdout[-500:]}
         if deployed.returncode != 0:
             raise SystemExit(f"serve deploy failed: {deployed.stderr[-2000:]}")
@@ -339,19 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             config.write_text(yaml.safe_dump(changed, sort_keys=False))
             log(f"serve deploy again: Embedder max_batch_size {batch}, {retrievers} Retriever(s)")
             t3 = time.time()
-            again = subprocess.run(
-                [
-                    str(VENV_BIN / "serve"),
-                    "deploy",
-                    str(config),
-                    "-a",
-                    f"http://127.0.0.1:{DASHBOARD_PORT}",
-                ],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+            again = serve_deploy(config, env)
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 if len(placement().get("Retriever", [])) == retrievers:
