@@ -6,6 +6,8 @@ Neo4j's client errors → the matching 4xx)."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any
 
 from deployments.config import Neo4jSettings
@@ -17,6 +19,8 @@ from deployments.errors import (
 )
 from deployments.graph_cypher import schema_statements
 from deployments.graph_values import to_plain
+
+logger = logging.getLogger(__name__)
 
 
 class Neo4jClient:
@@ -61,7 +65,28 @@ class Neo4jClient:
     async def _bootstrap(self) -> None:
         await self._driver.verify_connectivity()
         for statement in schema_statements():
-            await self._driver.execute_query(statement, database_=self.settings.database)
+            try:
+                await self._driver.execute_query(statement, database_=self.settings.database)
+            except Exception as exc:
+                # A constraint whose creation was cut off (a caller's deadline mid-setup) can
+                # leave its backing index behind under the constraint's name, and then the
+                # constraint can never be created again: drop that index and create it anew.
+                name = orphan_index_name(statement, exc)
+                if name is None:
+                    raise
+                logger.warning("neo4j: dropping the orphan index %s of an unfinished setup", name)
+                await self._driver.execute_query(
+                    f"DROP INDEX {name} IF EXISTS", database_=self.settings.database
+                )
+                await self._driver.execute_query(statement, database_=self.settings.database)
+
+    async def _started(self, deadline: float) -> float:
+        """Connect (and create the schema) if needed, within the call's ``deadline``; the
+        seconds left of it for the call itself."""
+        began = time.monotonic()
+        if not self._schema_ready:
+            await self._within(deadline, "connect", self.start())
+        return max(deadline - (time.monotonic() - began), 0.5)
 
     async def _within(self, seconds: float, what: str, work: Any) -> Any:
         """Await ``work`` for at most ``seconds``; past that the driver is dropped (the next
@@ -85,9 +110,11 @@ class Neo4jClient:
                 self._driver = None
         self._schema_ready = False
 
-    async def _raise_mapped(self, exc: Exception) -> None:
+    async def _raise_mapped(self, exc: Exception, *, trusted: bool = True) -> None:
         """Re-raise connection failures as ``BackendUnavailable`` (and reconnect next time);
-        Neo4j's client errors as the gateway's 4xx errors."""
+        Neo4j's client errors as the gateway's 4xx errors. A transaction the server
+        terminated (stopping, restarting), and a ``trusted`` query (the gateway's own) past
+        its timeout, are Neo4j's trouble: ``BackendUnavailable`` too."""
         from neo4j.exceptions import (
             ClientError,
             ServiceUnavailable,
@@ -100,7 +127,16 @@ class Neo4jClient:
             raise BackendUnavailable("neo4j", f"query failed: {exc}") from exc
         code = getattr(exc, "code", "") or ""
         message = getattr(exc, "message", None) or str(exc)
-        if "TransactionTimedOut" in code or "Transaction.TransactionTimedOut" in code:
+        if "Transaction.Terminated" in code or "Transaction.LockClientStopped" in code:
+            await self._reset()
+            raise BackendUnavailable("neo4j", f"transaction terminated: {message}") from exc
+        if "TransactionTimedOut" in code and trusted:
+            raise BackendUnavailable(
+                "neo4j",
+                f"a gateway query ran past the {self.settings.query_timeout_s:g} s timeout",
+                hint="Neo4j is overloaded or restarting; retry later",
+            ) from exc
+        if "TransactionTimedOut" in code:
             raise QueryLimitExceeded(
                 f"the query ran past the {self.settings.query_timeout_s:g} s timeout",
                 reason="timeout",
@@ -129,11 +165,11 @@ class Neo4jClient:
         """Run one trusted parameterised statement and return its records as dicts."""
         from neo4j import Query
 
-        await self.start()
         deadline = self.settings.deadline_s + (self.settings.write_timeout_s if write else 0)
+        remaining = await self._started(deadline)
         try:
             records, _, _ = await self._within(
-                deadline,
+                remaining,
                 "write" if write else "read",
                 self._driver.execute_query(
                     Query(query, timeout=self.settings.write_timeout_s),
@@ -150,10 +186,12 @@ class Neo4jClient:
         return [r.data() for r in records]
 
     async def read(
-        self, query: str, params: dict[str, Any], *, max_rows: int
+        self, query: str, params: dict[str, Any], *, max_rows: int, trusted: bool = True
     ) -> tuple[list[str], list[list[Any]]]:
         """A READ-mode transaction with the query timeout; more than ``max_rows`` records is
-        ``QueryLimitExceeded`` (fetching stops there)."""
+        ``QueryLimitExceeded`` (fetching stops there). ``trusted=False`` for a caller's own
+        Cypher: its running past the query timeout is the caller's (422); the gateway's own
+        queries timing out mean Neo4j is slow or restarting (503)."""
         from neo4j import READ_ACCESS, unit_of_work
 
         timeout = self.settings.query_timeout_s
@@ -179,13 +217,13 @@ class Neo4jClient:
             ) as session:
                 return await session.execute_read(work)
 
-        await self.start()
+        remaining = await self._started(self.settings.deadline_s)
         try:
-            return await self._within(self.settings.deadline_s, "query", transaction())
+            return await self._within(remaining, "query", transaction())
         except (QueryLimitExceeded, BackendUnavailable):
             raise
         except Exception as exc:
-            await self._raise_mapped(exc)
+            await self._raise_mapped(exc, trusted=trusted)
             raise
 
     async def explain(self, query: str, params: dict[str, Any]) -> Any:
@@ -199,9 +237,9 @@ class Neo4jClient:
                 result = await session.run("EXPLAIN " + query, params)
                 return await result.consume()
 
-        await self.start()
+        remaining = await self._started(self.settings.deadline_s)
         try:
-            return await self._within(self.settings.deadline_s, "EXPLAIN", plan())
+            return await self._within(remaining, "EXPLAIN", plan())
         except BackendUnavailable:
             raise
         except Exception as exc:
@@ -211,3 +249,13 @@ class Neo4jClient:
     async def close(self) -> None:
         async with self._lock:
             await self._reset()
+
+
+def orphan_index_name(statement: str, exc: Exception) -> str | None:
+    """The constraint name of ``statement`` when creating it failed because an index of
+    that name exists (left by an unfinished creation); otherwise ``None``."""
+    code = getattr(exc, "code", "") or ""
+    words = statement.split()
+    if "IndexWithNameAlreadyExists" not in code or words[:2] != ["CREATE", "CONSTRAINT"]:
+        return None
+    return words[2]

@@ -158,7 +158,7 @@ class Neo4jGraph:
     ) -> dict[str, Any]:
         await self.check_cypher(query, params, scope)
         columns, rows = await self.client.read(
-            query, {**params, **scope.params}, max_rows=self.settings.max_rows
+            query, {**params, **scope.params}, max_rows=self.settings.max_rows, trusted=False
         )
         return {"columns": columns, "rows": rows}
 

@@ -570,3 +570,41 @@ async def test_deleting_a_linked_note_leaves_a_placeholder(graph: Neo4jGraph, te
         {"t": team},
     )
     assert rows[0]["c"] == 0
+
+
+async def test_the_gateways_own_query_past_its_timeout_is_neo4j_trouble(settings):
+    """A named intent (trusted) timing out means Neo4j is slow or restarting: 503, not the
+    422 a caller's own Cypher gets (a fault run saw intents answer 422 around a restart)."""
+    graph = Neo4jGraph(settings.neo4j.model_copy(update={"query_timeout_s": 1.0}))
+    try:
+        with pytest.raises(BackendUnavailable) as err:
+            await graph.client.read(
+                "UNWIND range(1, 200000000) AS x WITH x WHERE x < 0 RETURN count(*)",
+                {},
+                max_rows=10,
+            )
+        assert err.value.status_code == 503 and "timeout" in err.value.message
+    finally:
+        await graph.close()
+
+
+async def test_start_heals_an_index_left_by_an_unfinished_constraint(settings):
+    """A cut-off schema setup once left an index named like a constraint, after which
+    ``CREATE CONSTRAINT ... IF NOT EXISTS`` failed forever (IndexWithNameAlreadyExists) and the
+    graph stayed down across replica restarts."""
+    from deployments.graph_client import Neo4jClient
+
+    client = Neo4jClient(settings.neo4j)
+    await client.start()
+    await client.run("DROP CONSTRAINT topic_team_id IF EXISTS", write=True)
+    await client.run("CREATE INDEX topic_team_id FOR (n:Topic) ON (n.team_id, n.id)", write=True)
+    await client.close()
+    fresh = Neo4jClient(settings.neo4j)
+    try:
+        await fresh.start()
+        rows = await fresh.run(
+            "SHOW CONSTRAINTS YIELD name WHERE name = 'topic_team_id' RETURN name"
+        )
+        assert rows == [{"name": "topic_team_id"}]
+    finally:
+        await fresh.close()
