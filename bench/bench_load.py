@@ -246,6 +246,38 @@ def replica_memory(in_process: bool) -> dict[str, Any]:
     return {"source": source, "at": time.time(), "replicas": replicas}
 
 
+def rss_by_deployment(memory: dict[str, Any]) -> dict[str, float]:
+    """The largest replica RSS of each deployment in one ``replica_memory`` sample."""
+    out: dict[str, float] = {}
+    for r in memory.get("replicas", []):
+        if r.get("rss_mb") is not None:
+            name = str(r.get("deployment"))
+            out[name] = max(out.get(name, 0.0), float(r["rss_mb"]))
+    return out
+
+
+def memory_curve(windows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per deployment over the progress samples: first, peak, last, and the change over
+    the second half (levelled off when it is small next to the whole run's)."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for w in windows:
+        for name, mb in (w.get("rss_mb") or {}).items():
+            series.setdefault(name, []).append((w["elapsed_s"], mb))
+    out = {}
+    for name, points in series.items():
+        values = [mb for _, mb in points]
+        half = values[len(values) // 2]
+        out[name] = {
+            "samples": len(values),
+            "first_mb": values[0],
+            "peak_mb": max(values),
+            "last_mb": values[-1],
+            "change_mb": round(values[-1] - values[0], 1),
+            "second_half_change_mb": round(values[-1] - half, 1),
+        }
+    return out
+
+
 def memory_delta(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
     """Per replica (matched by actor id, else pid): RSS before, after and the change."""
 
@@ -904,6 +936,8 @@ class LoadGenerator:
         self.timeouts = {**DEFAULT_TIMEOUTS, **(timeouts or {})}
         self.in_flight: set[asyncio.Task[Sample]] = set()
         self.sent = 0
+        # Set to sample the replicas' RSS with each progress line (a curve, not two points).
+        self.memory_probe: Callable[[], dict[str, Any]] | None = None
 
     def set_rate(self, rate: float) -> None:
         self.rate = rate
@@ -1106,9 +1140,14 @@ class LoadGenerator:
     async def _progress(self, start: float, every_s: float) -> None:
         while True:
             await asyncio.sleep(every_s)
-            self._log_window(start)
+            memory = None
+            if self.memory_probe is not None:
+                memory = rss_by_deployment(await asyncio.to_thread(self.memory_probe))
+            self._log_window(start, memory=memory)
 
-    def _log_window(self, start: float, final: bool = False) -> None:
+    def _log_window(
+        self, start: float, final: bool = False, memory: dict[str, float] | None = None
+    ) -> None:
         now = time.monotonic()
         rec = self.recorder
         last = rec.windows[-1]["until"] if rec.windows else start
@@ -1128,6 +1167,8 @@ class LoadGenerator:
             "degraded": sum(1 for s in window if s.degraded),
             "in_flight": len(self.in_flight),
         }
+        if memory is not None:
+            entry["rss_mb"] = memory
         rec.windows.append(entry)
         missed = sum(rec.late.values()) + sum(rec.dropped.values())
         logger.info(
@@ -1468,6 +1509,7 @@ async def measure(
         gen.sent = 0
         recorder = gen.recorder = Recorder()
         memory_before = replica_memory(in_process)
+        gen.memory_probe = lambda: replica_memory(in_process)
         logger.info(
             "load: %.1f req/s for %.0fs, mix %s",
             args.rate,
@@ -1499,6 +1541,7 @@ async def measure(
             "before": memory_before,
             "after": memory_after,
             "delta": memory_delta(memory_before, memory_after),
+            "curve": memory_curve(recorder.windows),
         },
         "readyz_after": {"status": ready.status_code, "body": ready.json()},
     }
@@ -1580,6 +1623,24 @@ def render(result: dict[str, Any]) -> str:
         )
     elif mem:
         parts.append(f"Replica RSS: {mem.get('before', {}).get('skipped', 'n/a')}")
+    if mem.get("curve"):
+        parts.append(
+            markdown_table(
+                ["deployment", "samples", "first MiB", "peak MiB", "last MiB", "Δ", "Δ 2nd half"],
+                [
+                    [
+                        name,
+                        c["samples"],
+                        c["first_mb"],
+                        c["peak_mb"],
+                        c["last_mb"],
+                        c["change_mb"],
+                        c["second_half_change_mb"],
+                    ]
+                    for name, c in sorted(mem["curve"].items())
+                ],
+            )
+        )
     ch = result.get("chunks", {})
     if "skipped" in ch:
         parts.append(f"Chunk check: skipped — {ch['skipped']}")

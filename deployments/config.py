@@ -48,6 +48,12 @@ class EmbedderSettings(BaseModel):
     torch_threads: int = Field(1, ge=1, le=64)
     # Texts per forward pass inside one batch.
     forward_batch_size: int = Field(32, ge=1, le=1024)
+    # At most this often (after a batch, and on Serve's health check when idle) hand freed
+    # activations back to the OS (glibc malloc_trim). Without it a replica's RSS stays at the
+    # high-water mark of its allocator (+360 MiB for MiniLM on mixed real text); trimming
+    # after every batch costs ~6 % throughput in page faults, once per 10 s nothing
+    # measurable (bench/README.md). 0 = never.
+    release_memory_every_s: float = Field(10.0, ge=0.0, le=3600.0)
     # Requests per @serve.batch call, and how long to wait to fill one: passages wait
     # batch_wait_timeout_s; queries do not wait (0), a query batch is whatever queued while
     # the previous one ran, so a lone search pays no wait and busy searches still batch.

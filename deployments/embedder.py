@@ -88,8 +88,11 @@ class EmbedderDeployment:
                 queue.set_batch_wait_timeout_s(float(wait))
 
     async def check_health(self) -> None:
-        """Serve's health check: fails the replica whose model failed to load."""
+        """Serve's health check: fails the replica whose model failed to load. It runs
+        every few seconds, so it also hands an idle replica's freed memory back."""
         check_model(self._loading)
+        if self.core.loaded:
+            self.core.release_memory()
 
     async def status(self) -> dict[str, Any]:
         return {

@@ -17,6 +17,7 @@ import numpy as np
 from deployments.config import EmbedderSettings
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.loading import BackgroundLoad
+from deployments.memory import release_freed_memory
 from deployments.timing import MeanTimes
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ class EmbedderCore:
         self._model: Any = None
         self._dim: int | None = None
         self._lock = threading.Lock()
+        self._released_at = time.monotonic()
 
     @property
     def loaded(self) -> bool:
@@ -188,7 +190,20 @@ class EmbedderCore:
             batch = self.tokenize([prepared[i] for i in idx])
             hidden = self.forward(batch)
             out[idx] = self.postprocess(hidden, batch["attention_mask"])
+        self.release_memory()
         return out
+
+    def release_memory(self) -> bool:
+        """Hand freed activations back to the OS, at most once per ``release_memory_every_s``.
+
+        On CPU only (a GPU's memory is torch's own cache). Returns whether it trimmed.
+        """
+        every = self.settings.release_memory_every_s
+        now = time.monotonic()
+        if not every or self.settings.device != "cpu" or now - self._released_at < every:
+            return False
+        self._released_at = now
+        return release_freed_memory()
 
     def count_tokens(self, text: str) -> int:
         self.start()

@@ -155,3 +155,41 @@ def test_missing_local_model_raises_backend_unavailable():
     embedder = EmbedderCore(EmbedderSettings(model_path="no-such-model-folder"))
     with pytest.raises(BackendUnavailable, match="not found"):
         embedder.start()
+
+
+def test_release_freed_memory_trims_the_glibc_heap():
+    from deployments.memory import release_freed_memory
+
+    # This machine's C library is glibc: the trim runs (elsewhere it says False, never raises).
+    assert release_freed_memory() is True
+
+
+def test_memory_is_released_at_most_once_per_interval(monkeypatch, core):
+    import deployments.embedding as embedding
+
+    trims: list[int] = []
+    monkeypatch.setattr(embedding, "release_freed_memory", lambda: trims.append(1) or True)
+    clock = [1000.0]
+    monkeypatch.setattr(embedding.time, "monotonic", lambda: clock[0])
+    every = EmbedderCore(EmbedderSettings(release_memory_every_s=10))
+    every._model, every._tokenizer, every._dim = core._model, core._tokenizer, core.dim
+    every._released_at = clock[0]
+    every.embed(["a first batch"])
+    assert trims == []  # within 10 s of the last release
+    clock[0] += 10
+    every.embed(["a batch ten seconds later"])
+    assert trims == [1]
+    assert every.release_memory() is False  # the health check right after: not again
+    clock[0] += 11
+    assert every.release_memory() is True
+    assert trims == [1, 1]
+
+
+@pytest.mark.parametrize("update", [{"release_memory_every_s": 0}, {"device": "cuda"}])
+def test_memory_release_is_off_when_disabled_or_on_a_gpu(monkeypatch, update):
+    import deployments.embedding as embedding
+
+    monkeypatch.setattr(embedding, "release_freed_memory", lambda: pytest.fail("trimmed"))
+    never = EmbedderCore(EmbedderSettings(**update))
+    never._released_at -= 3600
+    assert never.release_memory() is False
