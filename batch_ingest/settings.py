@@ -45,6 +45,10 @@ class ReindexSettings(BaseModel):
     # starve Ray Data's read tasks on a small machine), and documents per map_batches call.
     actors: int = Field(1, ge=1, le=256)
     num_cpus_per_actor: float = Field(0.5, gt=0, le=64)
+    # Custom Ray resources each actor asks for, to place the pool on chosen nodes: e.g.
+    # {"reindex": 1} with workers started `ray start --resources '{"reindex": 4}'` keeps the
+    # job off the head and the Serve replicas' nodes (REINDEX__ACTOR_RESOURCES as JSON).
+    actor_resources: dict[str, float] = Field(default_factory=dict)
     batch_size: int = Field(16, ge=1, le=4096)
     # Keep the replaced collection version for rollback (else it is dropped after the swap).
     keep_previous: bool = False

@@ -16,7 +16,12 @@ What it does, each step printed and recorded in ``bench/results/two_node-<UTC>.j
 4. The worker node stopped (SIGTERM to its ``ray start --block``): what the clients saw, how
    long until every request succeeded again, where the replicas went.
 5. The worker started again: how long until replicas run on both nodes again.
-6. Chunks: every document whose ingestion answered 200 is in Milvus exactly once
+6. ``serve deploy`` twice more under the same traffic (other Embedder batch settings, one
+   Retriever instead of two, then back).
+7. A reindex job through ``POST /admin/reindex`` under the same traffic, its embedding actors
+   placed on the worker (``reindex.actor_resources: {rag_worker: 1}``): the nodes its actors
+   ran on, and that it succeeded with every chunk.
+8. Chunks: every document whose ingestion answered 200 is in Milvus exactly once
    (``count`` per team equals the chunks the answers reported).
 
 Needs the services (``python scripts/services.py up``) and nothing else on ports 6390, 8275
@@ -61,6 +66,8 @@ def render_config(path: Path) -> dict[str, Any]:
     config["http_options"]["port"] = HTTP_PORT
     app = config["applications"][0]
     app["args"]["settings"]["milvus"]["collection"] = COLLECTION
+    # A reindex job's embedding actors ask for the worker's resource, so they run there.
+    app["args"]["settings"].setdefault("reindex", {})["actor_resources"] = {"rag_worker": 1}
     for dep in app["deployments"]:
         if dep["name"] in SCALED:
             dep.pop("autoscaling_config", None)
@@ -223,6 +230,51 @@ def wait_ready(timeout: float) -> float:
     raise SystemExit(f"gateway not ready after {timeout:.0f} s")
 
 
+def reindex_on_worker(worker_node: str, timeout: float = 420) -> dict[str, Any]:
+    """Seed a team, reindex it through the admin API, and record where the Ray Data
+    actors that embedded it ran (the node ids of every ``ReindexWorker`` actor seen)."""
+    from ray.util.state import list_actors
+
+    team = f"dao_twonode_reidx_{uuid.uuid4().hex[:6]}"
+    docs = [
+        {
+            "team_id": team,
+            "doc_id": f"psalm{i}",
+            "title": f"Note {i}",
+            "text": f"Note {i} on the greenhouse pumps and their night schedule. "
+            + " ".join(f"detail{i}_{j}" for j in range(120)),
+        }
+        for i in range(40)
+    ]
+    r = httpx.post(BASE + "/ingest/documents", json={"documents": docs}, timeout=300)
+    r.raise_for_status()
+    started = time.monotonic()
+    r = httpx.post(BASE + "/admin/reindex", json={"team_id": team}, timeout=60)
+    if r.status_code != 202:
+        return {"submitted": r.status_code, "body": r.text[:500]}
+    job_id = r.json()["job_id"]
+    nodes: set[str] = set()
+    job: dict[str, Any] = {}
+    while time.monotonic() - started < timeout:
+        for actor in list_actors(filters=[("state", "=", "ALIVE")], limit=1000):
+            if "ReindexWorker" in (actor.class_name or ""):
+                nodes.add(actor.node_id[:8])
+        job = httpx.get(f"{BASE}/admin/reindex/{job_id}", timeout=30).json()
+        if job.get("status") not in ("queued", "running", "switching"):
+            break
+        time.sleep(1)
+    return {
+        "job_id": job_id,
+        "status": job.get("status"),
+        "took_s": round(time.monotonic() - started, 1),
+        "expected_chunks": job.get("expected_chunks"),
+        "rows_in_target": job.get("rows_in_target"),
+        "actor_nodes": sorted(nodes),
+        "worker_node": worker_node,
+        "actors_on_worker_only": bool(nodes) and nodes == {worker_node},
+    }
+
+
 def both_nodes(place: dict[str, list[str]], nodes: int = 2) -> bool:
     return all(len(set(place.get(d, []))) == nodes for d in SCALED)
 
@@ -358,6 +410,15 @@ def main(argv: list[str] | None = None) -> int:
                 **traffic.window(t3, time.time()),
             }
             log(f"redeploy {step + 1}: {result[f'redeploy_{step + 1}']}")
+        # The worker came back as a new node (a new id): look it up again.
+        worker_ids = [
+            n["NodeID"][:8] for n in ray.nodes() if n["Alive"] and "rag_worker" in n["Resources"]
+        ]
+        log("reindex through /admin/reindex, its actors asking for the worker's resource")
+        t4 = time.time()
+        result["reindex"] = reindex_on_worker(worker_ids[0] if worker_ids else "")
+        result["reindex"]["traffic"] = traffic.window(t4, time.time())
+        log(f"reindex: {result['reindex']}")
         traffic.join()
         result["total"] = traffic.window(0, time.time() + 1)
         from deployments.config import MilvusSettings

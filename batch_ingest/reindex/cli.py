@@ -14,6 +14,25 @@ from batch_ingest.settings import BatchSettings
 from deployments.tracing import LOG_FORMATS, configure_logging
 
 
+def parse_resources(
+    parser: argparse.ArgumentParser, given: list[str] | None
+) -> dict[str, float] | None:
+    """``NAME=AMOUNT`` flags as a dict (None when none given, so the settings apply)."""
+    if not given:
+        return None
+    out: dict[str, float] = {}
+    for item in given:
+        name, sep, amount = item.partition("=")
+        try:
+            value = float(amount)
+        except ValueError:
+            value = -1.0
+        if not sep or not name.strip() or not value > 0:
+            parser.error(f"--actor-resource wants NAME=AMOUNT with AMOUNT > 0, got {item!r}")
+        out[name.strip()] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m batch_ingest.reindex", description=package.__doc__
@@ -26,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, help="documents per map_batches call")
     parser.add_argument("--actors", type=int, help="embedding actors in the Ray Data pool")
     parser.add_argument("--num-cpus", type=float, help="logical CPUs per actor (fractional)")
+    parser.add_argument(
+        "--actor-resource",
+        action="append",
+        metavar="NAME=AMOUNT",
+        help="a custom Ray resource per actor, to place the pool on chosen nodes (repeatable)",
+    )
     parser.add_argument("--engine", choices=("ray", "local"), default="ray")
     parser.add_argument(
         "--keep-previous", action="store_true", help="keep the replaced version for rollback"
@@ -63,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size,
         actors=args.actors,
         num_cpus_per_actor=args.num_cpus,
+        actor_resources=parse_resources(parser, args.actor_resource),
         engine=args.engine,
         keep_previous=args.keep_previous or None,
         log_every_s=args.log_every,

@@ -45,6 +45,27 @@ def cpu_shortage(needed: float, free: float, total: float) -> str | None:
     )
 
 
+def resource_shortage(
+    needed: dict[str, float], free: dict[str, float], total: dict[str, float]
+) -> str | None:
+    """Why a pool needing custom resources ``needed`` cannot start now, or ``None``."""
+    for name, amount in sorted(needed.items()):
+        have, whole = free.get(name, 0.0), total.get(name, 0.0)
+        if have + 1e-9 >= amount:
+            continue
+        if whole + 1e-9 < amount:
+            return (
+                f"waiting for resource {name!r}: the actor pool needs {amount:g} and the "
+                f"cluster's nodes offer {whole:g}; it starts when a node started with "
+                f"`ray start --resources '{{\"{name}\": N}}'` joins (reindex.actor_resources)"
+            )
+        return (
+            f"waiting for resource {name!r}: the actor pool needs {amount:g}, {have:g} of "
+            f"{whole:g} are free; it starts when they are released"
+        )
+    return None
+
+
 def run_ray(
     spec: dict[str, Any],
     physical: str,
@@ -71,10 +92,11 @@ def run_ray(
             log_to_driver=False,
         )
     needed = options.actors * options.num_cpus_per_actor
+    free, total = ray.available_resources(), ray.cluster_resources()
     note = cpu_shortage(
-        needed,
-        float(ray.available_resources().get("CPU", 0.0)),
-        float(ray.cluster_resources().get("CPU", 0.0)),
+        needed, float(free.get("CPU", 0.0)), float(total.get("CPU", 0.0))
+    ) or resource_shortage(
+        {k: v * options.actors for k, v in options.actor_resources.items()}, free, total
     )
     if note is not None:
         logger.warning("reindex: %s", note)
@@ -108,6 +130,7 @@ def run_ray(
             batch_format="numpy",
             compute=ActorPoolStrategy(size=options.actors),
             num_cpus=options.num_cpus_per_actor,
+            **({"resources": dict(options.actor_resources)} if options.actor_resources else {}),
         )
     )
     threading.Thread(target=remind, name="reindex-wait", daemon=True).start()

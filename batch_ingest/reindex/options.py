@@ -36,6 +36,8 @@ class ReindexOptions:
     actors: int = _DEFAULTS.actors
     # Fractional: whole CPUs let the actors take every core and starve Ray Data's read tasks.
     num_cpus_per_actor: float = _DEFAULTS.num_cpus_per_actor
+    # Custom Ray resources per actor (``ReindexSettings.actor_resources``).
+    actor_resources: dict[str, float] = field(default_factory=dict)
     engine: Literal["ray", "local"] = "ray"
     keep_previous: bool = _DEFAULTS.keep_previous
     # Continue this (queued) job, e.g. one the admin API created.
@@ -55,6 +57,7 @@ class ReindexOptions:
             "batch_size": cfg.batch_size,
             "actors": cfg.actors,
             "num_cpus_per_actor": cfg.num_cpus_per_actor,
+            "actor_resources": dict(cfg.actor_resources),
             "keep_previous": cfg.keep_previous,
         }
         return cls(team_id=team_id, **{**base, **{k: v for k, v in given.items() if v is not None}})

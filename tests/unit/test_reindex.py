@@ -14,9 +14,10 @@ from batch_ingest.chunking import Chunker, whitespace_tokens
 from batch_ingest.chunks import ChunkBuilder
 from batch_ingest.documents import SourceDocument
 from batch_ingest.reindex import Reindexer, ReindexError, ReindexOptions
-from batch_ingest.reindex.engines import cpu_shortage
+from batch_ingest.reindex.engines import cpu_shortage, resource_shortage
 from batch_ingest.reindex.state import IllegalTransition, JobStatus, ReindexJob, ReindexState
 from batch_ingest.reindex.worker import ReindexWorker, worker_spec
+from batch_ingest.settings import BatchSettings
 from batch_ingest.source_store import SourceStore
 from deployments.errors import InvalidInput
 from deployments.protocols import ChunkRecord
@@ -340,6 +341,36 @@ def test_cpu_shortage_names_what_the_pool_needs_and_what_is_free():
     assert busy is not None and "needs 1" in busy and "0.5 of the cluster's 2 are free" in busy
     never = cpu_shortage(4.0, 2.0, 2.0)
     assert never is not None and "whole cluster has 2" in never
+
+
+def test_resource_shortage_names_the_custom_resource_and_how_to_offer_it():
+    assert resource_shortage({}, {}, {}) is None
+    assert resource_shortage({"reindex": 2.0}, {"reindex": 2.0}, {"reindex": 4.0}) is None
+    absent = resource_shortage({"reindex": 1.0}, {"CPU": 4.0}, {"CPU": 4.0})
+    assert absent is not None and "'reindex'" in absent
+    assert "ray start --resources '{\"reindex\": N}'" in absent
+    held = resource_shortage({"reindex": 2.0}, {"reindex": 1.0}, {"reindex": 2.0})
+    assert held is not None and "1 of 2 are free" in held
+
+
+def test_actor_resources_come_from_settings_and_the_command_line(monkeypatch):
+    import argparse
+
+    from batch_ingest.reindex.cli import parse_resources
+    from batch_ingest.settings import ReindexSettings
+
+    monkeypatch.setenv("REINDEX__ACTOR_RESOURCES", '{"rag_worker": 1}')
+    cfg = BatchSettings().reindex
+    assert cfg.actor_resources == {"rag_worker": 1.0}
+    assert ReindexOptions.from_settings("t", cfg).actor_resources == {"rag_worker": 1.0}
+    given = parse_resources(argparse.ArgumentParser(), ["gpu_pool=0.5", "zone_a=1"])
+    assert given == {"gpu_pool": 0.5, "zone_a": 1.0}
+    options = ReindexOptions.from_settings("t", ReindexSettings(), actor_resources=given)
+    assert options.actor_resources == given
+    assert parse_resources(argparse.ArgumentParser(), None) is None
+    for bad in ("gpu_pool", "=1", "gpu_pool=0", "gpu_pool=many"):
+        with pytest.raises(SystemExit):
+            parse_resources(argparse.ArgumentParser(), [bad])
 
 
 # --- admin API ---------------------------------------------------------------------------
