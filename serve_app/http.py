@@ -21,6 +21,7 @@ from serve_app.api import (
     tools,
     usage,
 )
+from serve_app.api.surface import catalog_urls, closed_catalog_router
 from serve_app.auth import Authenticator
 from serve_app.body_limits import BodyLimits
 from serve_app.contracts import ErrorBody
@@ -72,6 +73,7 @@ def create_app(
         title="RAG Gateway",
         version="0.1.0",
         description="Tool endpoints for agents over Milvus and Neo4j, tenancy-enforced.",
+        **catalog_urls(service.settings),
     )
     app.state.service = service
     app.state.tools = ToolRunner(service)
@@ -90,6 +92,8 @@ def create_app(
     for module in (search, enrich, graph, ingest, events, audit, admin, usage, tools):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)
+    if service.settings.catalog_needs_credential:
+        app.include_router(closed_catalog_router(app))
     # The same four tools over MCP (Streamable HTTP) at /mcp, through app.state.tools.
     mcp = mount_mcp(app)
     return app

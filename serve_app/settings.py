@@ -278,6 +278,19 @@ class HttpSettings(BaseModel):
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
 
 
+class SurfaceSettings(BaseModel):
+    """Who may read the operator surface (serve_app/api/surface.py). ``auto`` closes it with
+    ENVIRONMENT=production and leaves it open elsewhere (a laptop, the tests)."""
+
+    # /docs, /redoc, /openapi.json and GET /tools: "open" to anyone, "credential" for any
+    # caller whose credential verifies.
+    catalog: Literal["auto", "open", "credential"] = "auto"
+    # /readyz: "full" shows each component's details (model path, URIs, errors); "status"
+    # only whether each is ready, the details for a caller holding ``details_permission``.
+    readyz: Literal["auto", "full", "status"] = "auto"
+    details_permission: str = "ops:read"
+
+
 class ProfileSettings(BaseModel):
     """Per-agent RAG profiles (serve_app/profiles.py): a YAML file keyed by agent id; empty
     uses the packaged serve_app/profiles.yaml."""
@@ -301,6 +314,21 @@ class GatewaySettings(BatchSettings):
     cache: CacheSettings = CacheSettings()
     profiles: ProfileSettings = ProfileSettings()
     http: HttpSettings = HttpSettings()
+    surface: SurfaceSettings = SurfaceSettings()
+
+    @property
+    def catalog_needs_credential(self) -> bool:
+        """Whether /docs, /openapi.json and GET /tools ask for a credential."""
+        if self.surface.catalog == "auto":
+            return self.environment == "production"
+        return self.surface.catalog == "credential"
+
+    @property
+    def readyz_details_open(self) -> bool:
+        """Whether /readyz shows component details (paths, URIs, errors) to anyone."""
+        if self.surface.readyz == "auto":
+            return self.environment != "production"
+        return self.surface.readyz == "full"
 
     @model_validator(mode="after")
     def _verified_identity_in_production(self) -> GatewaySettings:

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from serve_app.api.deps import Service
+from serve_app.api.surface import readiness_view
 
 router = APIRouter(tags=["ops"])
 
@@ -15,7 +16,9 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(service: Service) -> JSONResponse:
-    """Readiness: 200 when the model is loaded and Milvus and Neo4j answer, else 503 naming them."""
+async def readyz(request: Request, service: Service) -> JSONResponse:
+    """Readiness: 200 when the model is loaded and Milvus and Neo4j answer, else 503 naming
+    them (in production without details unless the caller may see them)."""
     ready, body = await service.readiness()
-    return JSONResponse(status_code=200 if ready else 503, content=body)
+    view = await readiness_view(request, body)
+    return JSONResponse(status_code=200 if ready else 503, content=view)

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Query, Request
+from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.responses import PlainTextResponse
 
 from serve_app.api.deps import Caller
+from serve_app.api.surface import catalog_access
 from serve_app.tools.catalog import gateway_tools, mcp_tools, openai_tools, router_entries
 from serve_app.tools.runner import ToolRunner
 
 router = APIRouter(tags=["tools"])
 
 
-@router.get("/tools")
+@router.get("/tools", dependencies=[Depends(catalog_access)])
 async def tools(
     request: Request,
     format: Literal["gateway", "openai", "mcp", "router"] = Query(
