@@ -44,6 +44,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
         404: "a named entity or job does not exist in the caller's scope",
         409: "the request contradicts the current state",
         422: "the request names a field with an impossible value (fields[] says which)",
+        429: "a rate limit of the credential or the team is reached (Retry-After says when)",
         503: "a backend the request needs does not answer",
     }.items()
 }

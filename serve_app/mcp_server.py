@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from deployments.errors import BackendUnavailable, GatewayError, Unauthorized
-from serve_app.api.deps import authenticate, request_context
+from serve_app.api.deps import authenticate, rate_limit, request_context
 from serve_app.auth import Principal
 from serve_app.errors import error_content, trace_id_of
 from serve_app.tools.catalog import mcp_tools
@@ -146,6 +146,7 @@ class McpEndpoint:
         trace_id = trace_id_of(request)  # traceparent, X-Trace-Id or a new one (errors.py)
         try:
             principal = await authenticate(request, AUDIT_ACTION)
+            await rate_limit(request, principal, AUDIT_ACTION)
             if self.manager is None:
                 raise BackendUnavailable("mcp", "the MCP server is not running (no app lifespan)")
         except GatewayError as exc:

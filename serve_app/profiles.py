@@ -46,6 +46,9 @@ class Profile(BaseModel):
     # strict: floor of the fused score of a search hit, and of an enrich claim's support.
     min_score: float | None = Field(None, ge=0.0, le=1.0)
     min_support: float | None = Field(None, ge=0.0, le=1.0)
+    # This agent's own rate limit per credential (None: rate_limit.per_credential_*).
+    requests_per_s: float | None = Field(None, gt=0, le=1_000_000)
+    burst: int | None = Field(None, ge=1, le=10_000_000)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from serve_app.graph_tools import GraphTools
 from serve_app.ingest import IngestService
 from serve_app.policy import Policy
 from serve_app.profiles import ProfileSet
+from serve_app.rate_limits import RateLimiter
 from serve_app.recorder import AuditRecorder
 from serve_app.retrieval import Retrieval
 from serve_app.search import SearchService
@@ -97,6 +98,10 @@ class GatewayService:
             settings, self.policy, self.retrieval, self.recorder, self.profiles
         )
         self.ingest = IngestService(settings, self.policy, pipeline, self.recorder)
+        # Token buckets per credential and team (serve_app/rate_limits.py).
+        self.rate_limiter = RateLimiter.from_settings(
+            settings.rate_limit, settings.cache.backend, settings.cache.redis_url
+        )
 
     async def _graph_written(self, team_id: str) -> None:
         # The write is done; if the generation cannot be raised, cached answers may lag.

@@ -278,6 +278,24 @@ class HttpSettings(BaseModel):
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
 
 
+class RateLimitSettings(BaseModel):
+    """``RATE_LIMIT__*`` (serve_app/rate_limits.py). Generous defaults: a 2-core machine
+    serves ~35 searches/s in all, so they only stop a runaway client; set them per
+    deployment."""
+
+    enabled: bool = True
+    per_credential_per_s: float = Field(50.0, gt=0, le=1_000_000)
+    per_credential_burst: int = Field(100, ge=1, le=10_000_000)
+    per_team_per_s: float = Field(100.0, gt=0, le=1_000_000)
+    per_team_burst: int = Field(200, ge=1, le=10_000_000)
+    # "memory": per replica; "redis": shared by all replicas at redis_url (empty: the
+    # cache's cache.redis_url); "auto": redis when cache.backend is redis.
+    backend: Literal["auto", "memory", "redis"] = "auto"
+    redis_url: str = ""
+    redis_prefix: str = Field("rag:rl:", min_length=1, max_length=64)
+    redis_timeout_s: float = Field(0.25, gt=0, le=10)
+
+
 class SurfaceSettings(BaseModel):
     """Who may read the operator surface (serve_app/api/surface.py). ``auto`` closes it with
     ENVIRONMENT=production and leaves it open elsewhere (a laptop, the tests)."""
@@ -315,6 +333,7 @@ class GatewaySettings(BatchSettings):
     profiles: ProfileSettings = ProfileSettings()
     http: HttpSettings = HttpSettings()
     surface: SurfaceSettings = SurfaceSettings()
+    rate_limit: RateLimitSettings = RateLimitSettings()
 
     @property
     def catalog_needs_credential(self) -> bool:

@@ -120,6 +120,10 @@ def run_ray(
     # 4 per actor so every actor has work queued, at most MAX_BLOCKS.
     per_batch = math.ceil(len(documents) / options.batch_size)
     blocks = max(1, min(per_batch, max(options.actors * 4, MAX_BLOCKS)))
+    # Custom resources place the actors on the nodes that offer them (ray_remote_args).
+    extra: dict[str, Any] = (
+        {"resources": dict(options.actor_resources)} if options.actor_resources else {}
+    )
     ds = (
         ray.data.from_items([{"document": d} for d in documents])
         .repartition(blocks)
@@ -130,7 +134,7 @@ def run_ray(
             batch_format="numpy",
             compute=ActorPoolStrategy(size=options.actors),
             num_cpus=options.num_cpus_per_actor,
-            **({"resources": dict(options.actor_resources)} if options.actor_resources else {}),
+            **extra,
         )
     )
     threading.Thread(target=remind, name="reindex-wait", daemon=True).start()

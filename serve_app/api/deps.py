@@ -12,6 +12,7 @@ from serve_app.enrich import EnrichService
 from serve_app.errors import GatewayError, trace_id_of
 from serve_app.graph_tools import GraphTools
 from serve_app.ingest import IngestService
+from serve_app.rate_limits import Limit, RateLimited
 from serve_app.request import RequestContext
 from serve_app.search import SearchService
 from serve_app.service import GatewayService
@@ -88,14 +89,85 @@ async def _principal(request: Request) -> Principal:
     return await authenticate(request)
 
 
+# Body keys that name the team of a request, and lists whose items may name theirs.
+TEAM_KEYS = ("team_id", "dao_id", "microdao_id")
+
+
+def named_teams(request: Request, body: object) -> set[str]:
+    """The teams a request names: ``X-Team-Id`` and the team keys of the JSON body, of its
+    ``documents[]`` and of its ``events[].meta`` (at most 64)."""
+    teams = {request.headers.get("x-team-id", "").strip()}
+    items: list[object] = [body]
+    if isinstance(body, dict):
+        for key in ("documents", "events"):
+            if isinstance(body.get(key), list):
+                items += body[key][:1000]
+    for item in items:
+        if isinstance(item, dict):
+            for source in (item, item.get("meta")):
+                if isinstance(source, dict):
+                    teams.update(v for k in TEAM_KEYS if isinstance(v := source.get(k), str))
+        if len(teams) > 64:
+            break
+    teams.discard("")
+    return teams
+
+
+async def rate_limit(
+    request: Request, principal: Principal, action: str, agent_id: str = ""
+) -> None:
+    """Take this request's tokens (serve_app/rate_limits.py): the credential's, then each
+    named team's that the credential grants (or any, for a dev caller trusted from the
+    body). An empty bucket is audited as a deny and raised (429)."""
+    service: GatewayService = request.app.state.service
+    limiter = service.rate_limiter
+    if not limiter.settings.enabled:
+        return
+    started = time.perf_counter()
+    body: object = None
+    if request.headers.get("content-type", "").startswith("application/json"):
+        try:
+            body = await request.json()  # FastAPI parsed it already: the cached value
+        except Exception:
+            body = None  # the route answers the malformed body itself
+    teams = named_teams(request, body)
+    if not principal.trusts_body:
+        teams &= set(principal.teams)
+    profile = service.profiles.for_agent(agent_id or principal.agent_id).profile
+    limit = (
+        Limit(profile.requests_per_s, profile.burst or limiter.settings.per_credential_burst)
+        if profile.requests_per_s
+        else None
+    )
+    credential = principal.key_id or principal.sub or "dev"
+    try:
+        await limiter.admit(f"{principal.method}:{credential}", teams, limit)
+    except RateLimited as exc:
+        path = request.url.path
+        service.recorder.error(
+            exc,
+            trace_id_of(request),
+            principal,
+            started,
+            action=action,
+            path=path,
+            team_id=next(iter(sorted(teams)), ""),
+            denied=True,
+        )
+        raise
+
+
 async def request_context(
     request: Request, principal: Annotated[Principal, Depends(_principal)]
 ) -> RequestContext:
-    """The verified caller, the trace id and the profile-routing agent of one request."""
+    """The verified caller, the trace id and the profile-routing agent of one request,
+    after its rate limits."""
     routed = request.headers.get("x-agent-id", "").strip()[:256]
     permission = request.app.state.service.settings.profiles.route_permission
     if routed and not (principal.trusts_body or permission in principal.permissions):
         routed = ""  # only a router's credential may pick another agent's profile
+    path = request.url.path
+    await rate_limit(request, principal, ACTIONS.get(path, path[:32]), routed)
     return RequestContext(trace_id_of(request), principal, routed_agent=routed)
 
 

@@ -95,7 +95,14 @@ def gateway(run_id: str):
     )
     auth = {"api_keys_file": str(tmp / "api_keys.yaml"), "api_key_pepper": PEPPER}
     # A short body-read timeout for tests/serve/test_ingest_limits_serve.py's stalled body.
-    main = {"milvus": {"collection": collection}, "auth": auth, "http": {"body_read_timeout_s": 5}}
+    # The fuzz run sends ~50 requests/s with the one key: over the default rate limit, which
+    # tests/unit/test_rate_limits.py covers.
+    main = {
+        "milvus": {"collection": collection},
+        "auth": auth,
+        "http": {"body_read_timeout_s": 5},
+        "rate_limit": {"per_credential_per_s": 10_000, "per_credential_burst": 10_000},
+    }
     app = build_app(AppArgs(settings=main))
     serve.run(app, name="rag", route_prefix="/")
     # The same store behind a second app whose Reranker deployment loads a real (tiny)
