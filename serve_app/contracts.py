@@ -11,14 +11,21 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    FiniteFloat,
     StringConstraints,
+    ValidationError,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from batch_ingest.documents import Identifier, OptionalId, SourceDocument, Tag, parse_timestamp
+from deployments.validation import reject_invalid_values
 
 MAX_TOP_K = 100
+# Fusion weights multiply normalised scores (0..1, or a rank's 1/(k+rank)) and are summed
+# over at most three lists: bounded, no sum or product can overflow to infinity.
+MAX_FUSION_WEIGHT = 1000.0
 TEAM_ALIASES = AliasChoices("team_id", "dao_id", "microdao_id")
 
 
@@ -37,7 +44,7 @@ def _one_tenant_key(data: Any) -> Any:
 class SearchFilters(BaseModel):
     """Filters of rag.search_docs. Unknown keys are rejected so a typo never widens a search."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     project_id: OptionalId | None = None
     channel_id: OptionalId | None = None
@@ -72,10 +79,10 @@ class SearchFilters(BaseModel):
 
 
 class FusionWeights(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    dense: float = Field(0.5, ge=0.0)
-    bm25: float = Field(0.5, ge=0.0)
+    dense: float = Field(0.5, ge=0.0, le=MAX_FUSION_WEIGHT)
+    bm25: float = Field(0.5, ge=0.0, le=MAX_FUSION_WEIGHT)
 
 
 class GraphOption(BaseModel):
@@ -83,7 +90,7 @@ class GraphOption(BaseModel):
     documents linked to them, which are boosted (``boost``) or become the whole search scope
     (``scope``; when the query names no entity in scope the search is not narrowed)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     mode: Literal["boost", "scope"] = "boost"
     # Weight of the graph signal beside dense and BM25 (their base weights sum to 1).
@@ -104,7 +111,7 @@ class SearchDocsRequest(BaseModel):
     """rag.search_docs."""
 
     # Unknown keys are refused: a misspelled "filter" must not silently widen a search.
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     team_id: Identifier = Field(validation_alias=TEAM_ALIASES)
     # Both aliases may be sent; _one_tenant_key checks they agree.
@@ -123,7 +130,7 @@ class SearchDocsRequest(BaseModel):
     search_mode: Literal["hybrid", "dense", "bm25"] | None = None
     fusion: Literal["rrf", "weighted", "adaptive"] | None = None
     weights: FusionWeights | None = None
-    min_score: float | None = None
+    min_score: FiniteFloat | None = None
     max_context_tokens: int | None = Field(None, ge=1, le=1_000_000)
     rerank: bool | None = None
     explain: bool = False
@@ -132,6 +139,8 @@ class SearchDocsRequest(BaseModel):
     # Narrow the agent's RAG profile (off < light < strict); never widens it.
     rag_mode: Literal["off", "light", "strict"] | None = None
 
+    # NaN, Infinity and lone surrogates anywhere in the body: a 422 naming each field.
+    _values = model_validator(mode="before")(reject_invalid_values)
     _tenant = model_validator(mode="before")(_one_tenant_key)
 
     @field_validator("graph", mode="before")
@@ -200,11 +209,42 @@ class SearchDocsResponse(BaseModel):
 
 
 class IngestDocumentsRequest(BaseModel):
-    """POST /ingest/documents: documents with the full metadata schema."""
+    """POST /ingest/documents: documents with the full metadata schema; each document (a
+    ``team_id`` and ``doc_id``) once."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     documents: list[SourceDocument] = Field(min_length=1)
+
+    _values = model_validator(mode="before")(reject_invalid_values)
+
+    @model_validator(mode="after")
+    def _each_document_once(self) -> IngestDocumentsRequest:
+        # Two versions of one document in one request are both compared with what is
+        # stored before either is written, so the shorter one cannot remove the chunks the
+        # longer one leaves: refused, naming every repeat.
+        first: dict[tuple[str, str], int] = {}
+        errors: list[InitErrorDetails] = []
+        for i, doc in enumerate(self.documents):
+            key = (doc.team_id, doc.doc_id)
+            if key not in first:
+                first[key] = i
+                continue
+            errors.append(
+                InitErrorDetails(
+                    # No context: the ids stay as sent (a "{" in one is not a placeholder).
+                    type=PydanticCustomError(
+                        "duplicate_document",
+                        f"doc_id {doc.doc_id!r} of team {doc.team_id!r} is already "
+                        f"documents.{first[key]}: send each document once per request",
+                    ),
+                    loc=("documents", i, "doc_id"),
+                    input=doc.doc_id,
+                )
+            )
+        if errors:
+            raise ValidationError.from_exception_data("IngestDocumentsRequest", errors)
+        return self
 
 
 class IngestedDocument(BaseModel):
@@ -275,7 +315,7 @@ class EnrichAnswerRequest(BaseModel):
     """rag.enrich_answer: find support for each claim of ``draft_answer`` in the caller's
     tenant. Scope fields (team, user, agent, mode, filters) work as in rag.search_docs."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     team_id: Identifier = Field(validation_alias=TEAM_ALIASES)
     dao_id: str | None = Field(None, exclude=True)
@@ -295,6 +335,7 @@ class EnrichAnswerRequest(BaseModel):
     # Narrow the agent's RAG profile (off < light < strict); never widens it.
     rag_mode: Literal["off", "light", "strict"] | None = None
 
+    _values = model_validator(mode="before")(reject_invalid_values)
     _tenant = model_validator(mode="before")(_one_tenant_key)
 
     @field_validator("draft_answer")

@@ -20,6 +20,7 @@ from pydantic import (
 from batch_ingest.documents import Identifier, OptionalId
 from deployments.cypher_guard import RESERVED_PARAMS
 from deployments.graph_cypher import NODE_LABELS, RELATIONSHIPS
+from deployments.validation import reject_invalid_values
 from serve_app.contracts import TEAM_ALIASES, _one_tenant_key
 
 # Labels the upsert may write: documents come only through ingestion.
@@ -31,7 +32,7 @@ Scalar = str | int | float | bool | None
 
 
 class _TenantRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     team_id: Identifier = Field(validation_alias=TEAM_ALIASES)
     dao_id: str | None = Field(None, exclude=True)
@@ -42,6 +43,9 @@ class _TenantRequest(BaseModel):
         "public", validation_alias=AliasChoices("visibility", "mode")
     )
 
+    # NaN, Infinity and lone surrogates anywhere in the body (Cypher ``params`` and intent
+    # ``args`` are free-form): a 422 naming each field, never a Neo4j encoding error.
+    _values = model_validator(mode="before")(reject_invalid_values)
     _tenant = model_validator(mode="before")(_one_tenant_key)
 
 
@@ -96,7 +100,7 @@ class GraphQueryResponse(BaseModel):
 class EntityRef(BaseModel):
     """One end of explain_path: an entity's id, name or title, optionally with its label."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     ref: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)] = (
         Field(validation_alias=AliasChoices("ref", "id", "name", "title"))
@@ -156,7 +160,7 @@ def _check_properties(value: dict[str, Any]) -> dict[str, Any]:
 
 
 class NodeIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     label: Literal[UPSERT_LABELS]  # type: ignore[valid-type]
     id: Identifier
@@ -168,14 +172,14 @@ class NodeIn(BaseModel):
 
 
 class EndRef(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     label: Literal[UPSERT_LABELS]  # type: ignore[valid-type]
     id: Identifier
 
 
 class RelationshipIn(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     type: Literal[RELATIONSHIPS]  # type: ignore[valid-type]
     source: EndRef = Field(validation_alias=AliasChoices("from", "source"))

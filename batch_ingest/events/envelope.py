@@ -20,8 +20,12 @@ Ingestion types and what they become (docs/data_contracts.md has the full table)
 
 Rules:
 
-- The tenant is ``meta.team_id`` (alias ``dao_id``/``microdao_id``); a ``team_id`` inside the
-  payload must be the same one.
+- The tenant is ``meta.team_id`` (alias ``dao_id``/``microdao_id``); every team the payload
+  names must be the same one: ``team_id``, ``dao_id`` or ``microdao_id`` at any depth (the
+  payload's own, a document inside it such as ``payload.document.team_id``, each of a list
+  such as ``payload.documents.0.team_id``). Another team is ``invalid`` naming that field.
+- No string of the envelope may hold a lone UTF-16 surrogate and no number may be NaN or
+  Infinity (``invalid``, naming the field).
 - ``version`` is the envelope's *schema* version, ``"<major>[.<minor>]"``: a major other than
   ``1`` is refused (a consumer must not guess at a format it does not know); minor versions
   may add fields, so unknown payload keys are ignored.
@@ -48,6 +52,7 @@ endpoint ``POST /ingest/events`` and the bus consumer (``batch_ingest.consumer``
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -62,7 +67,14 @@ from pydantic import (
     model_validator,
 )
 
-from batch_ingest.documents import Identifier, OptionalId, SourceDocument, Tag, parse_iso
+from batch_ingest.documents import (
+    MAX_TIMESTAMP,
+    Identifier,
+    OptionalId,
+    SourceDocument,
+    Tag,
+    parse_iso,
+)
 from batch_ingest.event_types import (
     CHAT_MESSAGE_CREATED,
     DOC_DELETED,
@@ -72,8 +84,11 @@ from batch_ingest.event_types import (
     canonical_type,
 )
 from batch_ingest.source_store import Key
+from deployments.validation import invalid_values, printable
 
 SUPPORTED_MAJOR = 1
+# The keys that name a tenant (the aliases of meta.team_id).
+TEAM_KEYS = ("team_id", "dao_id", "microdao_id")
 SUBJECT_RE = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)+$")
 # Epoch numbers above this are milliseconds (10^11 s is the year 5138).
 _MS_THRESHOLD = 100_000_000_000
@@ -84,9 +99,14 @@ def parse_ts_ms(value: object) -> int:
     if isinstance(value, bool) or value is None or value == "":
         raise ValueError("ts is required: ISO-8601 date-time or epoch seconds/milliseconds")
     if isinstance(value, int | float):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError("ts must be a finite number")
         if value < 0:
             raise ValueError("ts must not be negative")
-        return int(value) if value >= _MS_THRESHOLD else int(round(value * 1000))
+        ms = int(value) if value >= _MS_THRESHOLD else int(round(value * 1000))
+        if ms > MAX_TIMESTAMP * 1000 + 999:
+            raise ValueError("ts is after the year 9999")
+        return ms
     if isinstance(value, str):
         return int(parse_iso(value).timestamp() * 1000)
     raise ValueError("ts must be an ISO-8601 date-time or epoch seconds/milliseconds")
@@ -169,9 +189,9 @@ class EventEnvelope(BaseModel):
 
 class _Payload(BaseModel):
     # Minor schema versions may add fields: unknown keys are ignored, known ones validated.
+    # The teams a payload names are checked against meta.team_id by ``_foreign_teams``.
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
-    team_id: str | None = Field(None, validation_alias=AliasChoices("team_id", "dao_id"))
     revision: int | None = Field(None, ge=0, validation_alias=AliasChoices("revision", "version"))
 
 
@@ -270,13 +290,43 @@ def _fields(
 
 def _raw_id(raw: Any, name: str) -> str:
     value = raw.get(name) if isinstance(raw, dict) else None
-    return str(value)[:256] if isinstance(value, str | int) else ""
+    return printable(str(value)[:256]) if isinstance(value, str | int) else ""
 
 
 def _raw_trace_id(raw: dict[str, Any]) -> str:
     meta = raw.get("meta")
     value = meta.get("trace_id") if isinstance(meta, dict) else None
-    return value[:256] if isinstance(value, str) else ""
+    return printable(value[:256]) if isinstance(value, str) else ""
+
+
+def _foreign_teams(payload: dict[str, Any], team: str) -> list[dict[str, Any]]:
+    """A field for each place of ``payload`` (at any depth: a document inside it, a list of
+    documents) where ``team_id``, ``dao_id`` or ``microdao_id`` names another team than
+    ``team`` (``meta.team_id``); ``null`` names none."""
+    out: list[dict[str, Any]] = []
+    stack: list[tuple[str, Any]] = [("payload", payload)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed([(f"{path}.{i}", v) for i, v in enumerate(item)]))
+            continue
+        if not isinstance(item, dict):
+            continue
+        children = []
+        for key, value in item.items():
+            if key in TEAM_KEYS and value is not None:
+                if not isinstance(value, str) or value.strip() != team:
+                    out.append(
+                        {
+                            "field": f"{path}.{key}",
+                            "problem": f"{repr(value)[:100]} differs from meta.team_id "
+                            f"{team!r}: an event writes only into its own team",
+                        }
+                    )
+            elif isinstance(value, dict | list):
+                children.append((f"{path}.{key}", value))
+        stack.extend(reversed(children))
+    return out
 
 
 def parse_event(raw: Any) -> MappedEvent | InvalidEvent:
@@ -290,27 +340,22 @@ def parse_event(raw: Any) -> MappedEvent | InvalidEvent:
         return InvalidEvent("", "", [{"field": "event", "problem": "must be a JSON object"}])
     event_id, etype = _raw_id(raw, "event_id"), _raw_id(raw, "type")
     trace_id = _raw_trace_id(raw)
+    bad = invalid_values(raw)
+    if bad:
+        fields = [{"field": ".".join(map(str, loc)), "problem": msg} for loc, _, msg, _ in bad]
+        return InvalidEvent(event_id, etype, fields, trace_id)
     try:
         env = EventEnvelope.model_validate(raw)
     except ValidationError as exc:
         return InvalidEvent(event_id, etype, _fields(exc, default="type"), trace_id)
+    team = env.meta.team_id
+    foreign = _foreign_teams(env.payload, team)
+    if foreign:
+        return InvalidEvent(env.event_id, env.type, foreign, trace_id)
     try:
         payload = PAYLOADS[env.type].model_validate(env.payload)
     except ValidationError as exc:
         return InvalidEvent(env.event_id, env.type, _fields(exc, ("payload",)), trace_id)
-    team = env.meta.team_id
-    if payload.team_id is not None and payload.team_id != team:
-        return InvalidEvent(
-            env.event_id,
-            env.type,
-            [
-                {
-                    "field": "payload.team_id",
-                    "problem": f"{payload.team_id!r} differs from meta.team_id {team!r}",
-                }
-            ],
-            trace_id,
-        )
     revision = payload.revision if payload.revision is not None else env.ts
     if isinstance(payload, DeletePayload):
         key = (team, payload.doc_type, payload.doc_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from batch_ingest.chunking import Chunker, whitespace_tokens
@@ -168,6 +170,83 @@ def test_non_json_and_non_object_are_invalid():
     assert isinstance(parse_event([1, 2]), InvalidEvent)
 
 
+OTHER_TEAM = "dao_other"
+
+
+@pytest.mark.parametrize(
+    "etype, extra, field",
+    [
+        ("doc.upserted", {"dao_id": OTHER_TEAM}, "payload.dao_id"),
+        ("doc.upserted", {"microdao_id": OTHER_TEAM}, "payload.microdao_id"),
+        # The first alias agreeing does not hide the second one disagreeing.
+        ("doc.upserted", {"team_id": TEAM, "dao_id": OTHER_TEAM}, "payload.dao_id"),
+        ("doc.upserted", {"document": {"team_id": OTHER_TEAM}}, "payload.document.team_id"),
+        (
+            "doc.upserted",
+            {"documents": [{"team_id": TEAM}, {"team_id": OTHER_TEAM}]},
+            "payload.documents.1.team_id",
+        ),
+        ("chat.message.created", {"microdao_id": OTHER_TEAM}, "payload.microdao_id"),
+        ("file.uploaded", {"document": {"dao_id": OTHER_TEAM}}, "payload.document.dao_id"),
+        ("doc.deleted", {"microdao_id": OTHER_TEAM}, "payload.microdao_id"),
+        ("doc.upserted", {"team_id": 7}, "payload.team_id"),
+    ],
+)
+def test_a_payload_naming_another_team_anywhere_is_invalid(etype, extra, field):
+    payload = {"doc_id": "d1", "message_id": "m1", "file_id": "f1", "doc_type": "doc"}
+    ev = parse_event(envelope(etype, {**payload, "text": "Milvus notes", **extra}))
+    assert isinstance(ev, InvalidEvent), ev
+    assert [f["field"] for f in ev.fields] == [field]
+    assert "meta.team_id" in ev.message
+
+
+def test_the_payload_may_repeat_its_own_team_anywhere():
+    payload = {
+        "doc_id": "d1",
+        "text": "Milvus notes",
+        "team_id": f" {TEAM} ",
+        "microdao_id": TEAM,
+        "dao_id": None,
+        "document": {"team_id": TEAM},
+    }
+    ev = parse_event(envelope(payload=payload))
+    assert isinstance(ev, MappedEvent), ev
+    assert ev.key == (TEAM, "doc", "d1")
+
+
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        ({"doc_id": "d1", "text": "bad \ud800 text"}, "payload.text"),
+        ({"doc_id": "d1", "text": "x", "title": "\udfff"}, "payload.title"),
+        ({"doc_id": "d1", "text": "x", "score": float("nan")}, "payload.score"),
+        ({"doc_id": "d1", "text": "x", "extra": {"deep": [float("inf")]}}, "payload.extra.deep.0"),
+    ],
+)
+def test_invalid_unicode_and_non_finite_numbers_are_invalid(payload, field):
+    ev = parse_event(envelope(payload=payload))
+    assert isinstance(ev, InvalidEvent), ev
+    assert [f["field"] for f in ev.fields] == [field]
+
+
+@pytest.mark.parametrize(
+    "ts", [float("inf"), float("nan"), 10**400], ids=["inf", "nan", "beyond_year_9999"]
+)
+def test_a_non_finite_or_huge_ts_is_invalid_not_an_exception(ts):
+    ev = parse_event(json.dumps(envelope(ts=ts)))
+    assert isinstance(ev, InvalidEvent), ev
+    assert [f["field"] for f in ev.fields] == ["ts"]
+
+
+def test_a_lone_surrogate_in_the_ids_is_reported_printably():
+    raw = envelope(event_id="e\ud800", meta={"team_id": TEAM, "trace_id": "t\udc00"})
+    ev = parse_event(json.dumps(raw))
+    assert isinstance(ev, InvalidEvent)
+    assert {f["field"] for f in ev.fields} == {"event_id", "meta.trace_id"}
+    # Whatever the results carry can be written as UTF-8 (the HTTP answer, the DLQ body).
+    (ev.event_id + ev.trace_id + ev.message).encode()
+
+
 # --- applying: ordering, idempotency, delete -----------------------------------------------------
 
 
@@ -269,6 +348,22 @@ async def test_invalid_events_are_reported_in_place(pipeline):
     )
     assert [r.status for r in results] == ["indexed", "invalid", "indexed"]
     assert results[1].event_id == "bad" and results[1].fields
+
+
+async def test_an_event_naming_another_team_in_a_document_is_invalid_and_not_indexed(pipeline):
+    # The path POST /ingest/events and the bus consumer share: parse_event, apply_events.
+    raw = envelope(payload={"doc_id": "d1", "text": "foreign", "document": {"team_id": OTHER_TEAM}})
+    results, _ = await apply_events(pipeline, [parse_event(raw)])
+    assert [r.status for r in results] == ["invalid"]
+    assert results[0].fields == [
+        {
+            "field": "payload.document.team_id",
+            "problem": f"{OTHER_TEAM!r} differs from meta.team_id {TEAM!r}: an event writes "
+            "only into its own team",
+        }
+    ]
+    assert not pipeline.store.rows
+    assert pipeline.sources.get((TEAM, "doc", "d1")) is None
 
 
 async def test_one_embedding_call_for_a_batch(pipeline):
