@@ -4,7 +4,9 @@ A link ``[[Folder/Note Name#Heading|shown text]]`` targets the note ``Note Name`
 the last path segment without heading, alias or ``.md``, lower-cased, with runs of spaces,
 underscores and dashes made one dash. A document answers to the key of its ``doc_id``'s last
 segment and to the key of its title, so ``[[kubectl]]`` finds ``tools/kubectl.md`` and a note
-titled "Kubectl". Links inside code spans and fenced code blocks are not links.
+titled "Kubectl"; a note's link to its own key (``[[Own title]]`` in "Own title") is a link to
+itself (a ``LINKS_TO`` self-loop, not a placeholder: deployments/graph_cypher.py). Links inside
+code spans and fenced code blocks are not links.
 """
 
 from __future__ import annotations

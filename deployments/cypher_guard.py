@@ -7,18 +7,25 @@ and the plan, and ``check_plan`` proves on that plan (see docs/graph_schema.md, 
    calls a procedure outside ``ALLOWED_PROCEDURES``.
 2. **Tenant scope**: every node variable the plan binds (a scan, a seek, an expansion, a
    procedure yield) is constrained by the conjunct ``v.team_id = $team_id`` — in its own index
-   seek or in a ``Filter`` above it whose rows still carry it — and is bound only once, so
-   that constraint cannot belong to a different binding of the same name. Nodes reached along
-   relationships are then in the team too: the gateway only writes relationships whose two
-   ends are in one team (docs/graph_schema.md).
+   seek, in the predicate an expansion prints (an ``OptionalExpand``'s, for what it binds),
+   or in a ``Filter`` above it whose rows still carry it — and is bound only once, so that
+   constraint cannot belong to a different binding of the same name. A second binding is
+   the same node only at a hash join on the name (the planner matching a bound variable
+   again), where what the other side proves holds for the rows kept; an outer join's
+   preserved side proves itself. Nodes reached along relationships are then in the team too:
+   the gateway only writes relationships whose two ends are in one team
+   (docs/graph_schema.md); inside an optional part (OPTIONAL MATCH) only from the names bound
+   before it to the ones it binds, since rows it does not match come out anyway.
 3. **Visibility**, when the caller may not see every visibility: the same, with
    ``v.visibility IN $visibilities`` for every node *and* relationship variable; variable
    length patterns (whose inner nodes cannot be constrained this way) are refused then.
 
 ``$team_id`` and ``$visibilities`` are set by the gateway from the AccessContext, never by the
-caller. Operators the checker does not know are refused: an unknown shape is never assumed
-safe. Each returned node, relationship and path is filtered again after the run
-(``deployments.graph``), as a second line.
+caller. ``deployments.cypher_scope.scope_query`` writes those predicates into a simple query
+that names none (the result is proven the same way before it runs). Operators the checker
+does not know are refused: an unknown shape is never assumed safe. Each returned node,
+relationship and path is filtered again after the run (``deployments.graph``), as a second
+line.
 """
 
 from __future__ import annotations
@@ -184,6 +191,131 @@ class _Binding:
     own: set[str] = field(default_factory=set)
 
 
+@dataclass
+class _Need:
+    """A binding and the operators from the plan's root down to the one that binds it."""
+
+    binding: _Binding
+    chain: tuple[dict[str, Any], ...]
+
+    @property
+    def ancestors(self) -> tuple[dict[str, Any], ...]:
+        return self.chain[:-1]
+
+    def under(self, op: dict[str, Any]) -> bool:
+        return any(x is op for x in self.chain)
+
+    def carried(self) -> Iterator[dict[str, Any]]:
+        """The ancestors, nearest first, while each still carries the variable unchanged."""
+        var = self.binding.var
+        for anc in reversed(self.ancestors):
+            if var not in _ids(anc) or _redefines(anc, var):
+                return
+            yield anc
+
+    def reaches(self, op: dict[str, Any]) -> bool:
+        return any(anc is op for anc in self.carried())
+
+    def facts(self, below: dict[str, Any] | None = None) -> set[str]:
+        """Scope proven on the binding itself and by the Filters above it (those below
+        ``below`` only, when given)."""
+        facts = set(self.binding.own)
+        for anc in self.carried():
+            if anc is below:
+                break
+            if _name(anc) == "Filter":
+                facts |= {w for v, w in scope_facts(_details(anc)) if v == self.binding.var}
+        return facts
+
+
+# Node hash joins and the sides (child index) whose rows are kept only when the other side
+# has the same node: both for an inner join, the optional side for an outer one (Neo4j's
+# left outer join keeps every row of its first child, the right outer join of its second).
+_HASH_JOINS = {
+    "NodeHashJoin": (0, 1),
+    "NodeLeftOuterHashJoin": (1,),
+    "NodeRightOuterHashJoin": (0,),
+}
+
+
+def _optional_parts(
+    op: dict[str, Any], ancestors: tuple[dict[str, Any], ...]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The optional parts of the plan that hold ``op``: ``("op", op)`` when it is an
+    OptionalExpand (what it binds itself), and ``("tree", child)`` for the input of each
+    ``Optional`` above it and the optional side of each outer hash join above it (what is
+    bound in that subtree). A row the part did not match still comes out, with the names
+    bound outside the part and nulls for the rest."""
+    parts = [("op", op)] if _name(op).startswith("OptionalExpand") else []
+    chain = (*ancestors, op)
+    for depth, anc in enumerate(ancestors):
+        below = chain[depth + 1]
+        if _name(anc) == "Optional":
+            parts.append(("tree", below))
+        sides = _HASH_JOINS.get(_name(anc), (0, 1))
+        children = anc.get("children") or []
+        if len(sides) == 1 and len(children) == 2 and children[sides[0]] is below:
+            parts.append(("tree", below))
+    return parts
+
+
+def _join_keys(op: dict[str, Any]) -> set[str]:
+    if _name(op) not in _HASH_JOINS:
+        return set()
+    return {_unquote(k) for k in _split_top(_details(op))}
+
+
+def _covering_joins(need: _Need) -> Iterator[tuple[int, dict[str, Any], dict[str, Any]]]:
+    """``(depth, join, other side)`` of each hash join on the binding's name that keeps the
+    binding's rows only where the other side has the same node, nearest first."""
+    var, chain = need.binding.var, need.chain
+    depth = len(chain) - 1
+    for join in need.carried():
+        depth -= 1
+        children = join.get("children") or []
+        if var not in _join_keys(join) or len(children) != 2:
+            continue
+        side = next((n for n, c in enumerate(children) if c is chain[depth + 1]), None)
+        if side in _HASH_JOINS[_name(join)]:
+            yield depth, join, children[1 - side]
+
+
+def _joined_facts(need: _Need, needs: list[_Need], same: list[int], base: list[set[str]]):
+    """What the other side of each covering hash join proves of the name: the bindings of
+    it there, up to the join (all of them), or, where the name comes into that side as an
+    argument, every binding of it outside the join (all of them)."""
+    out: set[str] = set()
+    for _, join, other in _covering_joins(need):
+        there = [n for n in same if needs[n].under(other)]
+        if there:
+            reaching = [n for n in there if needs[n].reaches(join)]
+            if reaching:
+                out |= set.intersection(*(needs[n].facts(below=join) for n in reaching))
+            continue
+        outside = [n for n in same if not needs[n].under(join)]
+        if outside:
+            out |= set.intersection(*(base[n] for n in outside))
+    return out
+
+
+def _same_node(var: str, a: _Need, b: _Need, needs: list[_Need], same: list[int]) -> bool:
+    """Whether two bindings of ``var`` can only be one node in the rows that go on (see
+    ``_meet_at_union_or_join``), or one of them is joined, below where the two meet, to the
+    name coming in as an argument: the planner matched the bound variable again."""
+    if _meet_at_union_or_join(var, a.ancestors, b.ancestors):
+        return True
+    common = 0
+    for x, y in zip(a.ancestors, b.ancestors, strict=False):
+        if x is not y:
+            break
+        common += 1
+    for need in (a, b):
+        for depth, _, other in _covering_joins(need):
+            if depth >= common and not any(needs[n].under(other) for n in same):
+                return True
+    return False
+
+
 def _unquote(name: str) -> str:
     return name[1:-1] if name.startswith("`") and name.endswith("`") else name
 
@@ -263,8 +395,28 @@ def _split_top(text: str, sep: str = ",") -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+def _pattern_and_where(details: str) -> tuple[str, str]:
+    """An expansion's Details split into its pattern and the predicate after a top-level
+    ``WHERE`` (``OptionalExpand`` prints the OPTIONAL MATCH's predicates there); ``""`` when
+    there is none or the text is not one pattern and one predicate."""
+    parts = _split_top(details, " WHERE ")
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    return (parts[0] if parts else details), ""
+
+
 def _pattern_nodes(details: str) -> list[str]:
-    return [_unquote(m["var"]) for m in _NODE_IN_PATTERN.finditer(details)]
+    pattern, _ = _pattern_and_where(details)
+    return [_unquote(m["var"]) for m in _NODE_IN_PATTERN.finditer(pattern)]
+
+
+def _pattern_rels(details: str) -> list[str]:
+    pattern, _ = _pattern_and_where(details)
+    return [_unquote(m["var"]) for m in _REL_IN_PATTERN.finditer(pattern)]
+
+
+def _own_facts(where: str, var: str) -> set[str]:
+    return {what for v, what in scope_facts(where, default_var=None) if v == var}
 
 
 def _bindings(op: dict[str, Any], child_ids: set[str]) -> list[_Binding]:
@@ -288,16 +440,24 @@ def _bindings(op: dict[str, Any], child_ids: set[str]) -> list[_Binding]:
         return out
     if name in PATTERN_BINDERS or name in VAR_LENGTH:
         nodes = _pattern_nodes(details)
-        rels = [_unquote(m["var"]) for m in _REL_IN_PATTERN.finditer(details)]
+        rels = _pattern_rels(details)
         if len(nodes) != 2 or len(rels) != 1:
             raise CypherRejected(f"cannot read the plan of {name}: {details!r}", "plan")
-        out = [_Binding(n, "node", name) for n in nodes if n not in child_ids]
+        # The predicate printed with an expansion holds for every variable it binds: rows
+        # failing it are dropped (an OptionalExpand binds null instead, which is no node).
+        # Variable-length ones print predicates of the nodes and relationships inside.
+        where = _pattern_and_where(details)[1] if name in PATTERN_BINDERS else ""
+        out = [_Binding(n, "node", name, _own_facts(where, n)) for n in nodes if n not in child_ids]
         if name in PATTERN_BINDERS:
-            out.append(_Binding(rels[0], "relationship", name))
+            out.append(_Binding(rels[0], "relationship", name, _own_facts(where, rels[0])))
         return out
     if name in ("Expand(Into)", "OptionalExpand(Into)"):
-        rels = [_unquote(m["var"]) for m in _REL_IN_PATTERN.finditer(details)]
-        return [_Binding(r, "relationship", name) for r in rels if r not in child_ids]
+        _, where = _pattern_and_where(details)
+        return [
+            _Binding(r, "relationship", name, _own_facts(where, r))
+            for r in _pattern_rels(details)
+            if r not in child_ids
+        ]
     if name in ("ProcedureCall", "ProcedureCallEager"):
         m = _PROC.match(details)
         if not m or m["name"] not in ALLOWED_PROCEDURES:
@@ -352,11 +512,10 @@ def check_plan(
             ``visibility IN $visibilities`` on every node and relationship too.
         database: the database every operator must run in (a ``USE other`` is refused).
     """
-    first: dict[str, tuple[_Binding, tuple[dict[str, Any], ...]]] = {}
-    counts: dict[str, int] = {}
-    needs: list[tuple[_Binding, tuple[dict[str, Any], ...]]] = []
-    # Node pairs joined by a relationship pattern: one end in the team puts the other there.
-    edges: list[tuple[str, str]] = []
+    needs: list[_Need] = []
+    # Node pairs joined by a relationship pattern: one end in the team puts the other there,
+    # with the optional parts (below) that hold the pattern.
+    edges: list[tuple[str, str, list[tuple[str, dict[str, Any]]]]] = []
     for op, ancestors in _walk(plan, ()):
         name = _name(op)
         where = str(op.get("operatorType", "")).partition("@")[2]
@@ -388,60 +547,74 @@ def check_plan(
             ends = _pattern_nodes(_details(op))
             positive = not any(_name(a) in EXISTENTIAL for a in ancestors)
             if len(ends) == 2 and positive:
-                edges.append((ends[0], ends[1]))
+                edges.append((ends[0], ends[1], _optional_parts(op, ancestors)))
         for b in _bindings(op, child_ids):
-            if b.var in first:
-                # The same name in two branches of a UNION (also how the planner answers an
-                # OR of two index seeks) is two bindings, each proven on its own; anywhere
-                # else a second binding could borrow the first one's constraint.
-                other, other_anc = first[b.var]
-                if not _meet_at_union_or_join(b.var, other_anc, ancestors):
-                    raise CypherRejected(
-                        f"variable {b.var!r} is bound twice ({other.operator} and "
-                        f"{b.operator}); use a distinct variable name for each pattern",
-                        "rebound_variable",
-                    )
-            else:
-                first[b.var] = (b, ancestors)
-            counts[b.var] = counts.get(b.var, 0) + 1
-            needs.append((b, ancestors))
+            needs.append(_Need(b, (*ancestors, op)))
+    by_var: dict[str, list[int]] = {}
+    for i, need in enumerate(needs):
+        by_var.setdefault(need.binding.var, []).append(i)
+    for var, idx in by_var.items():
+        first = needs[idx[0]]
+        for j in idx[1:]:
+            # The same name in two branches of a UNION (also how the planner answers an OR
+            # of two index seeks) is two bindings, each proven on its own; at a hash join on
+            # the name (directly, or with the name an argument from outside the join) the
+            # planner matches a bound variable again and keeps only rows where both are the
+            # same node. Anywhere else a second binding could borrow the first one's
+            # constraint.
+            if not _same_node(var, first, needs[j], needs, idx):
+                raise CypherRejected(
+                    f"variable {var!r} is bound twice ({first.binding.operator} and "
+                    f"{needs[j].binding.operator}); use a distinct variable name for each "
+                    "pattern",
+                    "rebound_variable",
+                )
+    counts = {var: len(idx) for var, idx in by_var.items()}
     # A name bound to a node or relationship and later given to another value
     # (`WITH x AS y, s AS x`) would let predicates and patterns on the new value pass for the
     # old binding: refused outright.
     for op, _ in _walk(plan, ()):
-        for var in first:
+        for var in by_var:
             if _redefines(op, var):
                 raise CypherRejected(
                     f"variable {var!r} is given another value after it was bound; use a new "
                     "name instead of reusing it",
                     "rebound_variable",
                 )
-    proven: dict[int, set[str]] = {}
-    for i, (b, ancestors) in enumerate(needs):
-        facts = set(b.own)
-        # Filters above the binding, while every operator between still carries the variable.
-        for anc in reversed(ancestors):
-            if b.var not in _ids(anc) or _redefines(anc, b.var):
-                break
-            if _name(anc) == "Filter":
-                facts |= {what for v, what in scope_facts(_details(anc)) if v == b.var}
-        proven[i] = facts
+    # Filters above each binding, while every operator between still carries the variable.
+    base = [need.facts() for need in needs]
+    proven = {i: set(base[i]) for i in range(len(needs))}
+    # At a hash join on the name, the rows kept on a side the join does not preserve hold the
+    # node of the other side: what is proven there holds here too.
+    for i, need in enumerate(needs):
+        proven[i] |= _joined_facts(need, needs, by_var[need.binding.var], base)
     # A name is in the team when every binding of it is proven; a name bound once is also in
     # the team when a relationship pattern joins it to a name in the team.
-    in_team = {
-        v
-        for v in counts
-        if all("team" in proven[i] for i, (b, _) in enumerate(needs) if b.var == v)
-    }
+    in_team = {v for v, idx in by_var.items() if all("team" in proven[i] for i in idx)}
+
+    # Inside an optional part a row keeps the names bound before it when the pattern is not
+    # there: the team goes from those names to the ones the part binds, never back.
+    def binds_within(var: str, part: tuple[str, dict[str, Any]]) -> bool:
+        kind, where = part
+        if kind == "op":
+            return any(needs[n].chain[-1] is where for n in by_var.get(var, ()))
+        return any(needs[n].under(where) for n in by_var.get(var, ()))
+
     changed = True
     while changed:
         changed = False
-        for a, c in edges:
+        for a, c, parts in edges:
             for x, y in ((a, c), (c, a)):
-                if x in in_team and y not in in_team and counts.get(y, 0) <= 1:
+                if (
+                    x in in_team
+                    and y not in in_team
+                    and counts.get(y, 0) <= 1
+                    and all(binds_within(y, part) for part in parts)
+                ):
                     in_team.add(y)
                     changed = True
-    for i, (b, _) in enumerate(needs):
+    for i, need in enumerate(needs):
+        b = need.binding
         missing = []
         if b.kind == "node" and b.var not in in_team:
             missing.append(f"{b.var}.team_id = $team_id")

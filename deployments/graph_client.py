@@ -1,12 +1,13 @@
 """One Neo4j driver: connect and bootstrap the schema, run trusted statements, read caller
 queries in READ transactions with a timeout and a row limit, EXPLAIN them, and map the
 driver's errors to the gateway's (a connection failure → 503 and a reconnect next time,
-Neo4j's client errors → the matching 4xx)."""
+Neo4j's client errors → the matching 4xx, a caller's query failing while it runs → 422)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Any
 
@@ -14,6 +15,7 @@ from deployments.config import Neo4jSettings
 from deployments.errors import (
     BackendUnavailable,
     Forbidden,
+    InvalidInput,
     InvalidQuery,
     QueryLimitExceeded,
 )
@@ -114,9 +116,14 @@ class Neo4jClient:
         """Re-raise connection failures as ``BackendUnavailable`` (and reconnect next time);
         Neo4j's client errors as the gateway's 4xx errors. A transaction the server
         terminated (stopping, restarting), and a ``trusted`` query (the gateway's own) past
-        its timeout, are Neo4j's trouble: ``BackendUnavailable`` too."""
+        its timeout, are Neo4j's trouble: ``BackendUnavailable`` too. A caller's own query
+        (``trusted=False``) that Neo4j could compile but that failed while it ran (a
+        ``Neo.DatabaseError.Statement.*``, e.g. a shortestPath whose two ends are one node) is
+        the caller's: 422 ``invalid_input`` with reason ``query_failed`` and Neo4j's message;
+        the same error of a gateway query stays Neo4j's trouble."""
         from neo4j.exceptions import (
             ClientError,
+            DatabaseError,
             ServiceUnavailable,
             SessionExpired,
             TransientError,
@@ -157,6 +164,14 @@ class Neo4jClient:
             raise InvalidQuery(f"Neo4j rejected the query: {message}") from exc
         if isinstance(exc, TransientError):
             raise BackendUnavailable("neo4j", f"transient failure: {message}") from exc
+        if not trusted and isinstance(exc, DatabaseError) and statement_failed(exc):
+            raise InvalidInput(
+                f"the query failed while it ran: {caller_message(message)}",
+                reason="query_failed",
+                field="cypher",
+                hint="Neo4j's message names the problem; rewrite the query (a retry fails "
+                "the same way)",
+            ) from exc
         raise exc
 
     async def run(
@@ -190,8 +205,8 @@ class Neo4jClient:
     ) -> tuple[list[str], list[list[Any]]]:
         """A READ-mode transaction with the query timeout; more than ``max_rows`` records is
         ``QueryLimitExceeded`` (fetching stops there). ``trusted=False`` for a caller's own
-        Cypher: its running past the query timeout is the caller's (422); the gateway's own
-        queries timing out mean Neo4j is slow or restarting (503)."""
+        Cypher: its running past the query timeout, or failing while it runs, is the caller's
+        (422); the gateway's own queries timing out mean Neo4j is slow or restarting (503)."""
         from neo4j import READ_ACCESS, unit_of_work
 
         timeout = self.settings.query_timeout_s
@@ -249,6 +264,35 @@ class Neo4jClient:
     async def close(self) -> None:
         async with self._lock:
             await self._reset()
+
+
+def statement_failed(exc: Exception) -> bool:
+    """Whether a Neo4j ``DatabaseError`` is a statement that failed while it ran (its own
+    fault: ``Neo.DatabaseError.Statement.*``, or classified a client error by the server)
+    rather than the database failing (storage, transactions, an unknown internal error)."""
+    code = getattr(exc, "code", "") or ""
+    if code.startswith("Neo.DatabaseError.Statement."):
+        return True
+    classification = getattr(exc, "gql_classification", None)
+    return getattr(classification, "name", None) == "CLIENT_ERROR"
+
+
+_STACK_LINE = re.compile(r"^\s*(?:at [\w.$<>]+\(|Caused by:|\.\.\. \d+ more)")
+MAX_CALLER_MESSAGE = 600
+
+
+def caller_message(message: str) -> str:
+    """Neo4j's message for the caller: one line, no Java stack frames or causes (internal
+    details), at most ``MAX_CALLER_MESSAGE`` characters."""
+    lines = []
+    for line in message.splitlines():
+        if _STACK_LINE.match(line):
+            break
+        lines.append(line.strip())
+    text = " ".join(part for part in lines if part)
+    if len(text) > MAX_CALLER_MESSAGE:
+        text = text[: MAX_CALLER_MESSAGE - 1].rstrip() + "…"
+    return text
 
 
 def orphan_index_name(statement: str, exc: Exception) -> str | None:

@@ -154,15 +154,17 @@ CALL (d, doc) {
   DETACH DELETE stub
 }
 CALL (d, doc) {
+  // A note's link to its own key ([[Own title]] in "Own title") is a link to itself, first
+  // among notes of that key (a self-loop; DELETE_DOCUMENTS leaves no placeholder for it).
   UNWIND d.links AS key
   CALL (d, doc, key) {
-    OPTIONAL MATCH (t:Doc {team_id: d.team_id, wiki_id: key}) WHERE t <> doc
-    WITH t ORDER BY t.id LIMIT 1
+    OPTIONAL MATCH (t:Doc {team_id: d.team_id, wiki_id: key})
+    WITH doc, t ORDER BY t = doc DESC, t.id LIMIT 1
     RETURN t AS by_id
   }
   CALL (d, doc, key) {
-    OPTIONAL MATCH (t:Doc {team_id: d.team_id, wiki_title: key}) WHERE t <> doc
-    WITH t ORDER BY t.id LIMIT 1
+    OPTIONAL MATCH (t:Doc {team_id: d.team_id, wiki_title: key})
+    WITH doc, t ORDER BY t = doc DESC, t.id LIMIT 1
     RETURN t AS by_title
   }
   WITH d, doc, key, coalesce(by_id, by_title) AS target
@@ -178,7 +180,7 @@ CALL (d, doc) {
     WITH target WHERE target IS NOT NULL
     RETURN target AS placeholder
   }
-  WITH d, doc, placeholder WHERE placeholder <> doc
+  WITH d, doc, placeholder
   MERGE (doc)-[r:LINKS_TO]->(placeholder)
   SET r.team_id = d.team_id, r.visibility = d.visibility
 }

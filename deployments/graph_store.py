@@ -13,7 +13,8 @@ from typing import Any
 
 from deployments.config import Neo4jSettings
 from deployments.cypher_guard import CypherRejected, check_plan, check_query_type
-from deployments.errors import Forbidden, InvalidInput, NotFound
+from deployments.cypher_scope import scope_query
+from deployments.errors import Forbidden, InvalidInput, InvalidQuery, NotFound
 from deployments.graph_client import Neo4jClient
 from deployments.graph_cypher import (
     DELETE_DOCUMENTS,
@@ -31,6 +32,15 @@ from deployments.graph_values import node_label
 from deployments.protocols import GraphDocument, GraphScope
 
 logger = logging.getLogger(__name__)
+
+
+def _refused(exc: CypherRejected) -> Forbidden:
+    return Forbidden(
+        f"query refused: {exc.message}",
+        reason=exc.reason,
+        field="cypher",
+        hint="see docs/graph_schema.md, 'Caller Cypher', or GET /graph/intents",
+    )
 
 
 class Neo4jGraph:
@@ -129,36 +139,55 @@ class Neo4jGraph:
     async def check_cypher(
         self, query: str, params: dict[str, Any], scope: GraphScope
     ) -> dict[str, Any]:
-        """EXPLAIN the query in a READ session and prove it read-only and scoped.
+        """EXPLAIN the query in a READ session and prove it read-only and scoped. A simple
+        query refused only as unscoped (MATCH / OPTIONAL MATCH clauses, then RETURN) is
+        scoped by the gateway instead (``cypher_scope.scope_query``: every variable it binds
+        gets the team predicate, and the visibility one where the scope demands it) and the
+        rewritten text proven the same way; ``cypher`` is the text to run.
 
         Raises:
             Forbidden: writes, admin commands, disallowed procedures or an unscoped variable
-                (``reason`` says which).
+                (``reason`` says which; for a rewritten query, the refusal of the original).
             InvalidQuery: Neo4j cannot compile it (its message kept).
         """
-        summary = await self.client.explain(query, {**params, **scope.params})
+        restrict = "confidential" not in scope.visibilities
+        bound = {**params, **scope.params}
+        summary = await self.client.explain(query, bound)
         try:
-            check_query_type(summary.query_type)
-            check_plan(
-                summary.plan or {},
-                restrict_visibility="confidential" not in scope.visibilities,
-                database=self.settings.database,
-            )
+            self._prove(summary, restrict)
         except CypherRejected as exc:
-            raise Forbidden(
-                f"query refused: {exc.message}",
-                reason=exc.reason,
-                field="cypher",
-                hint="see docs/graph_schema.md, 'Caller Cypher', or GET /graph/intents",
-            ) from exc
-        return {"query_type": summary.query_type}
+            scoped = None
+            if exc.reason == "unscoped_variable":
+                scoped = scope_query(query, restrict_visibility=restrict)
+            if scoped is None:
+                raise _refused(exc) from exc
+            try:
+                summary = await self.client.explain(scoped, bound)
+                self._prove(summary, restrict)
+            except (CypherRejected, InvalidQuery) as again:
+                logger.info("graph: the scoped form of a refused query is refused too: %s", again)
+                raise _refused(exc) from exc
+            logger.debug("graph: caller Cypher scoped by the gateway: %s", scoped)
+            query = scoped
+        return {"query_type": summary.query_type, "cypher": query}
+
+    def _prove(self, summary: Any, restrict: bool) -> None:
+        check_query_type(summary.query_type)
+        check_plan(
+            summary.plan or {},
+            restrict_visibility=restrict,
+            database=self.settings.database,
+        )
 
     async def run_cypher(
         self, query: str, params: dict[str, Any], scope: GraphScope
     ) -> dict[str, Any]:
-        await self.check_cypher(query, params, scope)
+        checked = await self.check_cypher(query, params, scope)
         columns, rows = await self.client.read(
-            query, {**params, **scope.params}, max_rows=self.settings.max_rows, trusted=False
+            checked["cypher"],
+            {**params, **scope.params},
+            max_rows=self.settings.max_rows,
+            trusted=False,
         )
         return {"columns": columns, "rows": rows}
 

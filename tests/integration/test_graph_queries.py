@@ -9,10 +9,12 @@ import pytest
 
 from batch_ingest.wikilinks import extract_links, wiki_key
 from deployments.config import Neo4jSettings
-from deployments.cypher_guard import check_plan, check_query_type
+from deployments.cypher_guard import CypherRejected, check_plan, check_query_type
+from deployments.cypher_scope import scope_query
 from deployments.errors import (
     BackendUnavailable,
     Forbidden,
+    InvalidInput,
     InvalidQuery,
     NotFound,
     QueryLimitExceeded,
@@ -254,9 +256,17 @@ async def test_public_scope_cypher_needs_visibility_predicates(graph: Neo4jGraph
     )
     rows = (await graph.run_cypher(scoped, {}, public(team)))["rows"]
     assert {r[0] for r in rows} == {"poimen", "helios"}
+    # A query the gateway cannot scope itself (a WITH) is refused, naming what is missing.
+    unscoped = (
+        "MATCH (p:Project) WHERE p.team_id = $team_id WITH p "
+        "MATCH (p)-[:USES]->(r:Resource) RETURN p.id AS id"
+    )
     with pytest.raises(Forbidden) as err:
-        await graph.run_cypher(SAFE[0], {}, public(team))
+        await graph.run_cypher(unscoped, {}, public(team))
     assert err.value.reason == "unscoped_variable" and "visibility" in err.value.message
+    # A simple one gets the visibility predicates from the gateway (SAFE[0] names none).
+    rows = (await graph.run_cypher(SAFE[0], {}, public(team)))["rows"]
+    assert {r[0] for r in rows} == {"poimen", "helios"}
 
 
 # (query, reason): each must be refused before anything runs.
@@ -323,15 +333,58 @@ REFUSED = [
     ("MATCH (n:Project) WHERE n.team_id = $team_id DETACH DELETE n", "not_read_only"),
     ("MERGE (n:Project {team_id: $team_id, id: 'x'})", "not_read_only"),
     ("MATCH (n:Doc) WHERE n.team_id = $team_id FOREACH (x IN [1] | SET n.y = x)", "not_read_only"),
+    # An optional part in the team put the rows before it in the team (every project of
+    # every team came back as scalars).
+    (
+        "MATCH (a:Project) WITH a LIMIT 100 OPTIONAL MATCH (a)-[:USES]-(r:Resource)-[:USES]-"
+        "(b:Project) WHERE r.team_id = $team_id AND b.team_id = $team_id "
+        "RETURN a.id, a.team_id",
+        "unscoped_variable",
+    ),
+    (
+        "MATCH (a:Project) WITH a, 1 AS one OPTIONAL MATCH (a)-[:USES]-(r:Resource) "
+        "USING INDEX r:Resource(team_id, visibility) WHERE r.team_id = $team_id "
+        "AND r.visibility IN $visibilities RETURN a.team_id",
+        "unscoped_variable",
+    ),
+    (
+        "MATCH (a:Project) OPTIONAL MATCH (a)-[:USES]-(r:Resource) WHERE r.team_id = $team_id "
+        "WITH a, r RETURN a.team_id",
+        "unscoped_variable",
+    ),
 ]
+
+
+async def plan_check(graph: Neo4jGraph, query: str, scope: GraphScope) -> None:
+    summary = await graph.client.explain(query, scope.params)
+    check_query_type(summary.query_type)
+    check_plan(summary.plan, restrict_visibility="confidential" not in scope.visibilities)
 
 
 @pytest.mark.parametrize("query, reason", REFUSED)
 async def test_unsafe_cypher_is_refused_with_a_reason(graph: Neo4jGraph, team, query, reason):
     before = await graph.client.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
-    with pytest.raises(Forbidden) as err:
-        await graph.run_cypher(query, {}, everything(team))
-    assert err.value.reason == reason, err.value.message
+    # The plan check refuses every one of them as written.
+    with pytest.raises(CypherRejected) as refused:
+        await plan_check(graph, query, everything(team))
+    assert refused.value.reason == reason, refused.value.message
+    scoped = scope_query(query, restrict_visibility=False)
+    if scoped is None:
+        with pytest.raises(Forbidden) as err:
+            await graph.run_cypher(query, {}, everything(team))
+        assert err.value.reason == reason, err.value.message
+    else:
+        # A simple read the plan check found unscoped: the gateway runs it with the scope
+        # compiled in when that proves scoped, and refuses it as before when not.
+        try:
+            checked = await graph.check_cypher(query, {}, everything(team))
+        except Forbidden as err:
+            assert err.reason == reason, err.message
+        else:
+            assert checked["cypher"] == scoped
+            result = await graph.run_cypher(query, {}, everything(team))
+            for entity in entities(result["rows"]):
+                assert entity["team_id"] == team
     after = await graph.client.run("MATCH (n {team_id: $t}) RETURN count(n) AS c", {"t": team})
     assert after == before
 
@@ -608,3 +661,156 @@ async def test_start_heals_an_index_left_by_an_unfinished_constraint(settings):
         assert rows == [{"name": "topic_team_id"}]
     finally:
         await fresh.close()
+
+
+async def test_a_callers_query_failing_while_it_runs_is_422_not_503(graph: Neo4jGraph, team):
+    """Neo4j compiles these shortestPath queries but fails them while they run (both ends
+    are one node: Neo.DatabaseError.Statement.ExecutionFailed). The caller's own Cypher is
+    then the caller's fault, a 422 with Neo4j's message (not 503 as if Neo4j were down); the
+    same failure of a gateway query stays Neo4j's trouble (re-raised, the ingress answers
+    503)."""
+    from neo4j.exceptions import DatabaseError
+
+    for query in (
+        "MATCH (a:Project {team_id: $team_id, id: 'poimen'}) "
+        "MATCH (b:Project {team_id: $team_id, id: 'poimen'}) "
+        "MATCH p = shortestPath((a)-[*]-(b)) RETURN p",
+        "MATCH p = shortestPath((a)-[*]-(b)) WHERE a.team_id = $team_id RETURN p LIMIT 5",
+    ):
+        with pytest.raises(InvalidInput) as err:
+            await graph.run_cypher(query, {}, everything(team))
+        error = err.value
+        assert (error.status_code, error.reason, error.field) == (422, "query_failed", "cypher")
+        assert error.message.startswith("the query failed while it ran: ")
+        assert "start and end nodes are the same" in error.message
+        for internal in ("neo4j_code", "gql_status", "Neo.DatabaseError", "\n"):
+            assert internal not in error.message
+        with pytest.raises(DatabaseError):
+            await graph.client.read(query, everything(team).params, max_rows=5)
+
+
+# Walks from an already bound node (undirected, OPTIONAL MATCH, and the hash joins the
+# planner picks for them on other data, forced here by USING JOIN), each in the scope whose
+# predicates it carries: the plan check proves them as written.
+WALKS = [
+    (
+        "everything",
+        "MATCH (a:Project {team_id: $team_id}) OPTIONAL MATCH (a)-[:USES]-(r:Resource) "
+        "WHERE r.team_id = $team_id RETURN a, r",
+    ),
+    (
+        "everything",
+        "MATCH (a:Project) WHERE a.team_id = $team_id MATCH (a)-[:USES]-(b) "
+        "WHERE b.team_id = $team_id RETURN a, b",
+    ),
+    (
+        "public",
+        "MATCH (a:Project {team_id: $team_id}) WHERE a.visibility IN $visibilities "
+        "OPTIONAL MATCH (a)-[u:USES]-(r:Resource) WHERE r.team_id = $team_id "
+        "AND r.visibility IN $visibilities AND u.visibility IN $visibilities RETURN a, u, r",
+    ),
+    (
+        "everything",
+        "MATCH (a:Doc {team_id: $team_id}) OPTIONAL MATCH (a)-[:MENTIONS]-(t:Topic) "
+        "USING JOIN ON a WHERE t.team_id = $team_id RETURN a, t",
+    ),
+    (
+        "public",
+        "MATCH (a:Doc {team_id: $team_id}) WHERE a.visibility IN $visibilities "
+        "OPTIONAL MATCH (a)-[m:MENTIONS]-(t:Topic) USING JOIN ON a WHERE t.team_id = $team_id "
+        "AND t.visibility IN $visibilities AND m.visibility IN $visibilities RETURN a, m, t",
+    ),
+    (
+        "everything",
+        "MATCH (a:Resource {team_id: $team_id, id: 'milvus'}) "
+        "OPTIONAL MATCH (a)-[:USES]-(p:Project) USING JOIN ON a WHERE p.team_id = $team_id "
+        "RETURN a, p",
+    ),
+    (
+        "everything",
+        "MATCH (a:Project) WHERE a.team_id = $team_id MATCH (a)-[:USES]-(b:Resource) "
+        "USING JOIN ON a WHERE b.team_id = $team_id RETURN a, b",
+    ),
+]
+
+
+@pytest.mark.parametrize("kind, query", WALKS)
+async def test_walking_from_a_bound_node_is_scoped(graph: Neo4jGraph, team, kind, query):
+    scope = everything(team) if kind == "everything" else public(team)
+    checked = await graph.check_cypher(query, {}, scope)
+    assert checked["cypher"] == query  # proven as written, not rewritten
+    rows = (await graph.run_cypher(query, {}, scope))["rows"]
+    found = list(entities(rows))
+    assert found
+    for entity in found:
+        assert entity["team_id"] == team and entity["visibility"] in scope.visibilities
+
+
+async def test_a_simple_unscoped_query_gets_the_scope_from_the_gateway(graph: Neo4jGraph, team):
+    """The spec's own example names no scope: the gateway compiles the team (and, in public
+    scope, the visibility) predicate into it, proves the result and runs it. The other
+    tenant holds the same projects and resource under the same ids and names."""
+    query = "MATCH (p:Project)-[:USES]->(r:Resource {name:$name}) RETURN p LIMIT 10"
+    for scope, expected in (
+        (everything(team), {"poimen", "helios", "atlas"}),
+        (public(team), {"poimen", "helios"}),
+    ):
+        restrict = "confidential" not in scope.visibilities
+        checked = await graph.check_cypher(query, {"name": "Milvus"}, scope)
+        assert checked["cypher"] == scope_query(query, restrict_visibility=restrict)
+        assert "p.team_id = $team_id AND" in checked["cypher"]
+        rows = (await graph.run_cypher(query, {"name": "Milvus"}, scope))["rows"]
+        assert len(rows) == len(expected)
+        assert {row[0]["id"] for row in rows} == expected
+        for entity in entities(rows):
+            assert entity["team_id"] == team and entity["visibility"] in scope.visibilities
+    # OPTIONAL MATCH: its new nodes get the predicates in its own WHERE (null, not dropped).
+    query = (
+        "MATCH (p:Project {id: 'poimen'}) OPTIONAL MATCH (p)<-[:PART_OF]-(d) "
+        "OPTIONAL MATCH (p)-[:USES]->(x:Topic) RETURN p, d, x"
+    )
+    for scope in (everything(team), public(team)):
+        rows = (await graph.run_cypher(query, {}, scope))["rows"]
+        assert {row[1]["id"] for row in rows} == {"tools/kubectl.md", "debugging.md"}
+        assert all(row[0]["team_id"] == team and row[2] is None for row in rows)
+        for entity in entities(rows):
+            assert entity["team_id"] == team and entity["visibility"] in scope.visibilities
+
+
+async def test_a_note_linking_to_itself_links_to_itself(graph: Neo4jGraph, team):
+    """[[Own title]] inside the note "Own title" is a link to that note (a LINKS_TO
+    self-loop), by its title or its file name, not a placeholder of a note still to come."""
+
+    async def links(doc_id):
+        rows = await graph.client.run(
+            "MATCH (:Doc {team_id: $t, id: $d})-[:LINKS_TO]->(x) "
+            "RETURN x.id AS id, coalesce(x.stub, false) AS stub",
+            {"t": team, "d": doc_id},
+        )
+        return {(r["id"], r["stub"]) for r in rows}
+
+    async def stubs():
+        rows = await graph.client.run(
+            "MATCH (d:Doc {team_id: $t}) WHERE d.stub RETURN collect(d.id) AS ids", {"t": team}
+        )
+        return set(rows[0]["ids"])
+
+    before = await stubs()
+    notes = [
+        gdoc(team, "notes/own-title.md", "Own title", text="see [[Own title]] and [[#Part]]"),
+        gdoc(team, "misc/x1.md", "Other Name", text="[[Other Name|me]], [[x1]], [[debugging]]"),
+        # Its title's key is another note's file name: that note wins, as for any link.
+        gdoc(team, "misc/kube.md", "Kubectl", text="[[Kubectl]]"),
+    ]
+    await graph.merge_documents(notes)
+    assert await links("notes/own-title.md") == {("notes/own-title.md", False)}
+    assert await links("misc/x1.md") == {("misc/x1.md", False), ("debugging.md", False)}
+    assert await links("misc/kube.md") == {("tools/kubectl.md", False)}
+    assert await stubs() == before
+    # Re-sending changes nothing; deleting leaves no placeholder for the note's own link.
+    count = "MATCH (n {team_id: $t}) OPTIONAL MATCH (n)-[r]->() RETURN count(r) AS c"
+    edges = await graph.client.run(count, {"t": team})
+    await graph.merge_documents(notes)
+    assert await graph.client.run(count, {"t": team}) == edges
+    assert await graph.delete_documents(team, ["notes/own-title.md", "misc/x1.md"]) == 2
+    assert await stubs() == before
