@@ -22,6 +22,7 @@ from deployments.errors import (
     Unauthorized,
 )
 from serve_app.cli.vault import AccessFileError
+from serve_app.rate_limits import RateLimited
 
 SAMPLES: list[GatewayError] = [
     GatewayError("boom", hint="h", field="f"),
@@ -38,6 +39,7 @@ SAMPLES: list[GatewayError] = [
     ReindexError("team 'dao_a' has no unfinished reindex job to resume"),
     IllegalTransition("job j1: succeeded → running is not allowed"),
     AccessFileError("notes/_access.yaml: field 'team_id' is 'x'"),
+    RateLimited("rate limit reached", retry_after_s=1.5, reason="team_rate_limit"),
 ]
 
 
