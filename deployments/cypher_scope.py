@@ -66,6 +66,23 @@ class _NotSimple(Exception):
     """The query is not one ``scope_query`` rewrites."""
 
 
+def _after_quoted(text: str, i: int) -> int:
+    """The index after the string (``'...'``, ``"..."``) or backtick name starting at ``i``;
+    an unclosed one is not simple."""
+    quote, n = text[i], len(text)
+    if quote == "`":
+        j = text.find("`", i + 1)
+        if j < 0:
+            raise _NotSimple("unclosed name")
+        return j + 1
+    j = i + 1
+    while j < n and text[j] != quote:
+        j += 2 if text[j] == "\\" else 1
+    if j >= n:
+        raise _NotSimple("unclosed string")
+    return j + 1
+
+
 def _lex(text: str) -> tuple[list[tuple[int, int]], list[int]]:
     """``(words, depth0)``: the spans of the words outside every quote, backtick name and
     bracket that are not property keys or parameters (``n.limit``, ``$skip``), and the
@@ -76,19 +93,8 @@ def _lex(text: str) -> tuple[list[tuple[int, int]], list[int]]:
     depth, i, n = 0, 0, len(text)
     while i < n:
         ch = text[i]
-        if ch in "'\"":
-            j = i + 1
-            while j < n and text[j] != ch:
-                j += 2 if text[j] == "\\" else 1
-            if j >= n:
-                raise _NotSimple("unclosed string")
-            i = j + 1
-            continue
-        if ch == "`":
-            j = text.find("`", i + 1)
-            if j < 0:
-                raise _NotSimple("unclosed name")
-            i = j + 1
+        if ch in "'\"`":
+            i = _after_quoted(text, i)
             continue
         if text.startswith(("//", "/*"), i):
             raise _NotSimple("comment")
@@ -129,16 +135,8 @@ def _element(text: str, pos: int, open_: str, close: str) -> tuple[str, int]:
     depth, i, n = 0, pos, len(text)
     while i < n:
         ch = text[i]
-        if ch in "'\"":
-            j = i + 1
-            while j < n and text[j] != ch:
-                j += 2 if text[j] == "\\" else 1
-            i = j + 1
-            continue
-        if ch == "`":
-            i = text.find("`", i + 1) + 1
-            if i == 0:
-                raise _NotSimple("unclosed name")
+        if ch in "'\"`":
+            i = _after_quoted(text, i)
             continue
         if ch in "([{":
             depth += 1
