@@ -34,6 +34,13 @@ from deployments.protocols import (
 
 logger = logging.getLogger(__name__)
 
+# Chunks per embedding call and per upsert call. Between Serve replicas a call's request and
+# answer travel as one gRPC message of at most 4 MiB: a 1.95 M-character document is ~3,400
+# chunks, 5.2 MB of float32 vectors at 384 dimensions in one answer, and the embedder's
+# reply failed with RESOURCE_EXHAUSTED (the job retried for ever). 256 chunks with their
+# vectors are ~1.2 MB at 384 dimensions, ~2.6 MB at 1,024 (bge-m3).
+CALL_MAX_CHUNKS = 256
+
 DocStatus = Literal["indexed", "unchanged", "failed", "deleted"]
 
 
@@ -169,9 +176,16 @@ class IngestPipeline:
             else {}
         )
 
-        # One embedding call for the whole request lets the embedder batch it.
+        # The request's chunks in slices embedded concurrently: the embedder batches them
+        # all, and no call's answer outgrows Ray's 4 MiB message between replicas.
         texts = [c.text for _, chunks in planned for c in chunks]
-        vectors = await self.embedder.embed(texts, "passage") if texts else []
+        parts = await asyncio.gather(
+            *(
+                self.embedder.embed(texts[i : i + CALL_MAX_CHUNKS], "passage")
+                for i in range(0, len(texts), CALL_MAX_CHUNKS)
+            )
+        )
+        vectors = [v for part in parts for v in part]
         await self._meter(planned)
         offset = 0
         written: list[SourceDocument] = []
@@ -182,7 +196,8 @@ class IngestPipeline:
                 doc.doc_id, doc.team_id, "indexed", chunks=len(chunks), doc_type=doc.doc_type
             )
             try:
-                await self.store.upsert(with_vectors)
+                for i in range(0, len(with_vectors), CALL_MAX_CHUNKS):
+                    await self.store.upsert(with_vectors[i : i + CALL_MAX_CHUNKS])
                 # Stale = stored before and no longer produced; deleted by primary key, and
                 # only when there are any (a new document costs no delete at all).
                 fresh = {c.chunk_id for c in chunks}

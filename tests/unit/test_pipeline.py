@@ -100,6 +100,35 @@ async def test_all_chunks_of_a_request_are_embedded_in_one_passage_call(pipeline
     assert embedder.calls[0][1] == "passage"
 
 
+async def test_a_large_document_goes_in_slices_no_call_outgrows_a_message(
+    pipeline, embedder, store, monkeypatch
+):
+    """A document of more chunks than CALL_MAX_CHUNKS: embedded in several concurrent calls
+    and upserted in several calls of at most that many chunks (between Serve replicas one
+    call is one gRPC message of at most 4 MiB), every chunk stored once, in order."""
+    import batch_ingest.pipeline as module
+
+    monkeypatch.setattr(module, "CALL_MAX_CHUNKS", 4)
+    sizes: list[int] = []
+    upsert = store.upsert
+
+    async def counted(chunks):
+        sizes.append(len(chunks))
+        return await upsert(chunks)
+
+    monkeypatch.setattr(store, "upsert", counted)
+    report = await pipeline.ingest([source("big", text=paragraph("milvus", 30)), source("b")])
+    total = sum(r.chunks for r in report.results)
+    assert total > 8 and all(r.status == "indexed" for r in report.results)
+    assert [len(texts) for texts, _ in embedder.calls] == [
+        min(4, total - i) for i in range(0, total, 4)
+    ]
+    assert max(sizes) <= 4 and sum(sizes) == total
+    chunks = doc_chunks(store, "big")
+    assert [c.chunk_index for c in chunks] == list(range(len(chunks)))
+    assert all(len(c.vector) == 16 for c in chunks)
+
+
 async def test_reingest_of_same_document_is_unchanged_and_skips_embedder(pipeline, embedder, store):
     await pipeline.ingest([source()])
     calls_before, rows_before = len(embedder.calls), dict(store.rows)
