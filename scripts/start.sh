@@ -44,11 +44,19 @@ fi
 if [ "$load_sample" = 1 ]; then
   "$VENV/bin/python" -m batch_ingest.load_jsonl "${sample_args[@]}"
 fi
+auth_header=""
+if [ -n "${token:-}" ]; then
+  # The minted token (1 h) in a file only the user can read, for the example below.
+  (umask 077 && printf '%s' "$token" > "$VAR/sample_token")
+  auth_header=" -H \"authorization: Bearer \$(cat $VAR/sample_token)\""
+elif [ "${AUTH__MODE:-dev}" = "jwt" ]; then
+  auth_header=" -H 'authorization: Bearer <your token>'"
+fi
 cat <<MSG
 
 RAG Gateway is up on http://127.0.0.1:$PORT  (API docs: /docs, readiness: /readyz)
 Try:
-  curl -s http://127.0.0.1:$PORT/rag/search_docs -H 'content-type: application/json' \\
+  curl -s http://127.0.0.1:$PORT/rag/search_docs -H 'content-type: application/json'$auth_header \\
     -d '{"team_id": "dao_greenfood", "query": "which projects use Milvus?", "top_k": 3}'
 Stop everything: bash scripts/stop.sh
 MSG
