@@ -224,21 +224,21 @@ class _Scoper:
             if not text.startswith("-", pos):
                 raise _NotSimple("expected a relationship")
             pos += 1
-            inner = None
+            rel: str | None = None
             if text.startswith("[", pos):
-                inner, pos = _element(text, pos, "[", "]")
+                rel, pos = _element(text, pos, "[", "]")
             if not text.startswith("-", pos):
                 raise _NotSimple("expected a relationship")
             pos += 1
             right = ""
             if text.startswith(">", pos):
                 right, pos = ">", pos + 1
-            var, rest = _content(inner or "", "relationship")
+            var, rest = _content(rel or "", "relationship")
             named = self.bind(var, "relationship", preds)
             if named:
                 body = f"[{named}{rest}]"
-            elif inner is not None:
-                body = f"[{inner.strip()}]"
+            elif rel is not None:
+                body = f"[{rel.strip()}]"
             else:
                 body = ""
             out.append(f"{left}-{body}-{right}")
