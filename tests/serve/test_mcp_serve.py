@@ -136,7 +136,7 @@ async def test_each_tool_answers_through_serve(gateway: str, team: str):
 async def test_tool_errors_carry_the_gateway_error_body(gateway: str, team: str):
     async with mcp(gateway, **{"X-Team-Id": team}) as client:
         unscoped = await client.call_tool(
-            "graph_query_context", {"cypher": "MATCH (p:Project) RETURN p"}
+            "graph_query_context", {"cypher": "MATCH (p:Project) WITH p RETURN p"}
         )
         identity = await client.call_tool("rag_search_docs", {"query": "x", "team_id": "other"})
         top_k = await client.call_tool("rag_search_docs", {"query": "x", "top_k": 0})
