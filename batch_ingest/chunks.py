@@ -65,6 +65,8 @@ class ChunkBuilder:
                     url=doc.url,
                     tags=tuple(doc.tags),
                     created_at=doc.created_at,
+                    acl_allow=doc.acl_allow,
+                    acl_deny=doc.acl_deny,
                 )
             )
         return records

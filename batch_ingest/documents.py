@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from deployments.acl import MAX_ACL_ENTRIES, allow_tokens, deny_tokens
 from deployments.protocols import DOC_TYPES, MAX_ID, MAX_TAG, MAX_TAGS, MAX_TITLE, MAX_URL
 
 ID_PATTERN = r"^[^\x00-\x1f]+$"
@@ -65,6 +66,38 @@ def parse_timestamp(value: object) -> int:
     raise ValueError("must be an ISO-8601 date-time or epoch seconds")
 
 
+class DocumentAcl(BaseModel):
+    """Who in the team may read a document (beyond visibility and roles): members of
+    ``allowed_groups`` or the ``allowed_users``, never members of ``denied_groups``. Both
+    allow lists empty means everyone the team's rules admit (``denied_groups`` still
+    applies). Groups are the credential's ``groups`` claim (or API key groups), users its
+    subject."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    allowed_groups: list[Identifier] = Field(default_factory=list, max_length=MAX_ACL_ENTRIES)
+    allowed_users: list[Identifier] = Field(default_factory=list, max_length=MAX_ACL_ENTRIES)
+    denied_groups: list[Identifier] = Field(default_factory=list, max_length=MAX_ACL_ENTRIES)
+
+    @field_validator("allowed_groups", "allowed_users", "denied_groups")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        return sorted(set(value))
+
+    @property
+    def allow(self) -> tuple[str, ...]:
+        """The ``acl_allow`` tokens stored on chunks and the graph ``Doc``."""
+        return allow_tokens(self.allowed_groups, self.allowed_users)
+
+    @property
+    def deny(self) -> tuple[str, ...]:
+        return deny_tokens(self.denied_groups)
+
+    @property
+    def restricts(self) -> bool:
+        return bool(self.allowed_groups or self.allowed_users or self.denied_groups)
+
+
 class SourceDocument(BaseModel):
     """One document to index, with the full metadata schema of the spec."""
 
@@ -86,6 +119,8 @@ class SourceDocument(BaseModel):
     doc_type: str = "doc"
     tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
     created_at: int = Field(default=0, description="ISO-8601 or epoch seconds; 0 = unknown")
+    # Document-level access list; None (or an empty one) = the team's rules alone.
+    acl: DocumentAcl | None = None
 
     @field_validator("text")
     @classmethod
@@ -114,10 +149,21 @@ class SourceDocument(BaseModel):
     def _unique_tags(cls, value: list[str]) -> list[str]:
         return list(dict.fromkeys(value))
 
+    @property
+    def acl_allow(self) -> tuple[str, ...]:
+        return allow_tokens() if self.acl is None else self.acl.allow
+
+    @property
+    def acl_deny(self) -> tuple[str, ...]:
+        return () if self.acl is None else self.acl.deny
+
     def metadata_fingerprint(self) -> str:
         """Hash of everything stored beside the text, so a metadata change re-writes chunks.
-        ``author_id`` lives only in the graph (merged on every send), so it is left out."""
-        meta = self.model_dump(exclude={"text", "author_id"})
+        ``author_id`` lives only in the graph (merged on every send), so it is left out; an
+        empty access list hashes as none (so documents stored before ACLs stay unchanged)."""
+        meta = self.model_dump(exclude={"text", "author_id", "acl"})
+        if self.acl is not None and self.acl.restricts:
+            meta["acl"] = self.acl.model_dump()
         return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -51,6 +52,8 @@ class DocResult:
     status: DocStatus
     chunks: int = 0
     removed_chunks: int = 0
+    # Chunks embedded this time; the others kept the vectors stored for the same text.
+    embedded_chunks: int = 0
     graph: bool = False
     error: str | None = None
     doc_type: str = ""
@@ -176,24 +179,37 @@ class IngestPipeline:
             else {}
         )
 
-        # The request's chunks in slices embedded concurrently: the embedder batches them
+        # A chunk whose text and model are stored already keeps its vector: a change of
+        # metadata only (access list, tags, visibility) re-permissions without embedding.
+        kept = await self._stored_vectors(planned, found)
+        to_embed = [c for _, chunks in planned for c in chunks if c.chunk_id not in kept]
+        # The chunks to embed in slices embedded concurrently: the embedder batches them
         # all, and no call's answer outgrows Ray's 4 MiB message between replicas.
-        texts = [c.text for _, chunks in planned for c in chunks]
+        texts = [c.text for c in to_embed]
         parts = await asyncio.gather(
             *(
                 self.embedder.embed(texts[i : i + CALL_MAX_CHUNKS], "passage")
                 for i in range(0, len(texts), CALL_MAX_CHUNKS)
             )
         )
-        vectors = [v for part in parts for v in part]
-        await self._meter(planned)
-        offset = 0
+        fresh_vectors = dict(
+            zip((c.chunk_id for c in to_embed), (v for part in parts for v in part), strict=True)
+        )
+        await self._meter(
+            [(doc, [c for c in chunks if c.chunk_id not in kept]) for doc, chunks in planned]
+        )
         written: list[SourceDocument] = []
         for doc, chunks in planned:
-            with_vectors = [_with_vector(c, vectors[offset + i]) for i, c in enumerate(chunks)]
-            offset += len(chunks)
+            with_vectors = [
+                _with_vector(c, kept.get(c.chunk_id) or fresh_vectors[c.chunk_id]) for c in chunks
+            ]
             result = DocResult(
-                doc.doc_id, doc.team_id, "indexed", chunks=len(chunks), doc_type=doc.doc_type
+                doc.doc_id,
+                doc.team_id,
+                "indexed",
+                chunks=len(chunks),
+                doc_type=doc.doc_type,
+                embedded_chunks=sum(1 for c in chunks if c.chunk_id not in kept),
             )
             try:
                 for i in range(0, len(with_vectors), CALL_MAX_CHUNKS):
@@ -240,6 +256,37 @@ class IngestPipeline:
         await self._bump({r.team_id for r in report.results if r.status != "unchanged"}, report)
         report.took_ms = round((time.perf_counter() - started) * 1000, 1)
         return report
+
+    async def _stored_vectors(
+        self,
+        planned: list[tuple[SourceDocument, list[ChunkRecord]]],
+        found: dict[str, tuple[str, str]],
+    ) -> dict[str, Sequence[float]]:
+        """``chunk_id → vector`` of the planned chunks stored with the same text and model
+        (primary-key reads of those already stored only; a store that cannot read them
+        back costs an embedding, never the write)."""
+        wanted: dict[str, dict[str, ChunkRecord]] = {}
+        for _, chunks in planned:
+            for c in chunks:
+                if c.chunk_id in found and found[c.chunk_id][1] == c.embed_model:
+                    wanted.setdefault(c.team_id, {})[c.chunk_id] = c
+        kept: dict[str, Sequence[float]] = {}
+        for team_id, chunks_by_id in wanted.items():
+            try:
+                stored = await self.store.stored_chunks(team_id, list(chunks_by_id))
+            except GatewayError as exc:
+                logger.warning("stored vectors of team %s not read (embedding): %s", team_id, exc)
+                continue
+            for old in stored:
+                new = chunks_by_id.get(old.chunk_id)
+                if (
+                    new is not None
+                    and old.text == new.text
+                    and old.embed_model == new.embed_model
+                    and len(old.vector)
+                ):
+                    kept[old.chunk_id] = old.vector
+        return kept
 
     async def _meter(self, embedded: list[tuple[SourceDocument, list[ChunkRecord]]]) -> None:
         """Count the tokens just embedded per team, with the chunker's own counter: into the
@@ -363,4 +410,6 @@ def _graph_doc(doc: SourceDocument) -> GraphDocument:
         links=extract_links(doc.text),
         wiki_id=wiki_key(doc.doc_id),
         wiki_title=wiki_key(doc.title),
+        acl_allow=doc.acl_allow,
+        acl_deny=doc.acl_deny,
     )

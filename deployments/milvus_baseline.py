@@ -5,7 +5,7 @@ the baseline the benchmarks and the store's integration tests hold the gateway's
 from __future__ import annotations
 
 from deployments.errors import InvalidInput
-from deployments.milvus_rows import OUTPUT_FIELDS
+from deployments.milvus_rows import output_fields
 from deployments.milvus_store import BM25_PARAMS, MilvusStore, hits_of
 from deployments.protocols import SearchFilter, SearchHit
 from deployments.search_filter import build_filter_expr
@@ -25,7 +25,8 @@ def hybrid_search(
     name = store.open_collection(flt.team_id)
     if name is None:
         return []
-    expr = build_filter_expr(flt)
+    acl = store.versions.has_acl(name)
+    expr = build_filter_expr(flt, acl=acl)
     requests = [
         AnnSearchRequest([query_vector], "dense", store.dense_params(limit), limit, expr=expr),
         AnnSearchRequest([query_text], "sparse", BM25_PARAMS, limit, expr=expr),
@@ -37,7 +38,7 @@ def hybrid_search(
         requests,
         RRFRanker(rrf_k),
         limit=limit,
-        output_fields=OUTPUT_FIELDS,
+        output_fields=output_fields(acl=acl),
     )
     return hits_of(result, "hybrid")
 

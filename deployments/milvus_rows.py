@@ -8,7 +8,9 @@ import re
 from dataclasses import replace
 from typing import Any
 
+from deployments.acl import ACL_FIELDS, OPEN_ALLOW, is_open
 from deployments.config import MilvusSettings
+from deployments.errors import Conflict
 from deployments.protocols import (
     ChunkRecord,
 )
@@ -40,6 +42,11 @@ OUTPUT_FIELDS = [
 ]
 
 
+def output_fields(*, acl: bool, dense: bool = False) -> list[str]:
+    """The fields a read asks for: the ACL ones only of a collection that has them."""
+    return [*OUTPUT_FIELDS, *(ACL_FIELDS if acl else ()), *(("dense",) if dense else ())]
+
+
 def doc_expr(team_id: str, doc_type: str, doc_id: str) -> str:
     return (
         f"team_id == {milvus_literal(team_id)} and doc_type == {milvus_literal(doc_type)} "
@@ -47,7 +54,30 @@ def doc_expr(team_id: str, doc_type: str, doc_id: str) -> str:
     )
 
 
-def chunk_to_row(chunk: ChunkRecord) -> dict[str, Any]:
+def chunk_to_row(chunk: ChunkRecord, *, acl: bool = True) -> dict[str, Any]:
+    """The row of ``chunk``; ``acl``: the collection has the ACL fields.
+
+    Raises:
+        Conflict: a chunk with an access list for a collection built before ACLs (it could
+            not be filtered there; a reindex builds the team's collection anew).
+    """
+    row = _row(chunk)
+    if acl:
+        row["acl_allow"] = list(chunk.acl_allow or OPEN_ALLOW)
+        row["acl_deny"] = list(chunk.acl_deny)
+    elif not is_open(chunk.acl_allow, chunk.acl_deny):
+        raise Conflict(
+            f"document {chunk.doc_id!r} has an access list but team {chunk.team_id!r}'s "
+            "collection was built before document ACLs; rebuild it (python -m "
+            f"batch_ingest.reindex --team {chunk.team_id}) and send the document again",
+            reason="collection_without_acl",
+            hint="rebuild the team's index (python -m batch_ingest.reindex --team "
+            f"{chunk.team_id}), then send the document again",
+        )
+    return row
+
+
+def _row(chunk: ChunkRecord) -> dict[str, Any]:
     return {
         "chunk_id": chunk.chunk_id,
         "doc_id": chunk.doc_id,
@@ -89,6 +119,8 @@ def row_to_chunk(row: dict[str, Any]) -> ChunkRecord:
         tags=tuple(row.get("tags") or ()),
         created_at=int(row["created_at"]),
         heading=row.get("heading", ""),
+        acl_allow=tuple(row.get("acl_allow") or OPEN_ALLOW),
+        acl_deny=tuple(row.get("acl_deny") or ()),
     )
 
 

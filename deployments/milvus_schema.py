@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from deployments.acl import ACL_FIELDS, MAX_ACL_TOKENS
 from deployments.config import MilvusSettings
 from deployments.protocols import MAX_ID, MAX_TAG, MAX_TAGS, MAX_TEXT, MAX_TITLE, MAX_URL
+
+# "group:" or "user:" and an identifier.
+ACL_TOKEN_LENGTH = MAX_ID + 8
 
 
 def collection_definition(settings: MilvusSettings, dim: int) -> dict[str, Any]:
@@ -28,6 +32,15 @@ def collection_definition(settings: MilvusSettings, dim: int) -> dict[str, Any]:
         max_capacity=MAX_TAGS,
         max_length=MAX_TAG,
     )
+    # Document ACL tokens (deployments/acl.py): ``["*"]`` on a document without a list.
+    for field in ACL_FIELDS:
+        schema.add_field(
+            field,
+            DataType.ARRAY,
+            element_type=DataType.VARCHAR,
+            max_capacity=MAX_ACL_TOKENS,
+            max_length=ACL_TOKEN_LENGTH,
+        )
     schema.add_field("created_at", DataType.INT64)
     schema.add_field("title", DataType.VARCHAR, max_length=MAX_TITLE)
     schema.add_field("heading", DataType.VARCHAR, max_length=MAX_TITLE)
@@ -76,3 +89,13 @@ def dense_dim(description: dict[str, Any]) -> int | None:
         if field.get("name") == "dense":
             return int(field.get("params", {}).get("dim", 0)) or None
     return None
+
+
+def field_names(description: dict[str, Any]) -> frozenset[str]:
+    """The field names of a ``describe_collection`` answer."""
+    return frozenset(str(f.get("name")) for f in description.get("fields", []))
+
+
+def has_acl_fields(description: dict[str, Any]) -> bool:
+    """Whether a collection was built with the document ACL fields."""
+    return set(ACL_FIELDS) <= field_names(description)

@@ -18,16 +18,16 @@ from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.memindex.changes import ChangeLog
 from deployments.milvus_client import MilvusConnection
 from deployments.milvus_rows import (
-    OUTPUT_FIELDS,
     SEARCH_METHODS,
     chunk_to_row,
     collection_for,
     doc_expr,
+    output_fields,
     row_to_chunk,
 )
 from deployments.milvus_versions import CollectionVersions, check_vectors
 from deployments.protocols import ChunkRecord, SearchFilter, SearchHit
-from deployments.search_filter import build_filter_expr, milvus_list, milvus_literal
+from deployments.search_filter import compile_filter, milvus_list, milvus_literal
 
 logger = logging.getLogger(__name__)
 BM25_PARAMS: dict[str, Any] = {"metric_type": "BM25"}
@@ -65,12 +65,17 @@ class MilvusStore:
             dim,
             alias_for=self.collection_for,
             changes=self.changes,
-            on_switch=self._open.discard,
+            on_switch=self._switched,
         )
+
+    def _switched(self, alias: str) -> None:
+        self._open.discard(alias)
+        self.versions.forget(alias)
 
     def _forget_connection(self) -> None:
         # A new connection may face a restarted server: load collections again.
         self._open.clear()
+        self.versions.forget()
         self.changes.reset()
 
     @property
@@ -124,12 +129,14 @@ class MilvusStore:
         if not chunks:
             return 0
         check_vectors(chunks, self.dim)
-        by_team: dict[str, list[dict[str, Any]]] = {}
+        by_team: dict[str, list[ChunkRecord]] = {}
         for chunk in chunks:
-            by_team.setdefault(chunk.team_id, []).append(chunk_to_row(chunk))
-        for team_id, rows in by_team.items():
+            by_team.setdefault(chunk.team_id, []).append(chunk)
+        for team_id, team_chunks in by_team.items():
             name = self._collection(team_id, create=True)
             assert name is not None  # create=True makes it
+            acl = self.versions.has_acl(name)
+            rows = [chunk_to_row(c, acl=acl) for c in team_chunks]
             # Always upsert: a plain insert of an existing pk duplicates rows in real Milvus.
             self.conn.call("upsert", "upsert", name, rows)
             self.changes.record(name, [row["chunk_id"] for row in rows])
@@ -144,6 +151,13 @@ class MilvusStore:
         ``chunk_ids``; primary-key queries only."""
         name = self._collection(team_id, create=False)
         return self.versions.lookup(name, chunk_ids) if name is not None else {}
+
+    def stored_chunks(self, team_id: str, chunk_ids: list[str]) -> list[ChunkRecord]:
+        """The team's stored chunks among ``chunk_ids`` with their vectors (by primary key)."""
+        name = self._collection(team_id, create=False)
+        if name is None or not chunk_ids:
+            return []
+        return [c for c in self.versions.fetch_rows(name, chunk_ids) if c.team_id == team_id]
 
     def delete_chunks(self, team_id: str, chunk_ids: list[str]) -> int:
         name = self._collection(team_id, create=False)
@@ -184,7 +198,8 @@ class MilvusStore:
         if name is None:
             return []
         expr = doc_expr(team_id, doc_type, doc_id)
-        rows = self.conn.call("query", "query", name, filter=expr, output_fields=OUTPUT_FIELDS)
+        fields = output_fields(acl=self.versions.has_acl(name))
+        rows = self.conn.call("query", "query", name, filter=expr, output_fields=fields)
         return sorted((row_to_chunk(r) for r in rows), key=lambda c: c.chunk_index)
 
     def fingerprints(
@@ -267,10 +282,12 @@ class MilvusStore:
         if mode == "dense" and query_vector is None:
             raise InvalidInput("mode 'dense' needs a query vector")
         # The team term stays in the expression even inside a per-team collection.
-        expr = build_filter_expr(flt)
+        compiled = compile_filter(flt)
         name = self._collection(flt.team_id, create=False)
         if name is None:
             return []
+        acl = self.versions.has_acl(name)
+        expr = compiled.milvus_expr(acl=acl)
         data, field, params = (
             ([query_vector], "dense", self.dense_params(limit))
             if mode == "dense"
@@ -285,7 +302,7 @@ class MilvusStore:
             filter=expr,
             limit=limit,
             search_params=params,
-            output_fields=OUTPUT_FIELDS,
+            output_fields=output_fields(acl=acl),
         )
         return hits_of(result, mode)
 

@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator
 
 from deployments.config import MilvusSettings
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.memindex.changes import ChangeLog
 from deployments.milvus_client import MilvusConnection
-from deployments.milvus_rows import OUTPUT_FIELDS, chunk_to_row, chunk_with_vector
-from deployments.milvus_schema import collection_definition, dense_dim
+from deployments.milvus_rows import chunk_to_row, chunk_with_vector, output_fields
+from deployments.milvus_schema import collection_definition, dense_dim, has_acl_fields
 from deployments.protocols import ChunkRecord
 from deployments.search_filter import milvus_list, milvus_literal
 
 logger = logging.getLogger(__name__)
+# Seconds before a collection seen without the ACL fields is described again.
+ACL_RECHECK_S = 30.0
 
 
 class CollectionVersions:
@@ -48,6 +51,8 @@ class CollectionVersions:
         self.alias_for = alias_for
         self.changes = changes
         self.on_switch = on_switch
+        # name -> (has the ACL fields, when it was seen without them)
+        self._acl: dict[str, tuple[bool, float]] = {}
 
     def name(self, team_id: str, version: int) -> str:
         """The physical collection ``<alias>__v<version>``."""
@@ -92,9 +97,32 @@ class CollectionVersions:
             if not self.conn.call("has collection", "has_collection", physical):
                 raise
 
+    def has_acl(self, name: str) -> bool:
+        """Whether collection (or alias) ``name`` has the document ACL fields. A collection
+        with them is remembered for good (every version built since has them); one without
+        is looked at again after ``ACL_RECHECK_S``, so a reindex that rebuilt the team's
+        collection under the same alias (in another process) is noticed."""
+        known = self._acl.get(name)
+        if known is not None and (known[0] or time.monotonic() - known[1] < ACL_RECHECK_S):
+            return known[0]
+        return self._describe(name)[1]
+
+    def _describe(self, name: str) -> tuple[int | None, bool]:
+        description = self.conn.call("describe", "describe_collection", name)
+        acl = has_acl_fields(description)
+        self._acl[name] = (acl, time.monotonic())
+        return dense_dim(description), acl
+
+    def forget(self, name: str | None = None) -> None:
+        """Forget what was seen of ``name`` (every collection: ``None``)."""
+        if name is None:
+            self._acl.clear()
+        else:
+            self._acl.pop(name, None)
+
     def check_dim(self, name: str) -> None:
         """Refuse a collection whose vectors are not the embedder's size."""
-        existing = dense_dim(self.conn.call("describe", "describe_collection", name))
+        existing = self._describe(name)[0]
         if existing is not None and existing != self.dim:
             raise BackendUnavailable(
                 "milvus",
@@ -118,7 +146,8 @@ class CollectionVersions:
         if not chunks:
             return 0
         check_vectors(chunks, self.dim)
-        self.conn.call("upsert", "upsert", physical, [chunk_to_row(c) for c in chunks])
+        acl = self.has_acl(physical)
+        self.conn.call("upsert", "upsert", physical, [chunk_to_row(c, acl=acl) for c in chunks])
         self._record_if_live(physical, [c.chunk_id for c in chunks])
         return len(chunks)
 
@@ -211,7 +240,7 @@ class CollectionVersions:
                 physical,
                 batch_size=batch,
                 filter=f"team_id == {milvus_literal(team_id)}",
-                output_fields=[*OUTPUT_FIELDS, "dense"],
+                output_fields=output_fields(acl=self.has_acl(physical), dense=True),
             )
             while rows := iterator.next():
                 yield [chunk_with_vector(row) for row in rows]
@@ -228,7 +257,7 @@ class CollectionVersions:
                 "get",
                 physical,
                 ids=chunk_ids[start : start + 256],
-                output_fields=[*OUTPUT_FIELDS, "dense"],
+                output_fields=output_fields(acl=self.has_acl(physical), dense=True),
                 consistency_level="Strong",
             )
             out += [chunk_with_vector(row) for row in rows]

@@ -12,6 +12,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from deployments.acl import OPEN_ALLOW
+
 Visibility = Literal["public", "confidential"]
 VISIBILITIES: tuple[str, ...] = ("public", "confidential")
 DOC_TYPES: tuple[str, ...] = ("message", "doc", "file", "wiki", "rwa", "transaction")
@@ -49,6 +51,9 @@ class ChunkRecord:
     tags: tuple[str, ...] = ()
     created_at: int = 0  # seconds since the epoch, UTC
     heading: str = ""
+    # Document ACL tokens (deployments/acl.py): who may read it beyond team and visibility.
+    acl_allow: tuple[str, ...] = OPEN_ALLOW
+    acl_deny: tuple[str, ...] = ()
     vector: Sequence[float] = field(default=(), repr=False)
 
 
@@ -69,6 +74,9 @@ class SearchFilter:
     created_to: int | None = None
     # Only these documents (graph-scoped retrieval); empty = no restriction.
     doc_ids: tuple[str, ...] = ()
+    # The caller's ACL tokens (deployments.acl.principal_tokens); the default sees only
+    # documents without an access list.
+    acl_principals: tuple[str, ...] = OPEN_ALLOW
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,9 @@ class GraphDocument:
     # title (batch_ingest.wikilinks.wiki_key); "" answers to no link.
     wiki_id: str = ""
     wiki_title: str = ""
+    # Document ACL tokens (deployments/acl.py), stored on the ``Doc`` node.
+    acl_allow: tuple[str, ...] = OPEN_ALLOW
+    acl_deny: tuple[str, ...] = ()
 
 
 # Policy parameters that restrict nothing (see GraphScope.policy).
@@ -127,6 +138,9 @@ class GraphScope:
     # The caller's doc-type, project and skill policies as parameters
     # (serve_app.policy.Policy.graph_params); empty = nothing beyond team and visibility.
     policy: dict[str, Any] = field(default_factory=dict, compare=False)
+    # The caller's ACL tokens (deployments.acl.principal_tokens), bound as
+    # ``$acl_principals``; the default sees only documents without an access list.
+    acl_principals: tuple[str, ...] = OPEN_ALLOW
 
     @property
     def params(self) -> dict[str, Any]:
@@ -135,6 +149,7 @@ class GraphScope:
             **self.policy,
             "team_id": self.team_id,
             "visibilities": list(self.visibilities),
+            "acl_principals": list(self.acl_principals),
         }
 
 
@@ -176,6 +191,11 @@ class VectorStore(Protocol):
 
     async def delete_chunks(self, team_id: str, chunk_ids: list[str]) -> int:
         """Remove chunks by primary key (cheap: no filter scan); return how many were asked."""
+        ...
+
+    async def stored_chunks(self, team_id: str, chunk_ids: list[str]) -> list[ChunkRecord]:
+        """The team's stored chunks among ``chunk_ids``, with their vectors (primary-key
+        reads): what a metadata-only change writes back without embedding again."""
         ...
 
     async def get_chunks(self, team_id: str, doc_type: str, doc_id: str) -> list[ChunkRecord]:
@@ -235,6 +255,11 @@ class GraphStore(Protocol):
         self, query: str, params: dict[str, Any], scope: GraphScope
     ) -> dict[str, Any]:
         """A caller's query, after proving it read-only and scoped (deployments.cypher_guard)."""
+        ...
+
+    async def acl_hidden(self, scope: GraphScope) -> bool:
+        """Whether some ``Doc`` of the team in ``scope``'s visibilities has an access list
+        that does not admit ``scope.acl_principals`` (caller Cypher is refused then)."""
         ...
 
     async def explain_path(

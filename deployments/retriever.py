@@ -64,6 +64,9 @@ class RetrieverDeployment:
     async def lookup(self, team_id: str, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
         return await asyncio.to_thread(self.store.lookup, team_id, chunk_ids)
 
+    async def stored_chunks(self, team_id: str, chunk_ids: list[str]) -> list[ChunkRecord]:
+        return await asyncio.to_thread(self.store.stored_chunks, team_id, chunk_ids)
+
     async def delete_stale_chunks(
         self, team_id: str, doc_type: str, doc_id: str, keep: list[str]
     ) -> int:

@@ -14,13 +14,16 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
+from deployments.acl import ACL_FIELDS, group_tokens
 from deployments.errors import InvalidInput
 from deployments.protocols import SearchFilter
 
-Op = Literal["eq", "in", "any", "all", "ge", "le"]
+Op = Literal["eq", "in", "any", "all", "none", "ge", "le"]
 # Columns a term may name; the in-memory index keeps exactly these.
 STRING_FIELDS = ("team_id", "visibility", "project_id", "channel_id", "agent_id", "doc_type")
 KEY_FIELDS = (*STRING_FIELDS, "doc_id")
+# Array columns a term may name with ``any``/``all``/``none``.
+ARRAY_FIELDS = ("tags", *ACL_FIELDS)
 
 
 def milvus_literal(value: str | int | float | bool) -> str:
@@ -42,8 +45,8 @@ def milvus_list(values: list[str] | tuple[str, ...]) -> str:
 
 @dataclass(frozen=True)
 class FilterTerm:
-    """``field op value``: ``eq``/``in`` on a string column, ``any``/``all`` on ``tags``,
-    ``ge``/``le`` on ``created_at``."""
+    """``field op value``: ``eq``/``in`` on a string column, ``any``/``all``/``none`` on an
+    array column (``tags``, the ACL tokens), ``ge``/``le`` on ``created_at``."""
 
     field: str
     op: Op
@@ -55,6 +58,8 @@ class FilterTerm:
             listed = milvus_list(value)
             if self.op == "in":
                 return f"{self.field} in {listed}"
+            if self.op == "none":
+                return f"not array_contains_any({self.field}, {listed})"
             function = "array_contains_any" if self.op == "any" else "array_contains_all"
             return f"{function}({self.field}, {listed})"
         if self.op == "eq":
@@ -69,6 +74,14 @@ class CompiledFilter:
     team_id: str
     terms: tuple[FilterTerm, ...]
     expr: str
+
+    def milvus_expr(self, *, acl: bool = True) -> str:
+        """The expression for a collection with (``acl``) or without the ACL fields; one
+        without them holds no document with an access list (the store refuses to write
+        one there), so its terms are left out rather than failing on an unknown field."""
+        if acl:
+            return self.expr
+        return " and ".join(t.milvus() for t in self.terms if t.field not in ACL_FIELDS)
 
 
 def compile_filter(flt: SearchFilter) -> CompiledFilter:
@@ -103,11 +116,19 @@ def compile_filter(flt: SearchFilter) -> CompiledFilter:
         terms.append(FilterTerm("created_at", "le", int(flt.created_to)))
     if flt.doc_ids:
         terms.append(FilterTerm("doc_id", "in", tuple(flt.doc_ids)))
+    # Document ACLs: one of the caller's tokens allowed, none of its groups denied.
+    if not flt.acl_principals:
+        raise InvalidInput("a search needs the caller's ACL tokens")
+    terms.append(FilterTerm("acl_allow", "any", tuple(flt.acl_principals)))
+    groups = group_tokens(flt.acl_principals)
+    if groups:
+        terms.append(FilterTerm("acl_deny", "none", groups))
     # Rendering validates every value (type, control characters) for both paths.
     expr = " and ".join(term.milvus() for term in terms)
     return CompiledFilter(team_id=flt.team_id, terms=tuple(terms), expr=expr)
 
 
-def build_filter_expr(flt: SearchFilter) -> str:
-    """The Milvus boolean expression of ``flt`` (see ``compile_filter``)."""
-    return compile_filter(flt).expr
+def build_filter_expr(flt: SearchFilter, *, acl: bool = True) -> str:
+    """The Milvus boolean expression of ``flt`` (see ``compile_filter``); ``acl``: the
+    collection has the ACL fields."""
+    return compile_filter(flt).milvus_expr(acl=acl)

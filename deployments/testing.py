@@ -15,6 +15,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
+from deployments import acl
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.protocols import ChunkRecord, GraphDocument, GraphScope, SearchFilter, SearchHit
 from deployments.search_filter import build_filter_expr, compile_filter
@@ -140,6 +141,8 @@ def matches_filter(chunk: ChunkRecord, flt: SearchFilter) -> bool:
         return False
     if flt.doc_ids and chunk.doc_id not in flt.doc_ids:
         return False
+    if not acl.admits(chunk.acl_allow, chunk.acl_deny, flt.acl_principals):
+        return False
     return not (flt.created_to is not None and chunk.created_at > int(flt.created_to))
 
 
@@ -189,6 +192,14 @@ class FakeVectorStore:
             for cid in chunk_ids
             if cid in self.rows and self.rows[cid].team_id == team_id
         }
+
+    async def stored_chunks(self, team_id: str, chunk_ids: list[str]) -> list[ChunkRecord]:
+        self._check_up("query")
+        return [
+            self.rows[cid]
+            for cid in chunk_ids
+            if cid in self.rows and self.rows[cid].team_id == team_id
+        ]
 
     async def delete_chunks(self, team_id: str, chunk_ids: list[str]) -> int:
         self._check_up("delete")
@@ -302,8 +313,10 @@ class FakeGraphStore:
     """Records merged documents by ``(team_id, doc_id)``; ``down = True`` fails like Neo4j.
 
     Graph queries answer what a test put in ``results`` (keyed by intent name, ``"cypher"``,
-    ``"path"`` or ``"related"``) and record each call with its scope in ``calls``; the real
-    queries run against Neo4j in tests/integration."""
+    ``"path"`` or ``"related"``) and record each call with its scope in ``calls``;
+    ``acl_hidden`` answers ``hidden`` (set it to pretend the team holds documents the
+    caller's ACL tokens do not admit). The real queries run against Neo4j in
+    tests/integration."""
 
     def __init__(self) -> None:
         self.docs: dict[tuple[str, str], GraphDocument] = {}
@@ -312,6 +325,7 @@ class FakeGraphStore:
         self.entities: list[tuple[str, list, list]] = []
         self.results: dict[str, Any] = {}
         self.calls: list[tuple[str, Any, GraphScope]] = []
+        self.hidden = False
 
     def _check_up(self) -> None:
         if self.down:
@@ -348,6 +362,11 @@ class FakeGraphStore:
         if isinstance(result, Exception):
             raise result
         return result
+
+    async def acl_hidden(self, scope: GraphScope) -> bool:
+        self._check_up()
+        self.calls.append(("acl_hidden", None, scope))
+        return self.hidden
 
     async def explain_path(self, source, target, scope: GraphScope, max_hops, max_paths):
         self._check_up()

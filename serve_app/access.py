@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from batch_ingest.documents import SourceDocument
+from deployments import acl
 from deployments.errors import Forbidden
 from deployments.protocols import ChunkRecord, SearchFilter
 from serve_app.auth.principal import Principal
@@ -160,6 +161,11 @@ class AccessContext:
             self.auth_method,
         )
 
+    @property
+    def acl_principals(self) -> tuple[str, ...]:
+        """The caller's document-ACL tokens: its subject and its verified groups."""
+        return acl.principal_tokens(self.user_id, self.groups)
+
     # --- searching -------------------------------------------------------------------------
     def search_filter(self, filters: SearchFilters) -> SearchFilter:
         """Compile validated request filters inside this context's scope. Checks resource
@@ -202,6 +208,7 @@ class AccessContext:
             tags_all=tuple(filters.tags or ()) if filters.tags_mode == "all" else (),
             created_from=filters.created_from,
             created_to=filters.created_to,
+            acl_principals=self.acl_principals,
         )
 
     def _doc_types(self, requested: list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -227,6 +234,8 @@ class AccessContext:
         if chunk.team_id != self.team_id or chunk.visibility not in self.allowed_visibilities:
             return False
         if self.allowed_doc_types is not None and chunk.doc_type not in self.allowed_doc_types:
+            return False
+        if not acl.admits(chunk.acl_allow, chunk.acl_deny, self.acl_principals):
             return False
         return self.policy.resource_decision(
             self.team_id,

@@ -253,6 +253,9 @@ class IngestedDocument(BaseModel):
     status: Literal["indexed", "unchanged", "failed"]
     chunks: int
     removed_chunks: int = 0
+    # Chunks embedded by this request; the others kept their stored vectors (same text and
+    # model: a metadata-only change such as an ACL embeds nothing).
+    embedded_chunks: int = 0
     graph: bool = False
     error: str | None = None
 

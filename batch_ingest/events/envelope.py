@@ -69,6 +69,7 @@ from pydantic import (
 
 from batch_ingest.documents import (
     MAX_TIMESTAMP,
+    DocumentAcl,
     Identifier,
     OptionalId,
     SourceDocument,
@@ -208,6 +209,7 @@ class _DocFields(_Payload):
     )
     tags: list[Tag] = Field(default_factory=list)
     created_at: Any = None
+    acl: DocumentAcl | None = None
 
 
 class MessagePayload(_DocFields):
@@ -381,6 +383,7 @@ def _document(env: EventEnvelope, p: _DocFields) -> SourceDocument:
         "author_id": p.author_id,
         "visibility": p.visibility,
         "tags": p.tags,
+        "acl": p.acl,
         # When the payload has no date, the event's time is the document's.
         "created_at": p.created_at if p.created_at not in (None, "") else env.ts // 1000,
     }

@@ -16,9 +16,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from deployments.acl import OPEN
 from deployments.memindex.bm25 import BM25Postings
 from deployments.protocols import ChunkRecord, SearchHit
-from deployments.search_filter import KEY_FIELDS, CompiledFilter, FilterTerm
+from deployments.search_filter import ARRAY_FIELDS, KEY_FIELDS, CompiledFilter, FilterTerm
 
 MASK_CACHE = 32
 RECORD_OVERHEAD = 700  # bytes of a ChunkRecord and its strings beyond the text itself
@@ -44,7 +45,10 @@ class TeamIndex:
         self._created = np.zeros(0, dtype=np.int64)
         self._codes = {f: np.zeros(0, dtype=np.int32) for f in KEY_FIELDS}
         self._values: dict[str, dict[str, int]] = {f: {} for f in KEY_FIELDS}
-        self._tags: dict[str, set[int]] = {}
+        # Array columns as token -> slots; the ACL's open token is the column ``_open``
+        # (nearly every row holds it).
+        self._arrays: dict[str, dict[str, set[int]]] = {f: {} for f in ARRAY_FIELDS}
+        self._open = np.zeros(0, dtype=bool)
         self._records: list[ChunkRecord | None] = []
         self._slot: dict[str, int] = {}
         self._text_bytes = 0
@@ -60,7 +64,9 @@ class TeamIndex:
     @property
     def nbytes(self) -> int:
         """Estimated memory held (the budget of ``HotIndex`` counts this)."""
-        columns = sum(a.nbytes for a in self._codes.values()) + self._created.nbytes
+        columns = (
+            sum(a.nbytes for a in self._codes.values()) + self._created.nbytes + self._open.nbytes
+        )
         return int(
             self._vectors.nbytes
             + columns
@@ -103,6 +109,7 @@ class TeamIndex:
         self._vectors = np.concatenate([self._vectors, np.zeros((grow, self.dim), np.float32)])
         self._alive = np.concatenate([self._alive, np.zeros(grow, bool)])
         self._created = np.concatenate([self._created, np.zeros(grow, np.int64)])
+        self._open = np.concatenate([self._open, np.zeros(grow, bool)])
         for name, codes in self._codes.items():
             self._codes[name] = np.concatenate([codes, np.full(grow, -1, np.int32)])
 
@@ -119,8 +126,11 @@ class TeamIndex:
             if code is None:
                 code = values[value] = len(values)
             self._codes[name][slot] = code
-        for tag in chunk.tags:
-            self._tags.setdefault(tag, set()).add(slot)
+        for name, tokens in self._tokens(chunk):
+            column = self._arrays[name]
+            for token in tokens:
+                column.setdefault(token, set()).add(slot)
+        self._open[slot] = OPEN in chunk.acl_allow
         self._records.append(replace(chunk, vector=()))
         self._slot[chunk.chunk_id] = slot
         self._text_bytes += len(chunk.text)
@@ -133,8 +143,11 @@ class TeamIndex:
         record = self._records[slot]
         assert record is not None
         self._alive[slot] = False
-        for tag in record.tags:
-            self._tags[tag].discard(slot)
+        for name, tokens in self._tokens(record):
+            column = self._arrays[name]
+            for token in tokens:
+                column[token].discard(slot)
+        self._open[slot] = False
         self._records[slot] = None
         self._text_bytes -= len(record.text)
         self._bm25.remove(slot)
@@ -157,8 +170,10 @@ class TeamIndex:
         self._alive = np.ones(live.size, dtype=bool)
         self._created = self._created[live].copy()
         self._codes = {name: codes[live].copy() for name, codes in self._codes.items()}
-        self._tags = {
-            tag: {renumber[s] for s in slots} for tag, slots in self._tags.items() if slots
+        self._open = self._open[live].copy()
+        self._arrays = {
+            name: {t: {renumber[s] for s in slots} for t, slots in column.items() if slots}
+            for name, column in self._arrays.items()
         }
         self._records = [self._records[int(s)] for s in live]
         self._slot = {cid: renumber[s] for cid, s in self._slot.items()}
@@ -186,19 +201,33 @@ class TeamIndex:
             created = self._created[:n]
             return created >= value if term.op == "ge" else created <= value
         wanted = value if isinstance(value, tuple) else (value,)
-        if term.field == "tags":
-            sets = [self._tags.get(tag, set()) for tag in wanted]
-            slots = set.union(*sets) if term.op == "any" else set.intersection(*sets)
-            mask = np.zeros(n, dtype=bool)
-            if slots:
-                mask[np.fromiter(slots, dtype=np.int64, count=len(slots))] = True
-            return mask
+        if term.field in ARRAY_FIELDS:
+            return self._array_mask(term.field, term.op, wanted, n)
         known = self._values[term.field]
         codes = [known[v] for v in wanted if v in known]
         column = self._codes[term.field][:n]
         if not codes:
             return np.zeros(n, dtype=bool)
         return column == codes[0] if len(codes) == 1 else np.isin(column, codes)
+
+    def _array_mask(self, name: str, op: str, wanted: tuple[str, ...], n: int) -> np.ndarray:
+        column = self._arrays[name]
+        sets = [column.get(t, set()) for t in wanted if not (name == "acl_allow" and t == OPEN)]
+        if op == "all":
+            slots = set.intersection(*sets) if sets else set()
+        else:
+            slots = set.union(*sets) if sets else set()
+        mask = np.zeros(n, dtype=bool)
+        if slots:
+            mask[np.fromiter(slots, dtype=np.int64, count=len(slots))] = True
+        if name == "acl_allow" and OPEN in wanted:
+            mask |= self._open[:n]
+        return ~mask if op == "none" else mask
+
+    @staticmethod
+    def _tokens(chunk: ChunkRecord) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        allow = tuple(t for t in chunk.acl_allow if t != OPEN)
+        return (("tags", chunk.tags), ("acl_allow", allow), ("acl_deny", chunk.acl_deny))
 
     def search(
         self,

@@ -237,3 +237,38 @@ async def test_retriever_deployment_answers_from_memory_once_loaded(stores, team
     assert (await off.status())["memory_index"] == {"enabled": False}
     retriever.hot.close()
     time.sleep(0)
+
+
+def test_memory_index_applies_document_acls_like_milvus(stores, team):
+    """ACL'd rows loaded from Milvus and a re-permission by another writer: the in-memory
+    index admits exactly the chunks Milvus's own filter admits, for every caller."""
+    from dataclasses import replace
+
+    from deployments.acl import principal_tokens
+    from tests.integration.test_milvus_acl import CALLERS, acl_rows
+
+    writer, reader = stores
+    rows = acl_rows(team)
+    writer.upsert(rows)
+    writer.flush(team)
+    hot = hot_over(reader)
+    assert hot.wait_loaded(team, timeout_s=60)
+
+    def agree() -> None:
+        for caller, _ in CALLERS:
+            flt = SearchFilter(team_id=team, acl_principals=principal_tokens(*caller))
+            query = f"{team} budget"
+            found = hot.candidates(query, vec(query), compile_filter(flt), 10, ("dense", "bm25"))
+            assert found is not None
+            for method in ("dense", "bm25"):
+                milvus = reader.search(query, vec(query), flt, 10, method)
+                assert set(ids(found, method)) == {h.chunk.chunk_id for h in milvus}, caller
+
+    agree()
+    # Another writer re-permissions the open document to hr only.
+    writer.upsert([replace(rows[0], acl_allow=("group:hr",))])
+    agree()
+    outsider = SearchFilter(team_id=team, acl_principals=principal_tokens("carol", []))
+    found = hot.candidates("open notes", vec("open notes"), compile_filter(outsider), 10, ("bm25",))
+    assert rows[0].chunk_id not in ids(found, "bm25")
+    hot.close()

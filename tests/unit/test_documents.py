@@ -196,3 +196,41 @@ def test_make_chunk_id_cannot_be_confused_by_separators_inside_fields():
 def test_content_hash_separates_its_parts():
     assert content_hash("ab", "c") != content_hash("a", "bc")
     assert content_hash("ab", "c") == content_hash("ab", "c")
+
+
+# --- document ACLs ---------------------------------------------------------------------------
+
+
+def test_acl_lists_become_sorted_unique_tokens():
+    d = doc(
+        acl={"allowed_groups": ["hr", "hr", "fin"], "allowed_users": ["al"], "denied_groups": ["x"]}
+    )
+    assert d.acl.allowed_groups == ["fin", "hr"]
+    assert d.acl_allow == ("group:fin", "group:hr", "user:al")
+    assert d.acl_deny == ("group:x",)
+    assert doc().acl_allow == ("*",) and doc().acl_deny == ()
+    # Only a deny list: everyone else still reads it.
+    assert doc(acl={"denied_groups": ["temps"]}).acl_allow == ("*",)
+
+
+@pytest.mark.parametrize(
+    "acl",
+    [
+        {"allowed_group": ["hr"]},
+        {"allowed_groups": "hr"},
+        {"allowed_groups": [""]},
+        {"allowed_users": ["a\x00b"]},
+        {"denied_groups": [f"g{i}" for i in range(65)]},
+        ["hr"],
+    ],
+)
+def test_a_bad_acl_names_its_field(acl):
+    with pytest.raises(ValidationError) as exc:
+        doc(acl=acl)
+    assert any(f.startswith("acl") for f in error_fields(exc.value))
+
+
+def test_an_empty_acl_hashes_like_none_and_a_list_changes_the_fingerprint():
+    """Documents stored before ACLs stay ``unchanged`` when re-sent; adding a list re-writes."""
+    assert doc().metadata_fingerprint() == doc(acl={}).metadata_fingerprint()
+    assert doc().metadata_fingerprint() != doc(acl={"allowed_users": ["al"]}).metadata_fingerprint()

@@ -479,3 +479,21 @@ async def test_a_lease_is_renewed_while_its_batch_runs_and_lapses_after(pipeline
     assert pipeline.sources.claim([key], "intruder", ttl_s=0.1) == {key}  # given back
     await asyncio.sleep(0.15)
     assert pipeline.sources.claim([key], "next", ttl_s=60) == {key}  # expired, taken over
+
+
+def test_an_events_acl_reaches_the_document():
+    payload = {
+        "doc_id": "hr1",
+        "text": "salary bands",
+        "acl": {"allowed_groups": ["hr"], "denied_groups": ["temps"]},
+    }
+    ev = parse_event(envelope(payload=payload))
+    assert isinstance(ev, MappedEvent)
+    assert ev.document.acl_allow == ("group:hr",)
+    assert ev.document.acl_deny == ("group:temps",)
+
+
+def test_an_event_with_a_bad_acl_is_invalid_naming_the_field():
+    ev = parse_event(envelope(payload={"doc_id": "d", "text": "t", "acl": {"groups": ["hr"]}}))
+    assert isinstance(ev, InvalidEvent)
+    assert "payload.acl" in json.dumps(ev.__dict__, default=str)

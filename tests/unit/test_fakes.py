@@ -62,6 +62,8 @@ def eval_milvus_expr(expr: str, row: ChunkRecord) -> bool:
         "doc_type": row.doc_type,
         "tags": list(row.tags),
         "created_at": row.created_at,
+        "acl_allow": list(row.acl_allow),
+        "acl_deny": list(row.acl_deny),
     }
     return bool(eval(expr, {"__builtins__": {}}, env))
 
@@ -76,8 +78,19 @@ ROWS = [
         doc_type=doc_type,
         tags=tags,
         created_at=created,
+        acl_allow=allow,
+        acl_deny=deny,
     )
-    for i, (team, visibility, project, channel, doc_type, tags, created) in enumerate(
+    for i, (
+        team,
+        visibility,
+        project,
+        channel,
+        doc_type,
+        tags,
+        created,
+        (allow, deny),
+    ) in enumerate(
         itertools.product(
             ["t", 't" or "1"=="1'],
             ["public", "confidential"],
@@ -86,6 +99,12 @@ ROWS = [
             ["doc", "wiki"],
             [(), ("a",), ("a", "b")],
             [0, 100],
+            [
+                (("*",), ()),
+                (("*",), ("group:c",)),
+                (("group:hr", "user:al"), ()),
+                (("group:hr",), ("group:c",)),
+            ],
         )
     )
 ]
@@ -101,6 +120,10 @@ FILTERS = [
     SearchFilter(team_id="t", tags_any=("a",), created_from=1),
     SearchFilter(team_id="t", created_from=0, created_to=0),
     SearchFilter(team_id="t", created_to=100, doc_types=("doc", "wiki")),
+    SearchFilter(team_id="t", acl_principals=("*", "user:al")),
+    SearchFilter(team_id="t", acl_principals=("*", "group:hr")),
+    SearchFilter(team_id="t", acl_principals=("*", "user:al", "group:c", "group:hr")),
+    SearchFilter(team_id="t", acl_principals=("user:al",)),
 ]
 
 

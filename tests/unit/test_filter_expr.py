@@ -55,7 +55,7 @@ def parse(expr: str) -> tuple[str, list[str]]:
 
 def test_minimal_filter_has_team_and_single_visibility_terms():
     assert build_filter_expr(SearchFilter(team_id="dao_x")) == (
-        'team_id == "dao_x" and visibility == "public"'
+        'team_id == "dao_x" and visibility == "public" and array_contains_any(acl_allow, ["*"])'
     )
 
 
@@ -75,9 +75,9 @@ def test_full_filter_has_every_term_in_order():
     assert skeleton == (
         "team_id == ? and visibility in [?, ?] and project_id == ? and channel_id == ? "
         "and agent_id == ? and doc_type in [?, ?] and array_contains_any(tags, [?, ?]) "
-        "and created_at >= 10 and created_at <= 20"
+        "and created_at >= 10 and created_at <= 20 and array_contains_any(acl_allow, [?])"
     )
-    assert values == ["t", "public", "confidential", "p", "c", "a", "doc", "wiki", "x", "y"]
+    assert values == ["t", "public", "confidential", "p", "c", "a", "doc", "wiki", "x", "y", "*"]
 
 
 def test_empty_string_project_is_a_term_but_none_is_no_term():
@@ -90,8 +90,8 @@ def test_adversarial_team_id_stays_inside_one_literal(value):
     expr = build_filter_expr(SearchFilter(team_id=value))
     skeleton, values = parse(expr)
     assert expr.startswith("team_id == ")
-    assert skeleton == "team_id == ? and visibility == ?"
-    assert values == [value, "public"]
+    assert skeleton == "team_id == ? and visibility == ? and array_contains_any(acl_allow, [?])"
+    assert values == [value, "public", "*"]
 
 
 @pytest.mark.parametrize("value", ADVERSARIAL)
@@ -103,15 +103,21 @@ def test_adversarial_values_in_every_field_stay_inside_their_literals(value):
         agent_id=value,
         doc_types=(value, "doc"),
         tags_any=("tag", value),
+        acl_principals=("*", "user:" + value, "group:" + value),
     )
     expr = build_filter_expr(flt)
     skeleton, values = parse(expr)
     assert expr.startswith('team_id == "dao_x" and ')
     assert skeleton == (
         "team_id == ? and visibility == ? and project_id == ? and channel_id == ? "
-        "and agent_id == ? and doc_type in [?, ?] and array_contains_any(tags, [?, ?])"
+        "and agent_id == ? and doc_type in [?, ?] and array_contains_any(tags, [?, ?]) "
+        "and array_contains_any(acl_allow, [?, ?, ?]) "
+        "and not array_contains_any(acl_deny, [?])"
     )
-    assert values == ["dao_x", "public", value, value, value, value, "doc", "tag", value]
+    assert values == [
+        *("dao_x", "public", value, value, value, value, "doc", "tag", value),
+        *("*", "user:" + value, "group:" + value, "group:" + value),
+    ]
 
 
 @pytest.mark.parametrize("value", ADVERSARIAL)
@@ -161,8 +167,9 @@ def test_control_characters_raise_invalid_input(value):
         lambda v: SearchFilter(team_id="t", agent_id=v),
         lambda v: SearchFilter(team_id="t", doc_types=("doc", v)),
         lambda v: SearchFilter(team_id="t", tags_any=(v,)),
+        lambda v: SearchFilter(team_id="t", acl_principals=("*", "group:" + v)),
     ],
-    ids=["team_id", "project_id", "channel_id", "agent_id", "doc_types", "tags_any"],
+    ids=["team_id", "project_id", "channel_id", "agent_id", "doc_types", "tags_any", "acl"],
 )
 def test_control_characters_in_any_filter_field_raise_invalid_input(make, value):
     flt = make(value)
@@ -182,4 +189,23 @@ def test_no_allowed_visibility_raises_invalid_input():
 
 def test_created_bounds_are_integers_and_zero_is_kept():
     expr = build_filter_expr(SearchFilter(team_id="t", created_from=0, created_to=5))
-    assert expr.endswith("created_at >= 0 and created_at <= 5")
+    assert expr.endswith("created_at >= 0 and created_at <= 5" + ACL_OPEN_TERM)
+
+
+ACL_OPEN_TERM = ' and array_contains_any(acl_allow, ["*"])'
+
+
+def test_acl_terms_allow_the_callers_tokens_and_deny_its_groups():
+    flt = SearchFilter(team_id="t", acl_principals=("*", "user:al", "group:hr"))
+    expr = build_filter_expr(flt)
+    assert expr.endswith(
+        'array_contains_any(acl_allow, ["*", "user:al", "group:hr"]) '
+        'and not array_contains_any(acl_deny, ["group:hr"])'
+    )
+    # A collection built before ACLs gets no ACL term (it holds no document with a list).
+    assert build_filter_expr(flt, acl=False) == 'team_id == "t" and visibility == "public"'
+
+
+def test_a_search_without_acl_tokens_is_refused():
+    with pytest.raises(InvalidInput, match="ACL"):
+        build_filter_expr(SearchFilter(team_id="t", acl_principals=()))

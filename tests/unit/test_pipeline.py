@@ -187,23 +187,49 @@ async def test_edit_of_one_document_leaves_other_documents_alone(pipeline, store
         {"project_id": "prj_y"},
         {"url": "https://example.org/doc_1"},
         {"created_at": "2026-01-01T00:00:00Z"},
+        {"acl": {"allowed_groups": ["hr"], "denied_groups": ["contractors"]}},
+        {"acl": {"allowed_users": ["alice"]}},
     ],
-    ids=["tags", "title", "visibility", "project", "url", "created_at"],
+    ids=["tags", "title", "visibility", "project", "url", "created_at", "acl", "acl_user"],
 )
 async def test_metadata_change_rewrites_chunks(pipeline, embedder, store, change):
     await pipeline.ingest([source()])
+    vectors = {c.chunk_id: list(c.vector) for c in store.rows.values()}
     calls_before = len(embedder.calls)
     report = await pipeline.ingest([source(**change)])
-    assert report.results[0].status == "indexed"
-    assert len(embedder.calls) == calls_before + 1
+    result = report.results[0]
+    assert result.status == "indexed"
     changed = source(**change)
+    # The title is part of every chunk's text: embedded again. Any other metadata keeps
+    # the stored vectors (re-permissioned without embedding).
+    if "title" in change:
+        assert len(embedder.calls) == calls_before + 1
+        assert result.embedded_chunks == result.chunks
+    else:
+        assert len(embedder.calls) == calls_before
+        assert result.embedded_chunks == 0
+        assert {c.chunk_id: list(c.vector) for c in store.rows.values()} == vectors
     for chunk in doc_chunks(store, "doc_1"):
+        assert chunk.acl_allow == changed.acl_allow
+        assert chunk.acl_deny == changed.acl_deny
         assert chunk.tags == tuple(changed.tags)
         assert chunk.visibility == changed.visibility
         assert chunk.project_id == changed.project_id
         assert chunk.url == changed.url
         assert chunk.title == changed.title
         assert chunk.created_at == changed.created_at
+
+
+async def test_an_edit_embeds_only_the_chunks_whose_text_changed(pipeline, embedder, store):
+    paragraphs = [f"Paragraph {i} about milvus and graphs, " * 12 for i in range(6)]
+    await pipeline.ingest([source(text="\n\n".join(paragraphs))])
+    first = len(store.rows)
+    assert first > 2
+    paragraphs[-1] = "A rewritten last paragraph about neo4j. " * 12
+    report = await pipeline.ingest([source(text="\n\n".join(paragraphs))])
+    result = report.results[0]
+    assert result.status == "indexed"
+    assert 0 < result.embedded_chunks < result.chunks
 
 
 async def test_changed_embed_model_rewrites_chunks(embedder, store, graph, chunker):

@@ -186,6 +186,8 @@ def test_filter_admits_exactly_the_rows_the_milvus_expression_admits(flt):
 
 TEAMS = ["t", 't" or "1"=="1', "other", "t "]
 TAGS = ["a", "b", "skill:x"]
+ACL_GROUPS = ["group:hr", "group:ops", 'group:x" or "1"=="1']
+ACL_ALLOWS = [("*",), ("*",), ("group:hr",), ("user:al",), ("group:ops", "user:bo")]
 
 
 @st.composite
@@ -210,6 +212,10 @@ def chunks(draw) -> list[ChunkRecord]:
                 agent_id=draw(st.sampled_from(["", "ag"])),
                 tags=tuple(draw(st.lists(st.sampled_from(TAGS), max_size=3, unique=True))),
                 created_at=draw(st.integers(0, 10)),
+                acl_allow=draw(st.sampled_from(ACL_ALLOWS)),
+                acl_deny=tuple(
+                    draw(st.lists(st.sampled_from(ACL_GROUPS), max_size=2, unique=True))
+                ),
                 vector=[1.0, float(i), 0.5],
             )
         )
@@ -233,6 +239,11 @@ def filters(draw) -> SearchFilter:
         created_from=maybe([0, 3, 7]),
         created_to=maybe([2, 5, 10]),
         doc_ids=tuple(draw(st.lists(st.sampled_from(["d1", "d3", "d9"]), max_size=2, unique=True))),
+        acl_principals=(
+            "*",
+            *draw(st.lists(st.sampled_from(["user:al", "user:bo"]), max_size=1)),
+            *draw(st.lists(st.sampled_from(ACL_GROUPS), max_size=2, unique=True)),
+        ),
     )
 
 
@@ -254,6 +265,32 @@ def test_property_search_never_returns_a_row_outside_the_compiled_filter(rows, f
         found = index.search(method, compiled, 1000, **kwargs)
         assert {h.chunk.chunk_id for h in found} == expected
         assert all(h.chunk.team_id == flt.team_id for h in found)
+
+
+def test_acl_masks_follow_upserts_removes_and_repacks():
+    index = TeamIndex(dim=3)
+    base = dict(team_id="t", chunk_index=0, title="", content_hash="h", embed_model="m")
+    rows = [
+        ChunkRecord(
+            chunk_id=f"c{i}",
+            doc_id=f"d{i}",
+            text="milvus acl",
+            vector=[1.0, i, 0.0],
+            acl_allow=("group:hr",) if i % 2 else ("*",),
+            **base,
+        )  # fmt: skip
+        for i in range(600)
+    ]
+    index.upsert(rows)
+    hr = compile_filter(SearchFilter(team_id="t", acl_principals=("*", "group:hr")))
+    nobody = compile_filter(SearchFilter(team_id="t"))
+    assert len(index.search("bm25", hr, 10_000, query_text="milvus")) == 600
+    assert len(index.search("bm25", nobody, 10_000, query_text="milvus")) == 300
+    # Re-permission every open row to hr only, drop most rows (repacks), check again.
+    index.upsert(replace(r, acl_allow=("group:hr",)) for r in rows if not int(r.chunk_id[1:]) % 2)
+    index.remove(f"c{i}" for i in range(400))
+    assert len(index.search("bm25", nobody, 10_000, query_text="milvus")) == 0
+    assert len(index.search("bm25", hr, 10_000, query_text="milvus")) == 200
 
 
 def test_memory_estimate_follows_the_rows():
