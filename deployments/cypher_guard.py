@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.errors import Forbidden
+from deployments.protocols import NO_POLICY
 
-RESERVED_PARAMS = ("team_id", "visibilities")
+# Set by the gateway from the caller's scope (GraphScope.params); a caller may not name them.
+RESERVED_PARAMS = ("team_id", "visibilities", "acl_principals", *NO_POLICY)
 
 # Read-only procedures a caller may use; their NODE / RELATIONSHIP yields need the same
 # scope predicates as any other binding.

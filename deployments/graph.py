@@ -46,6 +46,9 @@ class GraphDeployment:
     async def run_cypher(self, query: str, params: dict[str, Any], scope: GraphScope):
         return await self.graph.run_cypher(query, params, scope)
 
+    async def acl_hidden(self, scope: GraphScope) -> bool:
+        return await self.graph.acl_hidden(scope)
+
     async def explain_path(self, source, target, scope: GraphScope, max_hops, max_paths):
         return await self.graph.explain_path(source, target, scope, max_hops, max_paths)
 

@@ -4,7 +4,7 @@ Lucene escaping of full-text queries."""
 
 from __future__ import annotations
 
-from deployments.graph_intents import doc_allowed, entity_allowed
+from deployments.graph_intents import acl_allowed, doc_allowed, entity_allowed
 
 # The graph vocabulary of docs/graph_schema.md.
 NODE_LABELS = (
@@ -45,7 +45,9 @@ def schema_statements() -> list[str]:
             "ON (n.team_id, n.visibility)"
         )
     # [[wiki-link]] resolution: a document by the key of its id or of its title.
-    for prop in ("wiki_id", "wiki_title"):
+    # A team's documents with an access list (ACL_HIDDEN): only those carry acl_restricted,
+    # so this index stays small and the planner prefers it to (team_id, visibility).
+    for prop in ("wiki_id", "wiki_title", "acl_restricted"):
         statements.append(
             f"CREATE INDEX doc_{prop} IF NOT EXISTS FOR (n:Doc) ON (n.team_id, n.{prop})"
         )
@@ -61,6 +63,8 @@ def schema_statements() -> list[str]:
 # topic) is public as soon as one public document names it; a confidential-only entity stays
 # confidential. MERGE on (team_id, id) makes re-ingestion a no-op; a re-sent document first
 # loses the edges it wrote before, so removed tags, links or a changed project leave no trace.
+# Its access list (acl_allow, acl_deny; acl_restricted true, or removed for an open list) is
+# always set, so a re-sent document with another ACL is re-permissioned.
 # Every relationship joins two nodes of the same team (cypher_guard relies on it).
 # Deleting a document (bus event doc.deleted): the Doc node and its edges only. Notes that
 # [[link]] to it keep their links, now to a placeholder under the deleted note's key, so a
@@ -90,7 +94,8 @@ MERGE (doc:Doc {team_id: d.team_id, id: d.doc_id})
 SET doc.title = d.title, doc.visibility = d.visibility, doc.doc_type = d.doc_type,
     doc.url = d.url, doc.created_at = d.created_at, doc.tags = d.tags,
     doc.project_id = d.project_id, doc.wiki_id = d.wiki_id, doc.wiki_title = d.wiki_title,
-    doc.stub = false
+    doc.stub = false, doc.acl_allow = d.acl_allow, doc.acl_deny = d.acl_deny,
+    doc.acl_restricted = d.acl_restricted
 WITH d, doc
 CALL (doc) {
   OPTIONAL MATCH (doc)-[old:PART_OF|POSTED_IN|MENTIONS|LINKS_TO]->()
@@ -213,6 +218,15 @@ CALL db.index.fulltext.queryNodes('entity_names', $lucene) YIELD node, score
 WHERE node.team_id = $team_id AND node.visibility IN $visibilities
   AND NOT coalesce(node.stub, false) AND {entity_allowed("node")}
 RETURN node, score ORDER BY score DESC LIMIT $max_entities
+"""
+
+# Whether some document of the team in the caller's visibility has an access list that does
+# not admit the caller (what caller Cypher cannot be trusted with): at most one row.
+ACL_HIDDEN = f"""
+MATCH (d:Doc)
+WHERE d.team_id = $team_id AND d.acl_restricted = true AND d.visibility IN $visibilities
+  AND NOT ({acl_allowed("d")})
+RETURN d.id AS doc_id LIMIT 1
 """
 
 

@@ -3,9 +3,10 @@
 Each intent is a parameterised Cypher template over the schema of docs/graph_schema.md, with
 its arguments validated by a pydantic model. Every node and relationship variable of every
 template carries the tenant and visibility predicates (``$team_id``, ``$visibilities``), which
-the gateway binds from the caller's AccessContext; the integration tests prove each template
-with the same plan check as caller Cypher (deployments.cypher_guard). Arguments are only ever
-bound as parameters, never formatted into the text.
+the gateway binds from the caller's AccessContext, and every ``Doc`` the caller's document ACL
+tokens and policies (``doc_allowed``); the integration tests prove each template with the
+same plan check as caller Cypher (deployments.cypher_guard). Arguments are only ever bound as
+parameters, never formatted into the text.
 """
 
 from __future__ import annotations
@@ -19,11 +20,23 @@ Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max
 Limit = Annotated[int, Field(ge=1, le=200, description="most rows returned")]
 
 
-def doc_allowed(v: str) -> str:
-    """The caller's doc-type, project and skill policies on a ``Doc`` (parameters of
-    ``Policy.graph_params``; with none given nothing is restricted)."""
+def acl_allowed(v: str) -> str:
+    """The document ACL of a ``Doc`` (deployments/acl.py, ``admits``): one of the caller's
+    ``$acl_principals`` in its ``acl_allow`` and none in its ``acl_deny``. A node without
+    them (written before ACLs, or a placeholder) is open: ``*`` allowed, nobody denied."""
     return (
-        f"($doc_types IS NULL OR {v}.doc_type IN $doc_types)"
+        f"any(p IN coalesce({v}.acl_allow, ['*']) WHERE p IN $acl_principals)"
+        f" AND none(g IN coalesce({v}.acl_deny, []) WHERE g IN $acl_principals)"
+    )
+
+
+def doc_allowed(v: str) -> str:
+    """The caller's document ACL and doc-type, project and skill policies on a ``Doc``
+    (parameters of ``GraphScope.params``; with none given only documents without an ACL
+    are seen and no policy restricts)."""
+    return (
+        f"{acl_allowed(v)}"
+        f" AND ($doc_types IS NULL OR {v}.doc_type IN $doc_types)"
         f" AND (coalesce({v}.project_id, '') = ''"
         f" OR ({v}.project_id IN $projects) <> $projects_deny)"
         f" AND NOT {v}.id IN $denied_skill_ids"
@@ -39,7 +52,8 @@ def project_allowed(v: str) -> str:
 
 
 def entity_allowed(v: str) -> str:
-    """For a node of any label: the document and project policies when it is one."""
+    """For a node of any label: the document ACL and policies, or the project policy, when
+    it is one."""
     return f"(NOT {v}:Doc OR ({doc_allowed(v)})) AND (NOT {v}:Project OR {project_allowed(v)})"
 
 

@@ -11,12 +11,14 @@ import logging
 import time
 from typing import Any
 
+from deployments import acl
 from deployments.config import Neo4jSettings
 from deployments.cypher_guard import CypherRejected, check_plan, check_query_type
 from deployments.cypher_scope import scope_query
 from deployments.errors import Forbidden, InvalidInput, InvalidQuery, NotFound
 from deployments.graph_client import Neo4jClient
 from deployments.graph_cypher import (
+    ACL_HIDDEN,
     DELETE_DOCUMENTS,
     ENTITIES,
     MERGE_DOCUMENTS,
@@ -32,6 +34,33 @@ from deployments.graph_values import node_label
 from deployments.protocols import GraphDocument, GraphScope
 
 logger = logging.getLogger(__name__)
+
+
+def _doc_row(d: GraphDocument) -> dict[str, Any]:
+    """One ``$docs`` row of ``MERGE_DOCUMENTS``; an empty allow list is stored as open.
+    ``acl_restricted`` is ``true`` or absent (null removes it), so the index behind
+    ``ACL_HIDDEN`` holds only the documents whose access list restricts someone."""
+    allow = list(d.acl_allow) or list(acl.OPEN_ALLOW)
+    return {
+        "team_id": d.team_id,
+        "doc_id": d.doc_id,
+        "title": d.title,
+        "visibility": d.visibility,
+        "doc_type": d.doc_type,
+        "url": d.url,
+        "project_id": d.project_id,
+        "channel_id": d.channel_id,
+        "agent_id": d.agent_id,
+        "author_id": d.author_id,
+        "tags": list(d.tags),
+        "links": list(d.links),
+        "wiki_id": d.wiki_id or None,
+        "wiki_title": d.wiki_title or None,
+        "created_at": d.created_at,
+        "acl_allow": allow,
+        "acl_deny": list(d.acl_deny),
+        "acl_restricted": None if acl.is_open(allow, d.acl_deny) else True,
+    }
 
 
 def _refused(exc: CypherRejected) -> Forbidden:
@@ -59,28 +88,11 @@ class Neo4jGraph:
         await self.client.start()
 
     async def merge_documents(self, docs: list[GraphDocument]) -> int:
+        """MERGE documents with their edges and entities (``MERGE_DOCUMENTS``); every
+        ``Doc`` gets its current access list. Returns how many were merged."""
         if not docs:
             return 0
-        payload = [
-            {
-                "team_id": d.team_id,
-                "doc_id": d.doc_id,
-                "title": d.title,
-                "visibility": d.visibility,
-                "doc_type": d.doc_type,
-                "url": d.url,
-                "project_id": d.project_id,
-                "channel_id": d.channel_id,
-                "agent_id": d.agent_id,
-                "author_id": d.author_id,
-                "tags": list(d.tags),
-                "links": list(d.links),
-                "wiki_id": d.wiki_id or None,
-                "wiki_title": d.wiki_title or None,
-                "created_at": d.created_at,
-            }
-            for d in docs
-        ]
+        payload = [_doc_row(d) for d in docs]
         rows = await self.client.run(MERGE_DOCUMENTS, {"docs": payload}, write=True)
         return int(rows[0]["merged"]) if rows else 0
 
@@ -190,6 +202,12 @@ class Neo4jGraph:
             trusted=False,
         )
         return {"columns": columns, "rows": rows}
+
+    async def acl_hidden(self, scope: GraphScope) -> bool:
+        """Whether the team holds a ``Doc`` in ``scope``'s visibilities whose access list
+        does not admit ``scope.acl_principals`` (one indexed read of at most one row)."""
+        _, rows = await self.client.read(ACL_HIDDEN, scope.params, max_rows=1)
+        return bool(rows)
 
     async def _resolve(
         self, ref: dict[str, Any], scope: GraphScope, limit: int = 5

@@ -1,24 +1,27 @@
 """What a caller may do and see in the graph: the scope parameters of every statement it runs,
 whether it may send its own Cypher or write entities, and whether a returned node,
 relationship or path is inside its scope (``AccessContext`` decides the team and visibility;
-these add the graph's own rules)."""
+these add the graph's own rules, document ACLs included)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from deployments.protocols import GraphScope
+from deployments import acl
+from deployments.protocols import GraphScope, GraphStore
 from serve_app.access import AccessContext, forbidden
 
 
 def graph_scope(ctx: AccessContext) -> GraphScope:
-    """``$team_id`` and ``$visibilities`` of every graph statement this caller runs."""
+    """``$team_id``, ``$visibilities``, the policy parameters and ``$acl_principals`` of
+    every graph statement this caller runs."""
     return GraphScope(
         team_id=ctx.team_id,
         visibilities=ctx.allowed_visibilities,
         policy=ctx.policy.graph_params(
             ctx.team_id, ctx.roles, ctx.groups, ctx.permissions, ctx.allowed_doc_types
         ),
+        acl_principals=ctx.acl_principals,
     )
 
 
@@ -49,6 +52,21 @@ def check_cypher(ctx: AccessContext) -> None:
         )
 
 
+async def check_cypher_acl(ctx: AccessContext, graph: GraphStore) -> None:
+    """Raises Forbidden when the team holds a document in the caller's visibility whose
+    access list does not admit the caller (``GraphStore.acl_hidden``): the plan check
+    cannot prove the ACL predicate, so such a caller uses the intents, which carry it.
+    Call after ``check_cypher``."""
+    if await graph.acl_hidden(graph_scope(ctx)):
+        raise forbidden(
+            f"Cypher needs access to everything of team {ctx.team_id!r} in your visibility; "
+            "some documents' access lists do not admit you",
+            "cypher_restricted_by_policy",
+            field="cypher",
+            hint="use a named intent (GET /graph/intents): they apply document access lists",
+        )
+
+
 def check_graph_write(ctx: AccessContext, visibilities: Sequence[str]) -> None:
     """Raises Forbidden unless the roles may write, and may write confidential entities
     when any is confidential (the request's mode must be confidential too)."""
@@ -69,14 +87,21 @@ def check_graph_write(ctx: AccessContext, visibilities: Sequence[str]) -> None:
 
 def may_see_entity(ctx: AccessContext, entity: dict) -> bool:
     """Whether a graph node or relationship (as the graph store serialises them) is
-    inside this scope: team and visibility; for documents also doc type, project and
-    skill policies; for projects the project policy."""
+    inside this scope: team and visibility; for documents also their access list (a node
+    without one is open), doc type, project and skill policies; for projects the project
+    policy."""
     if entity.get("team_id") != ctx.team_id:
         return False
     if entity.get("visibility") not in ctx.allowed_visibilities:
         return False
     labels = entity.get("labels") or ()
     if "Doc" in labels:
+        if not acl.admits(
+            tuple(entity.get("acl_allow") or ()),
+            tuple(entity.get("acl_deny") or ()),
+            ctx.acl_principals,
+        ):
+            return False
         doc_type = entity.get("doc_type") or ""
         if ctx.allowed_doc_types is not None and doc_type not in ctx.allowed_doc_types:
             return False

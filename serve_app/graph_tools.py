@@ -83,8 +83,9 @@ class GraphTools:
         """Run a named intent or a caller's Cypher inside the caller's scope.
 
         Raises:
-            Forbidden: team/mode not granted, Cypher from a role without ``cypher_roles``, or
-                Cypher that is not provably read-only and scoped.
+            Forbidden: team/mode not granted, Cypher from a role without ``cypher_roles`` or
+                from a caller some policy or document ACL hides something of the team from,
+                or Cypher that is not provably read-only and scoped.
             InvalidInput / NotFound: bad intent args / unknown intent (4xx naming them).
             InvalidQuery, QueryLimitExceeded: Neo4j's compile error; timeout or row limit.
             BackendUnavailable: Neo4j is down (503).
@@ -120,6 +121,7 @@ class GraphTools:
                 )
             else:
                 graph_access.check_cypher(ctx)
+                await graph_access.check_cypher_acl(ctx, self._graph_store())
                 result = await self._graph_store().run_cypher(
                     req.cypher or "", req.params, graph_access.graph_scope(ctx)
                 )

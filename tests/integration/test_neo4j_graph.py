@@ -95,6 +95,31 @@ async def test_schema_constraints_exist(graph: Neo4jGraph):
     assert {"doc_team_id", "project_team_id", "topic_team_id"} <= set(rows[0]["names"])
 
 
+async def test_every_doc_stores_its_access_list(graph: Neo4jGraph, team: str):
+    await graph.merge_documents(
+        [
+            doc(team, "open"),
+            doc(team, "hr", acl_allow=("group:hr", "user:alice"), acl_deny=("group:temps",)),
+        ]
+    )
+    rows = await graph.client.run(
+        "MATCH (d:Doc {team_id: $t}) RETURN d.id AS id, d.acl_allow AS allow, "
+        "d.acl_deny AS deny, d.acl_restricted AS restricted ORDER BY id",
+        {"t": team},
+    )
+    assert rows == [
+        {
+            "id": "hr",
+            "allow": ["group:hr", "user:alice"],
+            "deny": ["group:temps"],
+            "restricted": True,
+        },
+        {"id": "open", "allow": ["*"], "deny": [], "restricted": None},
+    ]
+    indexes = await graph.client.run("SHOW INDEXES YIELD name RETURN collect(name) AS names")
+    assert "doc_acl_restricted" in indexes[0]["names"]
+
+
 async def test_unreachable_neo4j_reports_not_ready():
     graph = Neo4jGraph(Neo4jSettings(uri="bolt://127.0.0.1:1", timeout_s=1))
     status = await graph.status()

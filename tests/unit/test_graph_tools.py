@@ -13,6 +13,9 @@ from deployments.protocols import GraphScope
 from serve_app.audit import sha256_text
 from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
 
+# The document-ACL tokens of the tokens' subject without groups.
+ALICE = ("*", "user:alice")
+
 
 def token(teams=None, **overrides) -> str:
     return mint(claims(teams=teams or {"dao_a": ["member"]}, **overrides))
@@ -65,7 +68,7 @@ def test_intent_gets_the_callers_scope_and_rows_outside_it_are_dropped(gw):
     assert [row["project"]["id"] for row in body["rows"]] == ["prj_open"]
     name, args, scope = graph.calls[-1]
     assert name == "FIND_PROJECTS_BY_TECH" and args == {"tech": "Milvus", "limit": 20}
-    assert scope == GraphScope("dao_a", ("public",))
+    assert scope == GraphScope("dao_a", ("public",), acl_principals=ALICE)
 
 
 def test_intent_names_are_case_insensitive_and_dao_id_is_the_team(gw):
@@ -151,7 +154,9 @@ def test_cypher_needs_a_cypher_role(gw):
     assert r.status_code == 200, r.text
     assert r.json()["rows"] == [{"n": 1}]
     _, (query, params), scope = gw.service.graph.calls[-1]
-    assert scope == GraphScope("dao_a", ("public", "confidential"))
+    assert scope == GraphScope(
+        "dao_a", ("public", "confidential"), acl_principals=(*ALICE, "group:board", "group:ops")
+    )
 
 
 def test_cypher_in_another_team_is_403_before_the_store_is_asked(gw):
@@ -267,7 +272,8 @@ def test_explain_path_writes_a_sentence_and_drops_paths_outside_the_scope(gw):
     _, (source, target, hops, paths), scope = gw.service.graph.calls[-1]
     assert source == {"ref": "alice", "label": None}
     assert target == {"ref": "Milvus", "label": "Resource"}
-    assert (hops, paths) == (4, 3) and scope == GraphScope("dao_a", ("public",))
+    assert (hops, paths) == (4, 3)
+    assert scope == GraphScope("dao_a", ("public",), acl_principals=ALICE)
 
 
 def test_explain_path_not_found_and_bounds(gw):
@@ -460,7 +466,8 @@ def test_graph_boost_lifts_linked_documents(small):
         "applied": True,
     }
     _, text, scope = small.service.graph.calls[-1]
-    assert text == "vector store" and scope == GraphScope("dao_a", ("public",))
+    assert text == "vector store"
+    assert scope == GraphScope("dao_a", ("public",), acl_principals=ALICE)
 
 
 def test_graph_scope_narrows_the_search_to_linked_documents(small):

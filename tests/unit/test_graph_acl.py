@@ -1,0 +1,246 @@
+"""Document ACLs in the graph with fakes: the tokens every graph statement binds, the Cypher
+text that carries the ACL predicate, the result filter on ACL'd ``Doc`` nodes, the rows the
+graph store writes, and the refusal of caller Cypher when the team holds documents the
+caller's ACL does not admit. The predicates run against the real Neo4j in
+tests/integration/test_graph_acl.py."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from deployments.config import Neo4jSettings
+from deployments.graph_cypher import ACL_HIDDEN, ENTITIES, MERGE_DOCUMENTS, RELATED_DOCS
+from deployments.graph_intents import INTENTS, acl_allowed, doc_allowed, entity_allowed
+from deployments.graph_store import Neo4jGraph
+from deployments.protocols import GraphDocument, GraphScope
+from serve_app import graph_access
+from serve_app.access import AccessContext
+from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint
+
+HR_ONLY = {"acl_allow": ["group:hr", "user:alice"], "acl_deny": ["group:contractors"]}
+
+
+def ctx(user: str = "bob", groups: tuple[str, ...] = ()) -> AccessContext:
+    return AccessContext(team_id="dao_a", user_id=user, groups=frozenset(groups))
+
+
+def doc_node(id_: str = "d1", **props: Any) -> dict[str, Any]:
+    return {
+        "_type": "node",
+        "labels": ["Doc"],
+        "id": id_,
+        "team_id": "dao_a",
+        "visibility": "public",
+        "doc_type": "doc",
+        **props,
+    }
+
+
+# --- the scope every statement binds -----------------------------------------------------
+
+
+def test_graph_scope_binds_the_callers_acl_tokens():
+    scope = graph_access.graph_scope(ctx("alice", ("hr", "contractors")))
+    assert scope.acl_principals == ("*", "user:alice", "group:contractors", "group:hr")
+    assert scope.params["acl_principals"] == ["*", "user:alice", "group:contractors", "group:hr"]
+    assert graph_access.graph_scope(ctx("", ())).params["acl_principals"] == ["*"]
+
+
+# --- the Cypher text ---------------------------------------------------------------------
+
+
+def test_the_doc_predicate_carries_the_acl():
+    assert acl_allowed("d") in doc_allowed("d")
+    assert acl_allowed("x") in entity_allowed("x")
+    assert "coalesce(d.acl_allow, ['*'])" in acl_allowed("d")
+    assert "coalesce(d.acl_deny, [])" in acl_allowed("d")
+
+
+# Variables without a label that may be documents, by intent.
+UNLABELLED = {"AGENTS_SERVING": ("x",), "ENTITY_NEIGHBOURS": ("e", "n")}
+
+
+@pytest.mark.parametrize("name", sorted(INTENTS))
+def test_every_doc_variable_of_every_intent_carries_the_acl(name):
+    cypher = INTENTS[name].cypher
+    docs = re.findall(r"\((\w+):Doc\)", cypher) + list(UNLABELLED.get(name, ()))
+    for v in docs:
+        assert acl_allowed(v) in cypher, (name, v)
+
+
+def test_the_stores_own_queries_bind_the_acl():
+    for cypher in (RELATED_DOCS, ENTITIES, ACL_HIDDEN):
+        assert "$acl_principals" in cypher
+    assert "doc.acl_allow = d.acl_allow" in MERGE_DOCUMENTS
+    assert "doc.acl_deny = d.acl_deny" in MERGE_DOCUMENTS
+
+
+# --- the result filter -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "user, groups, seen",
+    [
+        ("bob", (), False),
+        ("bob", ("hr",), True),
+        ("bob", ("hr", "contractors"), False),
+        ("alice", (), True),
+        ("alice", ("contractors",), False),
+    ],
+)
+def test_may_see_entity_applies_a_docs_acl(user, groups, seen):
+    assert graph_access.may_see_entity(ctx(user, groups), doc_node(**HR_ONLY)) is seen
+
+
+def test_a_doc_without_an_acl_is_open_and_other_labels_ignore_acl_properties():
+    assert graph_access.may_see_entity(ctx(), doc_node())
+    assert graph_access.may_see_entity(ctx(), doc_node(acl_allow=None, acl_deny=None))
+    assert graph_access.may_see_entity(ctx(), doc_node(acl_allow=["*"], acl_deny=[]))
+    topic = {**doc_node(**HR_ONLY), "labels": ["Topic"]}
+    assert graph_access.may_see_entity(ctx(), topic)
+    path = {"_type": "path", "nodes": [doc_node(), doc_node("d2", **HR_ONLY)]}
+    assert not graph_access.may_see_value(ctx(), path)
+    assert graph_access.may_see_value(ctx("bob", ("hr",)), path)
+
+
+# --- what the graph store writes and asks ------------------------------------------------
+
+
+class RecordingClient:
+    """Stands in for Neo4jClient: records statements, answers ``rows``."""
+
+    def __init__(self, rows: list[list[Any]] | None = None) -> None:
+        self.rows = rows or []
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    async def run(self, query: str, params: dict[str, Any], write: bool = False):
+        self.calls.append((query, params))
+        return [{"merged": len(params.get("docs", []))}]
+
+    async def read(self, query: str, params: dict[str, Any], *, max_rows: int, trusted=True):
+        self.calls.append((query, params))
+        return ["doc_id"], self.rows[:max_rows]
+
+
+def gdoc(doc_id: str, **kw: Any) -> GraphDocument:
+    return GraphDocument("dao_a", doc_id, doc_id, "public", "doc", **kw)
+
+
+def graph_with(client: RecordingClient) -> Neo4jGraph:
+    graph = Neo4jGraph(Neo4jSettings())
+    graph.client = client  # type: ignore[assignment]
+    return graph
+
+
+async def test_merge_documents_stores_each_docs_acl():
+    client = RecordingClient()
+    docs = [
+        gdoc("hr.md", acl_allow=("group:hr",), acl_deny=("group:c",)),
+        gdoc("open.md"),
+        gdoc("empty.md", acl_allow=()),
+    ]
+    assert await graph_with(client).merge_documents(docs) == 3
+    query, params = client.calls[-1]
+    assert query == MERGE_DOCUMENTS
+    acls = [(d["acl_allow"], d["acl_deny"], d["acl_restricted"]) for d in params["docs"]]
+    assert acls == [
+        (["group:hr"], ["group:c"], True),
+        (["*"], [], None),  # an open document has no acl_restricted property
+        (["*"], [], None),  # an empty allow list is open, stored as such
+    ]
+
+
+@pytest.mark.parametrize("rows, hidden", [([], False), ([["hr.md"]], True)])
+async def test_acl_hidden_asks_one_row_in_the_scope(rows, hidden):
+    client = RecordingClient(rows)
+    scope = GraphScope("dao_a", ("public",), acl_principals=("*", "user:bob"))
+    assert await graph_with(client).acl_hidden(scope) is hidden
+    query, params = client.calls[-1]
+    assert query == ACL_HIDDEN and params["acl_principals"] == ["*", "user:bob"]
+    assert params["team_id"] == "dao_a" and params["visibilities"] == ["public"]
+
+
+# --- over HTTP: intents filtered, caller Cypher refused ----------------------------------
+
+
+@pytest.fixture
+def gw():
+    return build_gateway(policy=TENANCY_POLICY)
+
+
+def owner(**overrides: Any) -> dict[str, str]:
+    """An owner of dao_a whom no project or skill policy restricts (may send Cypher)."""
+    tok = mint(
+        claims(
+            teams={"dao_a": ["owner"]},
+            groups=["ops", "board"],
+            permissions=["skill:read"],
+            **overrides,
+        )
+    )
+    return {"authorization": f"Bearer {tok}"}
+
+
+def member(groups: list[str]) -> dict[str, str]:
+    tok = mint(claims(sub="bob", teams={"dao_a": ["member"]}, groups=groups))
+    return {"authorization": f"Bearer {tok}"}
+
+
+CYPHER = {"team_id": "dao_a", "cypher": "MATCH (d:Doc) WHERE d.team_id = $team_id RETURN d"}
+
+
+def test_caller_cypher_is_refused_when_the_acl_hides_a_document(gw):
+    graph = gw.service.graph
+    graph.hidden = True
+    graph.results["cypher"] = {"columns": ["n"], "rows": [[1]]}
+    r = gw.client.post("/graph/query", json=CYPHER, headers=owner())
+    assert r.status_code == 403, r.text
+    assert r.json()["reason"] == "cypher_restricted_by_policy"
+    assert "access lists" in r.json()["message"]
+    assert [name for name, _, _ in graph.calls] == ["acl_hidden"]
+    scope = graph.calls[-1][2]
+    assert scope.team_id == "dao_a" and scope.acl_principals == (
+        "*",
+        "user:alice",
+        "group:board",
+        "group:ops",
+    )
+    gw.service.audit.flush()
+    rows = gw.service.audit.query(team_id="dao_a", limit=10)
+    assert ("deny", "cypher_restricted_by_policy") in {(r["decision"], r["reason"]) for r in rows}
+
+
+def test_caller_cypher_runs_when_the_caller_sees_every_document(gw):
+    graph = gw.service.graph
+    graph.results["cypher"] = {"columns": ["n"], "rows": [[1]]}
+    r = gw.client.post("/graph/query", json=CYPHER, headers=owner())
+    assert r.status_code == 200, r.text
+    assert r.json()["rows"] == [{"n": 1}]
+    assert [name for name, _, _ in graph.calls] == ["acl_hidden", "cypher"]
+
+
+def test_the_acl_check_comes_after_the_role_check(gw):
+    gw.service.graph.hidden = True
+    r = gw.client.post("/graph/query", json=CYPHER, headers=member([]))
+    assert r.status_code == 403 and r.json()["reason"] == "cypher_not_granted"
+    assert not gw.service.graph.calls
+
+
+@pytest.mark.parametrize("groups, kept", [([], 0), (["hr"], 1), (["hr", "contractors"], 0)])
+def test_intent_rows_with_an_acld_doc_are_filtered(gw, groups, kept):
+    gw.service.graph.results["DOCS_MENTIONING_TOPIC"] = {
+        "columns": ["doc"],
+        "rows": [[doc_node("hr.md", **HR_ONLY)]],
+    }
+    r = gw.client.post(
+        "/graph/query",
+        json={"team_id": "dao_a", "intent": "DOCS_MENTIONING_TOPIC", "args": {"topic": "x"}},
+        headers=member(groups),
+    )
+    assert r.status_code == 200, r.text
+    assert len(r.json()["rows"]) == kept and r.json()["filtered_rows"] == 1 - kept
+    scope = gw.service.graph.calls[-1][2]
+    assert scope.acl_principals == ("*", "user:bob", *(f"group:{g}" for g in sorted(groups)))
