@@ -14,6 +14,16 @@ validated as resource policies of the gateway (docs/auth.md) and,
 with ``--policy-out``, written (merged) into a policy file for ``AUTH__POLICY_FILE``. A bad
 ``_access.yaml`` stops the import before anything is sent (exit status 2); a bad note is
 reported and skipped. Re-running is safe (ingestion is idempotent).
+
+Document ACLs: an ``_access.yaml`` in any folder (the vault root's too) may carry an ``acl:``
+mapping (``allowed_groups``, ``allowed_users``, ``denied_groups``) for every note in that folder
+and below. The nearest folder with an ``acl`` wins outright: ACLs of folders further up are not
+merged into it, and an empty ``acl: {}`` re-opens a subtree. A note's own front matter ``acl:``
+replaces the folders' the same way. In ``projects/<name>/`` and ``shared/skills/<id>/`` the
+``acl`` key is taken out before the rest is validated as the resource policy (a file with
+nothing but ``acl`` and the folder's own ``project``/``skill``/``team_id`` declares no policy);
+elsewhere an ``_access.yaml`` may hold nothing but ``acl``. A bad ``acl`` in an ``_access.yaml``
+stops the import; in front matter it skips the note.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ import httpx
 import yaml
 from pydantic import ValidationError
 
-from batch_ingest.documents import SourceDocument, parse_timestamp
+from batch_ingest.documents import DocumentAcl, SourceDocument, parse_timestamp
 from batch_ingest.wikilinks import extract_links, wiki_key
 from deployments.errors import InvalidInput
 from deployments.protocols import MAX_TITLE
@@ -43,6 +53,7 @@ from serve_app.policy import DEFAULT_POLICY_FILE, SKILL_TAG_PREFIX, Policy, Reso
 logger = logging.getLogger("serve_app.cli.vault")
 
 ACCESS_FILE = "_access.yaml"
+ACL_KEY = "acl"
 DOC_TYPE = "wiki"
 VISIBILITIES = ("public", "confidential")
 _ID_KEYS = ("id", "project", "skill", "name")
@@ -52,6 +63,14 @@ _HEADING = re.compile(r"^#[ \t]+(.+?)[ \t#]*$", re.M)
 
 class AccessFileError(InvalidInput, ValueError):
     """A ``_access.yaml`` that is not a valid resource policy (the message names the file)."""
+
+
+class AclError(ValueError):
+    """An ``acl`` mapping that is not a document ACL; ``problems`` are (field, message) pairs."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{name}: {message}" for name, message in problems))
 
 
 @dataclass
@@ -66,6 +85,13 @@ class VaultPlan:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     projects: list[ResourcePolicy] = field(default_factory=list)
     skills: list[ResourcePolicy] = field(default_factory=list)
+    # folder relative to the vault ("" = its root) -> the acl of its _access.yaml.
+    acls: dict[str, DocumentAcl] = field(default_factory=dict)
+
+    @property
+    def acl_count(self) -> int:
+        """Notes that carry a document ACL (from their folder or their front matter)."""
+        return sum(1 for doc in self.documents if doc.acl is not None)
 
     @property
     def link_count(self) -> int:
@@ -146,6 +172,39 @@ def _tags(value: Any) -> list[str]:
     return [t for t in tags if t]
 
 
+def parse_acl(value: Any) -> DocumentAcl:
+    """An ``acl:`` mapping (front matter or ``_access.yaml``) as a document ACL.
+
+    Raises:
+        AclError: naming each field (``acl.allowed_groups.0``) that is wrong.
+    """
+    if not isinstance(value, dict):
+        keys = ", ".join(DocumentAcl.model_fields)
+        raise AclError([(ACL_KEY, f"expected a mapping of {keys}, got {type(value).__name__}")])
+    try:
+        return DocumentAcl.model_validate(value)
+    except ValidationError as exc:
+        raise AclError(
+            [(".".join([ACL_KEY, *(str(p) for p in e["loc"])]), e["msg"]) for e in exc.errors()]
+        ) from exc
+
+
+def folder_acl(acls: dict[str, DocumentAcl], rel: str) -> DocumentAcl | None:
+    """The ``acl`` of the nearest folder above the note ``rel`` that declares one, if any."""
+    folder = rel.rpartition("/")[0]
+    while folder not in acls:
+        if not folder:
+            return None
+        folder = folder.rpartition("/")[0]
+    return acls[folder]
+
+
+def _note_acl(meta: dict[str, Any], inherited: DocumentAcl | None) -> DocumentAcl | None:
+    """The front matter's ``acl`` if it has one, else the folder's; None when it is empty."""
+    acl = parse_acl(meta[ACL_KEY]) if ACL_KEY in meta else inherited
+    return acl if acl is not None and acl.restricts else None
+
+
 def _title(meta: dict[str, Any], body: str, stem: str) -> str:
     title = meta.get("title")
     if title is not None and str(title).strip():
@@ -156,8 +215,16 @@ def _title(meta: dict[str, Any], body: str, stem: str) -> str:
     return stem[:MAX_TITLE]
 
 
-def read_note(root: Path, path: Path, team_id: str, visibility: str = "public") -> SourceDocument:
-    """One note as a document; raise ``ValueError`` (or ``OSError``) saying why it is invalid."""
+def read_note(
+    root: Path,
+    path: Path,
+    team_id: str,
+    visibility: str = "public",
+    inherited_acl: DocumentAcl | None = None,
+) -> SourceDocument:
+    """One note as a document; raise ``ValueError`` (or ``OSError``) saying why it is invalid.
+
+    ``inherited_acl`` is its folder's (``folder_acl``); front matter ``acl`` replaces it."""
     rel = path.relative_to(root).as_posix()
     parts = rel.split("/")
     raw = path.read_text(encoding="utf-8")
@@ -180,6 +247,7 @@ def read_note(root: Path, path: Path, team_id: str, visibility: str = "public") 
             logger.warning("%s: visibility %r is not public/confidential; using %s", rel,
                            chosen, visibility)  # fmt: skip
         chosen = visibility
+    acl = _note_acl(meta, inherited_acl)
     try:
         return SourceDocument(
             team_id=team_id,
@@ -191,6 +259,7 @@ def read_note(root: Path, path: Path, team_id: str, visibility: str = "public") 
             doc_type=DOC_TYPE,
             tags=tags,
             created_at=created,
+            acl=acl,
         )
     except ValidationError as exc:
         reasons = "; ".join(
@@ -199,11 +268,11 @@ def read_note(root: Path, path: Path, team_id: str, visibility: str = "public") 
         raise ValueError(reasons) from exc
 
 
-def read_access(path: Path, resource_id: str, team_id: str) -> ResourcePolicy:
-    """A ``_access.yaml`` as the gateway's resource policy of ``resource_id`` in ``team_id``.
+def _load_access(path: Path) -> dict[str, Any]:
+    """The fields of a ``_access.yaml`` (an empty file has none).
 
     Raises:
-        AccessFileError: naming the file and the field that is wrong.
+        AccessFileError: when it is unreadable or not a mapping.
     """
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -213,7 +282,22 @@ def read_access(path: Path, resource_id: str, team_id: str) -> ResourcePolicy:
         raw = {}
     if not isinstance(raw, dict):
         raise AccessFileError(f"{path}: expected a mapping of fields, got {type(raw).__name__}")
-    data = dict(raw)
+    return dict(raw)
+
+
+def _pop_acl(path: Path, data: dict[str, Any]) -> DocumentAcl | None:
+    """Take the ``acl`` out of ``data``; None when the file has none."""
+    if ACL_KEY not in data:
+        return None
+    try:
+        return parse_acl(data.pop(ACL_KEY))
+    except AclError as exc:
+        reasons = "; ".join(f"field {name!r}: {message}" for name, message in exc.problems)
+        raise AccessFileError(f"{path}: {reasons}") from exc
+
+
+def _pop_identity(path: Path, data: dict[str, Any], resource_id: str, team_id: str) -> None:
+    """Take out the fields naming the resource and team, checking they name this folder."""
     for key in _ID_KEYS:
         if key in data:
             value = data.pop(key)
@@ -224,6 +308,11 @@ def read_access(path: Path, resource_id: str, team_id: str) -> ResourcePolicy:
     file_team = data.pop("team_id", None)
     if file_team is not None and str(file_team) != team_id:
         raise AccessFileError(f"{path}: field 'team_id' is {file_team!r}, importing {team_id!r}")
+
+
+def _resource_policy(
+    path: Path, data: dict[str, Any], resource_id: str, team_id: str
+) -> ResourcePolicy:
     try:
         return ResourcePolicy.model_validate({**data, "id": resource_id, "team_id": team_id})
     except ValidationError as exc:
@@ -231,6 +320,71 @@ def read_access(path: Path, resource_id: str, team_id: str) -> ResourcePolicy:
             f"field {'.'.join(str(p) for p in e['loc']) or '?'!r}: {e['msg']}" for e in exc.errors()
         )
         raise AccessFileError(f"{path}: {reasons}") from exc
+
+
+def read_access_file(
+    path: Path, resource_id: str | None, team_id: str
+) -> tuple[DocumentAcl | None, ResourcePolicy | None]:
+    """A ``_access.yaml`` as ``(its acl, its resource policy)``, either of them None.
+
+    ``resource_id`` is the project or skill of the folder, or None for any other folder (whose
+    file may hold only ``acl``). A project or skill file without ``acl`` is a policy, as it
+    always was (an empty one too); one with ``acl`` is a policy only when it has other policy
+    fields than the folder's ``project``/``skill``/``id``/``name`` and ``team_id``.
+
+    Raises:
+        AccessFileError: naming the file and the field that is wrong.
+    """
+    data = _load_access(path)
+    has_acl = ACL_KEY in data
+    acl = _pop_acl(path, data)
+    if resource_id is None:
+        if data:
+            keys = ", ".join(repr(str(k)) for k in data)
+            raise AccessFileError(
+                f"{path}: field {keys} not allowed; outside projects/<name>/ and "
+                f"shared/skills/<id>/ an {ACCESS_FILE} may hold only {ACL_KEY!r}"
+            )
+        return acl, None
+    _pop_identity(path, data, resource_id, team_id)
+    if has_acl and not data:
+        return acl, None
+    return acl, _resource_policy(path, data, resource_id, team_id)
+
+
+def read_access(path: Path, resource_id: str, team_id: str) -> ResourcePolicy | None:
+    """A ``_access.yaml`` as the gateway's resource policy of ``resource_id`` in ``team_id``
+    (None when the file only carries an ``acl``).
+
+    Raises:
+        AccessFileError: naming the file and the field that is wrong.
+    """
+    return read_access_file(path, resource_id, team_id)[1]
+
+
+def add_access_file(plan: VaultPlan, root: Path, path: Path) -> None:
+    """Record one ``_access.yaml``: its policy under its project or skill, its ``acl`` under
+    its folder.
+
+    Raises:
+        AccessFileError: naming the file and the field that is wrong.
+    """
+    rel = path.relative_to(root).as_posix()
+    parts = rel.split("/")
+    policies: list[ResourcePolicy] | None = None
+    resource_id: str | None = None
+    if len(parts) == 3 and parts[0] == "projects":
+        policies, resource_id = plan.projects, parts[1]
+    elif len(parts) == 4 and parts[:2] == ["shared", "skills"]:
+        policies, resource_id = plan.skills, parts[2]
+    acl, policy = read_access_file(path, resource_id, plan.team_id)
+    if policies is not None and policy is not None:
+        policies.append(policy)
+    if acl is not None:
+        plan.acls[rel.rpartition("/")[0]] = acl
+    elif policies is None:
+        logger.warning("%s: no %r (and not projects/<name>/ or shared/skills/<id>/); ignored",
+                       rel, ACL_KEY)  # fmt: skip
 
 
 def scan_vault(root: Path, team_id: str, visibility: str = "public") -> VaultPlan:
@@ -241,21 +395,18 @@ def scan_vault(root: Path, team_id: str, visibility: str = "public") -> VaultPla
     """
     root = Path(root)
     plan = VaultPlan(team_id=team_id)
-    for path in iter_vault(root):
-        rel = path.relative_to(root).as_posix()
-        parts = rel.split("/")
+    paths = iter_vault(root)
+    # Every access file first: a note's folder ACL may sort after it, and a bad file must
+    # stop the import whatever notes come before it.
+    for path in paths:
         if path.name == ACCESS_FILE:
-            if len(parts) == 3 and parts[0] == "projects":
-                plan.projects.append(read_access(path, parts[1], team_id))
-            elif len(parts) == 4 and parts[:2] == ["shared", "skills"]:
-                plan.skills.append(read_access(path, parts[2], team_id))
-            else:
-                logger.warning("%s: not projects/<name>/ or shared/skills/<id>/; ignored", rel)
+            add_access_file(plan, root, path)
+    for path in paths:
+        if path.name == ACCESS_FILE or path.suffix.lower() != ".md":
             continue
-        if path.suffix.lower() != ".md":
-            continue
+        rel = path.relative_to(root).as_posix()
         try:
-            doc = read_note(root, path, team_id, visibility)
+            doc = read_note(root, path, team_id, visibility, folder_acl(plan.acls, rel))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             plan.skipped.append((rel, str(exc)))
             continue
@@ -317,6 +468,11 @@ def write_policy(path: Path, plan: VaultPlan) -> Policy:
 # --- sending -------------------------------------------------------------------------------
 
 
+def _payload(doc: SourceDocument) -> dict[str, Any]:
+    """A document as JSON; ``acl`` only when it has one (gateways before ACLs refuse it)."""
+    return doc.model_dump(mode="json", exclude={ACL_KEY} if doc.acl is None else None)
+
+
 def post_documents(
     client: httpx.Client, docs: list[SourceDocument], batch_size: int, token: str = ""
 ) -> dict[str, int] | None:
@@ -328,7 +484,7 @@ def post_documents(
     started = time.perf_counter()
     for start in range(0, len(docs), batch_size):
         batch = docs[start : start + batch_size]
-        payload = {"documents": [d.model_dump(mode="json") for d in batch]}
+        payload = {"documents": [_payload(d) for d in batch]}
         r = client.post("/ingest/documents", json=payload, headers=headers)
         if r.status_code != 200:
             logger.error("batch at document %d (%s) refused: HTTP %d %s", start + 1,
@@ -352,8 +508,13 @@ def post_documents(
 # --- CLI -----------------------------------------------------------------------------------
 
 
+def _describe_acl(acl: DocumentAcl) -> str:
+    fields = [(k, ",".join(v)) for k, v in acl.model_dump().items() if v]
+    return "; ".join(f"{k}={v}" for k, v in fields) or "open (no restriction)"
+
+
 def describe(plan: VaultPlan) -> list[str]:
-    """The plan as lines: counts per project and skill, links, policies, skipped notes."""
+    """The plan as lines: counts per project and skill, links, ACLs, policies, skipped notes."""
     lines = [
         f"vault plan for team {plan.team_id}: {len(plan.documents)} notes, "
         f"{len(plan.skipped)} skipped, {plan.link_count} wiki-links "
@@ -367,6 +528,9 @@ def describe(plan: VaultPlan) -> list[str]:
         t.startswith(SKILL_TAG_PREFIX) for t in d.tags))  # fmt: skip
     if other:
         lines.append(f"  outside projects and skills: {other} notes")
+    lines.append(f"  notes with an ACL: {plan.acl_count}")
+    for folder, acl in sorted(plan.acls.items()):
+        lines.append(f"  acl {folder + '/' if folder else '(vault root)'}: {_describe_acl(acl)}")
     for kind, entries in (("project", plan.projects), ("skill", plan.skills)):
         for p in entries:
             extra = ", ".join(
@@ -445,7 +609,7 @@ def main(argv: list[str] | None = None, client: httpx.Client | None = None) -> i
     print(
         f"done: indexed {totals['indexed']}, unchanged {totals['unchanged']}, "
         f"failed {totals['failed']}, skipped {len(plan.skipped)}; "
-        f"{plan.link_count} wiki-links; projects: "
+        f"{plan.link_count} wiki-links; {plan.acl_count} notes with an ACL; projects: "
         f"{', '.join(sorted(plan.per_project())) or '-'}; skills: "
         f"{', '.join(sorted(plan.per_skill())) or '-'}"
     )

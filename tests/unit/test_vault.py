@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from batch_ingest.documents import DocumentAcl
 from serve_app.cli.vault import (
     AccessFileError,
+    _payload,
     main,
     merge_policy,
     read_access,
@@ -244,6 +246,203 @@ def test_merge_from_scratch_starts_with_packaged_defaults(vault):
     Policy.model_validate(merged)
 
 
+# --- document ACLs ------------------------------------------------------------------------
+
+STAFF = DocumentAcl(allowed_groups=["staff"])
+
+
+@pytest.fixture
+def acl_vault(vault: Path) -> Path:
+    """The vault with ACLs: the root's, poimen's (beside its policy), poimen/tools' own."""
+    write(vault, "_access.yaml", "acl:\n  allowed_groups: [staff]\n")
+    write(
+        vault,
+        "projects/poimen/_access.yaml",
+        "project: poimen\nowner: platform-team\naccess_level: group\n"
+        "allowed_groups: [platform-team, devops-team]\n"
+        "acl:\n  allowed_groups: [platform-team, sre, sre]\n  allowed_users: [carol]\n",
+    )
+    write(vault, "projects/poimen/tools/_access.yaml", "acl:\n  denied_groups: [contractors]\n")
+    return vault
+
+
+def acls(plan) -> dict[str, DocumentAcl | None]:
+    return {d.doc_id: d.acl for d in plan.documents}
+
+
+def test_folder_acls_are_inherited_nearest_wins(acl_vault):
+    plan = scan_vault(acl_vault, TEAM)
+    poimen = DocumentAcl(allowed_groups=["platform-team", "sre"], allowed_users=["carol"])
+    assert acls(plan) == {
+        "README.md": STAFF,  # the vault root's
+        "projects/ai-infra/index.md": STAFF,  # a sibling of poimen: untouched by it
+        "projects/poimen/index.md": poimen,
+        # the nearest folder wins outright: neither poimen's nor the root's lists are merged in
+        "projects/poimen/tools/kubectl.md": DocumentAcl(denied_groups=["contractors"]),
+        "shared/skills/SKILL-kubernetes-debugging/SKILL.md": STAFF,
+    }
+    assert plan.acls["projects/poimen"].allowed_groups == ["platform-team", "sre"]  # sorted, once
+    assert set(plan.acls) == {"", "projects/poimen", "projects/poimen/tools"}
+    assert plan.acl_count == 5
+    assert _payload(by_id(plan)["README.md"])["acl"] == {
+        "allowed_groups": ["staff"],
+        "allowed_users": [],
+        "denied_groups": [],
+    }
+
+
+def test_vault_without_acls_sends_none(vault):
+    plan = scan_vault(vault, TEAM)
+    assert set(acls(plan).values()) == {None} and plan.acl_count == 0 and plan.acls == {}
+    assert "acl" not in _payload(plan.documents[0])  # what gateways before ACLs accept
+
+
+def test_empty_folder_acl_reopens_a_subtree(acl_vault):
+    write(acl_vault, "projects/poimen/tools/_access.yaml", "acl: {}\n")
+    docs = acls(scan_vault(acl_vault, TEAM))
+    assert docs["projects/poimen/tools/kubectl.md"] is None
+    assert docs["projects/poimen/index.md"] is not None and docs["README.md"] == STAFF
+
+
+def test_front_matter_acl_overrides_the_folders(acl_vault):
+    write(acl_vault, "projects/poimen/tools/helm.md",
+          "---\nacl:\n  allowed_users: [bob, alice, bob]\n---\n# Helm\n")  # fmt: skip
+    write(acl_vault, "projects/poimen/tools/open.md", "---\nacl: {}\n---\n# Open\n")
+    write(acl_vault, "notes/deny.md", "---\nacl:\n  denied_groups: [interns]\n---\nx\n")
+    plan = scan_vault(acl_vault, TEAM)
+    docs = acls(plan)
+    assert docs["projects/poimen/tools/helm.md"] == DocumentAcl(allowed_users=["alice", "bob"])
+    assert docs["projects/poimen/tools/open.md"] is None  # an empty one lifts the folders'
+    assert docs["notes/deny.md"] == DocumentAcl(denied_groups=["interns"])  # not + root's staff
+    assert docs["projects/poimen/tools/kubectl.md"] == DocumentAcl(denied_groups=["contractors"])
+    assert plan.acl_count == 7
+
+
+def test_project_access_file_with_acl_and_policy_keys(acl_vault):
+    plan = scan_vault(acl_vault, TEAM)
+    projects = {p.id: p for p in plan.projects}
+    # the acl is taken out; the rest is the same policy as without it
+    poimen = projects["poimen"]
+    assert poimen.access_level == "group" and poimen.owner_group == "platform-team"
+    assert poimen.allowed_groups == ["platform-team", "devops-team"]
+    assert "acl" not in poimen.model_dump()
+    assert set(projects) == {"poimen", "ai-infra"} and len(plan.skills) == 1
+    Policy.model_validate(merge_policy(None, plan))
+
+
+def test_acl_only_project_and_skill_files_declare_no_policy(acl_vault):
+    write(acl_vault, "projects/ai-infra/_access.yaml",
+          "project: ai-infra\nteam_id: dao_vault\nacl:\n  allowed_groups: [ml-team]\n")  # fmt: skip
+    skill = write(acl_vault, "shared/skills/SKILL-kubernetes-debugging/_access.yaml",
+                  "acl:\n  allowed_groups: [platform-team]\n")  # fmt: skip
+    plan = scan_vault(acl_vault, TEAM)
+    assert [p.id for p in plan.projects] == ["poimen"] and plan.skills == []
+    assert read_access(skill, "SKILL-kubernetes-debugging", TEAM) is None
+    docs = acls(plan)
+    assert docs["projects/ai-infra/index.md"] == DocumentAcl(allowed_groups=["ml-team"])
+    assert docs["shared/skills/SKILL-kubernetes-debugging/SKILL.md"] == DocumentAcl(
+        allowed_groups=["platform-team"]
+    )
+    # today's behaviour without an acl: an empty project file is still a (private) policy
+    empty = write(acl_vault, "projects/ai-infra/_access.yaml", "")
+    policy = read_access(empty, "ai-infra", TEAM)
+    assert policy is not None and policy.access_level == "private"
+    # an acl-only file still has to name its own folder
+    write(acl_vault, "projects/ai-infra/_access.yaml", "project: other\nacl: {}\n")
+    with pytest.raises(AccessFileError, match="'project' is 'other'"):
+        scan_vault(acl_vault, TEAM)
+
+
+TOO_MANY = "[" + ", ".join(f"g{i}" for i in range(65)) + "]"
+
+
+@pytest.mark.parametrize(
+    "where", ["_access.yaml", "projects/poimen/_access.yaml", "a/b/_access.yaml"]
+)
+@pytest.mark.parametrize(
+    ("acl", "needle"),
+    [
+        ("acl: [staff]\n", "'acl': expected a mapping"),
+        ("acl:\n", "'acl': expected a mapping"),
+        ("acl:\n  allowed_group: [staff]\n", "'acl.allowed_group'"),
+        ("acl:\n  allowed_groups: staff\n", "'acl.allowed_groups'"),
+        ("acl:\n  allowed_users: ['']\n", "'acl.allowed_users.0'"),
+        ("acl:\n  denied_groups: [7]\n", "'acl.denied_groups.0'"),
+        (
+            f"acl:\n  allowed_groups: {TOO_MANY}\n",
+            "'acl.allowed_groups': List should have at most 64",
+        ),
+    ],
+)
+def test_bad_acl_in_an_access_file_stops_the_import(acl_vault, where, acl, needle):
+    path = write(acl_vault, where, acl)
+    with pytest.raises(AccessFileError) as exc:
+        scan_vault(acl_vault, TEAM)
+    assert str(path) in str(exc.value) and needle in str(exc.value)
+
+
+def test_other_folders_access_file_holds_only_an_acl(acl_vault):
+    path = write(acl_vault, "notes/_access.yaml",
+                 "acl:\n  allowed_groups: [staff]\naccess_level: public\nowner: x\n")  # fmt: skip
+    with pytest.raises(AccessFileError) as exc:
+        scan_vault(acl_vault, TEAM)
+    message = str(exc.value)
+    assert str(path) in message and "'access_level'" in message and "'owner'" in message
+    # the vault root and folders below a project are "other" folders too
+    write(acl_vault, "notes/_access.yaml", "acl: {}\n")
+    root = write(acl_vault, "_access.yaml", "acl: {}\nteam_id: dao_vault\n")
+    with pytest.raises(AccessFileError, match="'team_id' not allowed"):
+        scan_vault(acl_vault, TEAM)
+    root.write_text("acl: {}\n", encoding="utf-8")
+    path = write(acl_vault, "projects/poimen/tools/_access.yaml", "access_level: group\n")
+    with pytest.raises(AccessFileError, match="'access_level' not allowed"):
+        scan_vault(acl_vault, TEAM)
+    # an empty one there is harmless (ignored, as before): the notes keep poimen's acl
+    path.write_text("", encoding="utf-8")
+    plan = scan_vault(acl_vault, TEAM)
+    assert acls(plan)["projects/poimen/tools/kubectl.md"] == plan.acls["projects/poimen"]
+    assert "projects/poimen/tools" not in plan.acls
+
+
+@pytest.mark.parametrize(
+    ("acl", "needle"),
+    [
+        ("acl: staff", "acl: expected a mapping"),
+        ("acl:\n  groups: [staff]", "acl.groups: Extra inputs"),
+        ("acl:\n  denied_groups: {a: 1}", "acl.denied_groups: Input should be a valid list"),
+        ('acl:\n  allowed_groups: ["bad\\x01id", "  "]', "acl.allowed_groups.0"),
+    ],
+)
+def test_bad_front_matter_acl_skips_only_that_note(acl_vault, acl, needle):
+    write(acl_vault, "projects/poimen/secret.md", f"---\n{acl}\n---\n# Secret\n")
+    plan = scan_vault(acl_vault, TEAM)
+    skipped = dict(plan.skipped)
+    assert needle in skipped["projects/poimen/secret.md"]
+    assert "projects/poimen/secret.md" not in by_id(plan) and len(plan.documents) == 5
+
+
+def test_cli_dry_run_counts_notes_with_an_acl(acl_vault, capsys):
+    assert main([str(acl_vault), "--team", TEAM, "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "  notes with an ACL: 5\n" in text
+    assert "  acl (vault root): allowed_groups=staff\n" in text
+    assert "  acl projects/poimen/: allowed_groups=platform-team,sre; allowed_users=carol\n" in text
+    assert "  acl projects/poimen/tools/: denied_groups=contractors\n" in text
+
+
+def test_cli_posts_document_acls(acl_vault, capsys):
+    gw = build_gateway()
+    token = mint(claims(teams={TEAM: ["owner"]}))
+    assert main([str(acl_vault), "--team", TEAM, "--token", token], client=gw.client) == 0
+    assert "indexed 5, unchanged 0, failed 0, skipped 1; 6 wiki-links; 5 notes with an ACL" in (
+        capsys.readouterr().out
+    )
+    graph = gw.service.graph.docs
+    assert graph[(TEAM, "README.md")].acl_allow == ("group:staff",)
+    kubectl = graph[(TEAM, "projects/poimen/tools/kubectl.md")]
+    assert kubectl.acl_allow == ("*",) and kubectl.acl_deny == ("group:contractors",)
+
+
 # --- CLI -----------------------------------------------------------------------------------
 
 
@@ -258,6 +457,7 @@ def test_cli_dry_run_prints_the_plan(vault, tmp_path, capsys):
     assert "policy project poimen: group" in text
     assert "policy skill SKILL-kubernetes-debugging: group" in text
     assert "skipped projects/poimen/memories/empty.md" in text
+    assert "  notes with an ACL: 0\n" in text
     assert not out.exists()
 
 
