@@ -101,6 +101,8 @@ class AuditRecord:
     query_text: str | None = None
     doc_ids: list[str] | None = None
     chunk_ids: list[str] | None = None
+    # The caller's verified groups: what its document-ACL decisions were made with.
+    groups: list[str] | None = None
     latency_ms: float | None = None
     path: str = ""
 
@@ -151,6 +153,7 @@ def build_table(metadata: sa.MetaData, name: str) -> sa.Table:
         sa.Column("query_text", sa.Text(), nullable=True),
         sa.Column("doc_ids", sa.JSON(), nullable=True),
         sa.Column("chunk_ids", sa.JSON(), nullable=True),
+        sa.Column("groups", sa.JSON(), nullable=True),
         sa.Column("latency_ms", sa.Float(), nullable=True),
         sa.Column("path", sa.String(256), nullable=False, default=""),
         sa.CheckConstraint("decision IN ('allow', 'deny')", name=f"{name}_decision_ck"),
@@ -186,7 +189,23 @@ class AuditStore:
     def create(self) -> None:
         if not self._created:
             self.metadata.create_all(self.engine, checkfirst=True)
+            self._add_missing_columns()
             self._created = True
+
+    def _add_missing_columns(self) -> None:
+        """Columns added since a table was created (nullable ones only), so an audit
+        database of an older gateway keeps being written."""
+        present = {c["name"] for c in sa.inspect(self.engine).get_columns(self.table.name)}
+        missing = [c for c in self.table.columns if c.name not in present]
+        if not missing:
+            return
+        with self.engine.begin() as conn:
+            for column in missing:
+                kind = column.type.compile(dialect=self.engine.dialect)
+                conn.execute(
+                    sa.text(f'ALTER TABLE "{self.table.name}" ADD COLUMN "{column.name}" {kind}')
+                )
+                logger.info("audit table %s: added column %s", self.table.name, column.name)
 
     def insert(self, records: list[AuditRecord]) -> None:
         if not records:

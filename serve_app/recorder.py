@@ -73,6 +73,8 @@ class AuditRecorder:
             fields.setdefault("key_id", principal.key_id)
             fields.setdefault("agent_id", principal.agent_id)
             fields.setdefault("subject", principal.sub)
+            if principal.groups:
+                fields.setdefault("groups", sorted(principal.groups))
         if started is not None:
             fields.setdefault("latency_ms", round((time.perf_counter() - started) * 1000, 2))
         try:

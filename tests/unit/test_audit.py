@@ -461,3 +461,30 @@ def test_parse_time_accepts_iso_and_relative_spans():
     assert parse_time("2h", now) == datetime(2026, 11, 30, 10, tzinfo=UTC)
     assert parse_time("2026-11-30T08:00:00Z") == datetime(2026, 11, 30, 8, tzinfo=UTC)
     assert parse_time("2026-11-30T08:00:00") == datetime(2026, 11, 30, 8, tzinfo=UTC)
+
+
+def test_a_table_of_an_older_gateway_gains_the_new_columns(url):
+    """The ``groups`` column came with document ACLs: an audit database created before it is
+    migrated in place (nullable column added) and keeps its rows."""
+    import sqlalchemy as sa
+
+    old = AuditStore(url)
+    old.table = old.table.to_metadata(sa.MetaData())
+    old.table._columns.remove(old.table.c.groups)
+    old.table.metadata.create_all(old.engine)
+    with old.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO audit_decisions (ts, trace_id, subject, auth_method, key_id, "
+                "agent_id, declared_agent_id, team_id, action, resource, decision, reason, "
+                "http_status, path) VALUES ('2026-11-30 08:00:00', 't', 'old', '', '', '', '', "
+                "'dao', 'search', '', 'allow', 'ok', 200, '')"
+            )
+        )
+    old.dispose()
+    store = AuditStore(url)
+    store.insert([rec(subject="new", groups=["hr"])])
+    rows = {r["subject"]: r for r in store.query()}
+    assert rows["old"]["groups"] is None
+    assert rows["new"]["groups"] == ["hr"]
+    store.dispose()
