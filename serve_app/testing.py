@@ -248,7 +248,22 @@ TENANCY_LAYOUT = (
     ("ops_doc", "public", "doc", "prj_ops"),
     ("board_doc", "public", "doc", "prj_board"),
     ("board_conf", "confidential", "file", "prj_board"),
+    ("acl_dev_doc", "public", "doc", ""),
+    ("acl_alice_wiki", "public", "wiki", ""),
+    ("acl_not_ops", "public", "message", ""),
+    ("acl_mixed_conf", "confidential", "doc", "prj_open"),
 )
+# Document ACLs of some layout rows (by doc_id suffix); the others have none.
+TENANCY_ACLS: dict[str, dict[str, list[str]]] = {
+    "acl_dev_doc": {"allowed_groups": ["dev"]},
+    "acl_alice_wiki": {"allowed_users": ["alice"]},
+    "acl_not_ops": {"denied_groups": ["ops"]},
+    "acl_mixed_conf": {
+        "allowed_groups": ["dev"],
+        "allowed_users": ["bob"],
+        "denied_groups": ["board"],
+    },
+}
 
 
 def marker(index: int) -> str:
@@ -259,9 +274,9 @@ def marker(index: int) -> str:
 def tenancy_corpus() -> list[dict[str, Any]]:
     docs: list[dict[str, Any]] = []
     for team in TEAMS:
-        rows = [(f"{team}_{s}", v, t, p) for s, v, t, p in TENANCY_LAYOUT]
-        rows.append(("SKILL-deploy", "public", "wiki", ""))
-        for doc_id, visibility, doc_type, project in rows:
+        rows = [(f"{team}_{s}", v, t, p, TENANCY_ACLS.get(s)) for s, v, t, p in TENANCY_LAYOUT]
+        rows.append(("SKILL-deploy", "public", "wiki", "", None))
+        for doc_id, visibility, doc_type, project, acl in rows:
             index = len(docs)
             docs.append(
                 {
@@ -276,6 +291,7 @@ def tenancy_corpus() -> list[dict[str, Any]]:
                     "channel_id": "ch_1",
                     "agent_id": "ag_1",
                     "tags": ["milvus", "rag"],
+                    **({"acl": acl} if acl else {}),
                 }
             )
     return docs

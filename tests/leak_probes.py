@@ -10,7 +10,8 @@ random or adversarial fields, and sends it to ``POST /rag/search_docs``,
 ``POST /ingest/documents``, ``GET /audit/decisions`` or ``POST /rag/enrich_answer`` (whose
 sources, like search matches, must stay inside what the caller may read). The expected
 visibility comes from the oracle of the property tests (written from the policy's rules, not
-from AccessContext).
+from AccessContext); some documents carry document ACLs (allowed groups, allowed users,
+denied groups: ``serve_app.testing.TENANCY_ACLS``), so every probe also checks them.
 
 A leak is: a chunk (marker) of another team, or one the caller may not read, in any response;
 a 200 for a team the identity does not grant; a write the caller may not make; a non-401 for
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import environment_info, markdown_table, setup_logging, write_result
-from serve_app.testing import TENANCY_LAYOUT, isolated_env
+from serve_app.testing import TENANCY_ACLS, TENANCY_LAYOUT, isolated_env
 
 logger = logging.getLogger("tests.leak_probes")
 
@@ -267,6 +268,7 @@ def graph_corpus(teams: tuple[str, ...]) -> list[dict[str, Any]]:
                     "agent_id": per_vis[vis]["ag"],
                     "author_id": per_vis[vis]["user"],
                     "tags": tags,
+                    **({"acl": TENANCY_ACLS[suffix]} if suffix in TENANCY_ACLS else {}),
                 }
             )
     return docs
@@ -281,7 +283,17 @@ def node_doc(node: dict[str, Any]) -> dict[str, Any]:
         "doc_type": node.get("doc_type") or "",
         "project_id": node.get("project_id") or "",
         "tags": list(node.get("tags") or ()),
+        "acl_allow": list(node.get("acl_allow") or ("*",)),
+        "acl_deny": list(node.get("acl_deny") or ()),
     }
+
+
+def dev_identity(body: dict[str, Any]) -> dict[str, Any]:
+    """What development body trust grants: owner of the body's team, no groups or
+    permissions, the body's ``user_id`` (or ``dev``) as subject."""
+    team = str(body.get("team_id")).strip()
+    sub = str(body.get("user_id") or "").strip() or "dev"
+    return {"sub": sub, "teams": {team: ["owner"]}, "groups": set(), "permissions": set()}
 
 
 def walk_entities(value: Any) -> Iterator[dict[str, Any]]:
@@ -692,11 +704,7 @@ class GraphProbes:
         return identity, headers, expected, gw
 
     def scope_of(self, expected: Any, body: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
-        if expected == "dev":
-            team = str(body.get("team_id")).strip()
-            ident = {"teams": {team: ["owner"]}, "groups": set(), "permissions": set()}
-        else:
-            ident = expected
+        ident = dev_identity(body) if expected == "dev" else expected
         raw = str(body.get("team_id"))
         return ident, {raw, raw.strip()} & set(ident["teams"])
 
@@ -1311,11 +1319,7 @@ class Prober(GraphProbes):
         response = gw.search(body, **headers)
         problem = self.common_failure(expected, response)
         if response.status_code == 200 and problem is None:
-            if expected == "dev":
-                team = str(body["team_id"]).strip()
-                ident = {"teams": {team: ["owner"]}, "groups": set(), "permissions": set()}
-            else:
-                ident = expected
+            ident = dev_identity(body) if expected == "dev" else expected
             raw = str(body["team_id"])
             granted = {raw, raw.strip()} & set(ident["teams"])
             matches = response.json()["matches"]
@@ -1375,11 +1379,7 @@ class Prober(GraphProbes):
         response = gw.client.post("/rag/enrich_answer", json=body, headers=headers)
         problem = self.common_failure(expected, response)
         if response.status_code == 200 and problem is None:
-            if expected == "dev":
-                team = str(body["team_id"]).strip()
-                ident = {"teams": {team: ["owner"]}, "groups": set(), "permissions": set()}
-            else:
-                ident = expected
+            ident = dev_identity(body) if expected == "dev" else expected
             raw = str(body["team_id"])
             granted = {raw, raw.strip()} & set(ident["teams"])
             answer = response.json()

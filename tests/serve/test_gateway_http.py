@@ -427,3 +427,52 @@ def test_vault_cli_imports_over_http(gateway: str, client: httpx.Client, tmp_pat
     # A second run changes nothing.
     assert main([str(root), "--team", team, "--url", gateway]) == 0
     assert "indexed 0, unchanged 2, failed 0" in capsys.readouterr().out
+
+
+def test_document_acls_through_the_deployed_app(client: httpx.Client):
+    """Dev mode (the body's user_id is the subject): an ACL'd document reaches only its
+    users through search and enrich, and lifting the list re-permissions it without
+    embedding again."""
+    team = f"dao_acl_{uuid.uuid4().hex[:6]}"
+    private = {
+        "team_id": team,
+        "doc_id": "alice_notes",
+        "title": "Alice's quarterly budget notes",
+        "text": "The quarterly budget of the greenhouse project is kept by Alice only.",
+        "acl": {"allowed_users": ["alice"]},
+    }
+    public = {
+        "team_id": team,
+        "doc_id": "open_notes",
+        "title": "Greenhouse project",
+        "text": "The greenhouse project grows tomatoes with solar heating.",
+    }
+    r = client.post("/ingest/documents", json={"documents": [private, public]})
+    assert r.status_code == 200 and r.json()["indexed"] == 2, r.text
+
+    def found(user: str) -> set[str]:
+        body = {"team_id": team, "user_id": user, "query": "greenhouse budget", "top_k": 10}
+        r = search(client, **body)
+        assert r.status_code == 200, r.text
+        return {m["source_ref"]["id"] for m in r.json()["matches"]}
+
+    assert found("alice") == {"alice_notes", "open_notes"}
+    assert found("bob") == {"open_notes"}
+    enrich = client.post(
+        "/rag/enrich_answer",
+        json={
+            "team_id": team,
+            "user_id": "bob",
+            "question": "What is the quarterly budget of the greenhouse project?",
+            "draft_answer": "The quarterly budget of the greenhouse project is kept by Alice.",
+        },
+    )
+    assert enrich.status_code == 200, enrich.text
+    assert "alice_notes" not in {s["doc_id"] for s in enrich.json()["sources"]}
+    # The list lifted: re-written with the stored vectors, and bob reads it now.
+    lifted = {k: v for k, v in private.items() if k != "acl"}
+    r = client.post("/ingest/documents", json={"documents": [lifted]})
+    assert r.status_code == 200, r.text
+    (doc,) = r.json()["documents"]
+    assert doc["status"] == "indexed" and doc["embedded_chunks"] == 0
+    assert found("bob") == {"alice_notes", "open_notes"}

@@ -157,7 +157,59 @@ def test_agent_token_cannot_claim_another_agent(gateway):
 
 def test_guest_sees_only_its_doc_types(gateway):
     found = ids(gateway.search(QUERY, token({"dao_a": ["guest"]})))
-    assert found == {"dao_a_pub_doc"}
+    # Doc and wiki only: the public doc, and the wiki whose ACL allows alice.
+    assert found == {"dao_a_pub_doc", "dao_a_acl_alice_wiki"}
+
+
+# --- document ACLs ---------------------------------------------------------------------------
+
+ACL_DOCS = {
+    "dao_a_acl_dev_doc",
+    "dao_a_acl_alice_wiki",
+    "dao_a_acl_not_ops",
+    "dao_a_acl_mixed_conf",
+}
+
+
+@pytest.mark.parametrize(
+    ("sub", "groups", "mode", "expected"),
+    [
+        ("carol", [], "public", {"dao_a_acl_not_ops"}),
+        ("alice", [], "public", {"dao_a_acl_not_ops", "dao_a_acl_alice_wiki"}),
+        ("carol", ["dev"], "public", {"dao_a_acl_not_ops", "dao_a_acl_dev_doc"}),
+        ("carol", ["ops"], "public", set()),
+        (
+            "carol",
+            ["dev"],
+            "confidential",
+            {"dao_a_acl_not_ops", "dao_a_acl_dev_doc", "dao_a_acl_mixed_conf"},
+        ),
+        ("bob", [], "confidential", {"dao_a_acl_not_ops", "dao_a_acl_mixed_conf"}),
+        # A denied group wins over an allowed group and an allowed user.
+        ("bob", ["dev", "board"], "confidential", {"dao_a_acl_not_ops", "dao_a_acl_dev_doc"}),
+    ],
+)
+def test_document_acls_decide_inside_the_team(gateway, sub, groups, mode, expected):
+    owner = token({"dao_a": ["owner"]}, sub=sub, groups=groups)
+    body = QUERY | {"mode": mode, "top_k": 50}
+    response = gateway.search(body, owner)
+    assert response.status_code == 200
+    assert ids(response) & ACL_DOCS == expected
+    # The store was asked with the caller's tokens, so top_k is filled from what it may read.
+    flt = gateway.store.searches[-1][1]
+    assert "user:" + sub in flt.acl_principals
+    assert {"group:" + g for g in groups} <= set(flt.acl_principals)
+
+
+def test_acl_filtered_search_still_fills_top_k(gateway):
+    """The ACL is in the store's filter (not a post-filter): asking for k matches gives k
+    readable ones while the team holds that many."""
+    owner = token(
+        {"dao_a": ["owner"]}, sub="carol", groups=["ops", "board"], permissions=["skill:read"]
+    )
+    found = gateway.search(QUERY | {"top_k": 3}, owner).json()["matches"]
+    assert len(found) == 3
+    assert not {m["source_ref"]["id"] for m in found} & (ACL_DOCS - {"dao_a_acl_not_ops"})
 
 
 def test_doc_type_filter_outside_the_roles_is_403(gateway):

@@ -82,7 +82,9 @@ def test_a_cache_that_ignores_the_scope_is_reported_as_a_leak(monkeypatch):
     original = semantic.SemanticCache.lookup
 
     async def lookup(self, **kw):
-        kw["flt"] = dataclasses.replace(kw["flt"], visibilities=(), doc_types=())
+        kw["flt"] = dataclasses.replace(
+            kw["flt"], visibilities=(), doc_types=(), acl_principals=("*",)
+        )
         kw["shape"] = {k: v for k, v in kw["shape"].items() if k != "visibility"}
         return await original(self, **kw)
 

@@ -112,6 +112,29 @@ def resource_allowed(doc: dict[str, Any], groups: set[str], permissions: set[str
     return not (skill and "skill:read" not in permissions)
 
 
+def acl_allowed(doc: dict[str, Any], sub: str, groups: set[str]) -> bool:
+    """The document ACL as the spec states it: a denied group never reads; with allow lists,
+    only their groups and users read; without, everyone else does. ``doc["acl"]`` is the
+    document's list, or ``acl_allow``/``acl_deny`` tokens of a graph node."""
+    acl = doc.get("acl")
+    if acl is None and ("acl_allow" in doc or "acl_deny" in doc):
+        allow = [t for t in doc.get("acl_allow") or ["*"] if t != "*"]
+        acl = {
+            "allowed_groups": [t[6:] for t in allow if t.startswith("group:")],
+            "allowed_users": [t[5:] for t in allow if t.startswith("user:")],
+            "denied_groups": [t[6:] for t in doc.get("acl_deny") or [] if t.startswith("group:")],
+        }
+    if not acl:
+        return True
+    if groups & set(acl.get("denied_groups", ())):
+        return False
+    allowed_groups = set(acl.get("allowed_groups", ()))
+    allowed_users = set(acl.get("allowed_users", ()))
+    if not allowed_groups and not allowed_users:
+        return True
+    return bool(groups & allowed_groups) or sub in allowed_users
+
+
 def may_read(identity: dict[str, Any], team: str, confidential_mode: bool, doc: dict) -> bool:
     roles = set(identity["teams"].get(team, ()))
     if not roles or doc["team_id"] != team:
@@ -122,6 +145,8 @@ def may_read(identity: dict[str, Any], team: str, confidential_mode: bool, doc: 
         return False
     types = doc_types_of(roles)
     if types is not ALL and doc.get("doc_type", "doc") not in types:
+        return False
+    if not acl_allowed(doc, identity.get("sub", ""), set(identity["groups"])):
         return False
     return resource_allowed(doc, identity["groups"], identity["permissions"])
 
@@ -426,10 +451,11 @@ def test_search_in_dev_mode_never_crosses_the_body_team(dev_gateway, case):
     confidential_mode = body.get("mode", body.get("visibility")) == "confidential"
     for match in response.json()["matches"]:
         assert match["source_ref"]["team_id"] == team
-    owner = {"teams": {team: ["owner"]}, "groups": set(), "permissions": set()}
+    # The dev principal is an owner without groups or permissions, whose subject is the
+    # body's user_id: project, skill and document ACL policies still apply to it.
+    sub = str(body.get("user_id") or "").strip() or "dev"
+    owner = {"sub": sub, "teams": {team: ["owner"]}, "groups": set(), "permissions": set()}
     visible = {i for i, d in enumerate(CORPUS) if may_read(owner, team, confidential_mode, d)}
-    # The dev principal is an owner without groups or permissions: project and skill
-    # policies still apply to it.
     assert not {int(i) for i in MARKER.findall(response.text)} - visible
 
 
