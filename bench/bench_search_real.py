@@ -15,6 +15,11 @@
    the floor and the searches again.
 5. ``--compare-off``: the app redeployed with the in-memory index off (every search in
    Milvus) and measured the same way.
+6. ``--acl-share F``: that share of the documents carries a document ACL (allowed group
+   ``bench_readers``, denied group ``bench_contractors``) and the reader's token holds
+   ``bench_readers`` and two other groups: every search then evaluates the allow and deny
+   terms over token arrays while the answers stay the same (the reader may read every
+   document), so p50 and nDCG compare with a run without ``--acl-share``.
 
     .venv/bin/python -m bench.bench_search_real --help
 """
@@ -83,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--flush", action="store_true", help="flush Milvus after writing")
     p.add_argument(
+        "--acl-share",
+        type=float,
+        default=0.0,
+        help="share of documents with a document ACL the reader passes (0: none)",
+    )
+    p.add_argument(
         "--serve-env",
         action="append",
         default=[],
@@ -94,13 +105,39 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+READER_GROUPS = ["bench_readers", "bench_analysts", "bench_ops"]
+
+
 def token(team: str, settings: Any, role: str = "member") -> str:
     import jwt
 
     now = int(time.time())
-    claims = {"sub": "bench-agent", "iat": now, "exp": now + 86_400}
+    claims: dict[str, Any] = {"sub": "bench-agent", "iat": now, "exp": now + 86_400}
     claims[settings.auth.claims.teams] = {team: [role]}
+    claims[settings.auth.claims.groups] = READER_GROUPS
     return jwt.encode(claims, SECRET, "HS256")
+
+
+def with_acls(chunks: list[Any], share: float) -> list[Any]:
+    """``share`` of the documents (by a hash of the doc id, stable across runs) get an ACL
+    that the reader of ``token`` passes: allowed group ``bench_readers``, denied group
+    ``bench_contractors``."""
+    import hashlib
+    from dataclasses import replace
+
+    if share <= 0:
+        return chunks
+
+    def restricted(doc_id: str) -> bool:
+        digest = hashlib.sha256(doc_id.encode()).digest()
+        return int.from_bytes(digest[:4], "big") / 2**32 < share
+
+    return [
+        replace(c, acl_allow=("group:bench_readers",), acl_deny=("group:bench_contractors",))
+        if restricted(c.doc_id)
+        else c
+        for c in chunks
+    ]
 
 
 async def after_ingest(h: ServeHarness, args: argparse.Namespace, n: int) -> dict[str, Any]:
@@ -388,13 +425,16 @@ async def run(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
     chunks = realtext.embed_chunks(
         realtext.build_chunks(labeled.documents, settings), settings, name="appstream"
     )
+    chunks = with_acls(chunks, args.acl_share)
+    result_acl = sum(1 for c in chunks if c.acl_deny)
+    logger.info("chunks with a document ACL: %d of %d", result_acl, len(chunks))
     queries = [labeled.queries[q] for q in sorted(labeled.queries)]
     headers = (
         {"authorization": f"Bearer {token(args.team, settings)}"} if args.auth == "jwt" else {}
     )
     store = h.milvus_store()
     store.start()
-    result: dict[str, Any] = {"phases": [], "floors": []}
+    result: dict[str, Any] = {"phases": [], "floors": [], "acl_chunks": result_acl}
     result["write_s"] = round(write_chunks(store, chunks, "AppStream", args.flush), 1)
     limit = args.top_k * settings.search.candidate_multiplier
     before = floor_samples(settings, chunks, queries, limit, args.floor_queries)
