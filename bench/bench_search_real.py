@@ -118,28 +118,6 @@ def token(team: str, settings: Any, role: str = "member") -> str:
     return jwt.encode(claims, SECRET, "HS256")
 
 
-def with_acls(chunks: list[Any], share: float) -> list[Any]:
-    """``share`` of the documents (by a hash of the doc id, stable across runs) get an ACL
-    that the reader of ``token`` passes: allowed group ``bench_readers``, denied group
-    ``bench_contractors``."""
-    import hashlib
-    from dataclasses import replace
-
-    if share <= 0:
-        return chunks
-
-    def restricted(doc_id: str) -> bool:
-        digest = hashlib.sha256(doc_id.encode()).digest()
-        return int.from_bytes(digest[:4], "big") / 2**32 < share
-
-    return [
-        replace(c, acl_allow=("group:bench_readers",), acl_deny=("group:bench_contractors",))
-        if restricted(c.doc_id)
-        else c
-        for c in chunks
-    ]
-
-
 async def after_ingest(h: ServeHarness, args: argparse.Namespace, n: int) -> dict[str, Any]:
     """``n`` times: ingest one new KJV chapter through ``POST /ingest/documents``, then at
     once search for a phrase of it. The search must find the new document (the memory index
@@ -425,7 +403,7 @@ async def run(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
     chunks = realtext.embed_chunks(
         realtext.build_chunks(labeled.documents, settings), settings, name="appstream"
     )
-    chunks = with_acls(chunks, args.acl_share)
+    chunks = realtext.with_acls(chunks, args.acl_share)
     result_acl = sum(1 for c in chunks if c.acl_deny)
     logger.info("chunks with a document ACL: %d of %d", result_acl, len(chunks))
     queries = [labeled.queries[q] for q in sorted(labeled.queries)]

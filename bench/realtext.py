@@ -140,3 +140,22 @@ def embed_chunks(
     """``chunks`` with their passage vectors."""
     vectors = embed_texts([c.text for c in chunks], settings, name=name)
     return [replace(c, vector=v.tolist()) for c, v in zip(chunks, vectors, strict=True)]
+
+
+def with_acls(chunks: list[Any], share: float) -> list[Any]:
+    """``share`` of the documents (by a hash of the doc id, stable across runs) get an ACL
+    that a reader holding ``bench_readers`` passes: allowed group ``bench_readers``, denied group
+    ``bench_contractors``."""
+    if share <= 0:
+        return chunks
+
+    def restricted(doc_id: str) -> bool:
+        digest = hashlib.sha256(doc_id.encode()).digest()
+        return int.from_bytes(digest[:4], "big") / 2**32 < share
+
+    return [
+        replace(c, acl_allow=("group:bench_readers",), acl_deny=("group:bench_contractors",))
+        if restricted(c.doc_id)
+        else c
+        for c in chunks
+    ]

@@ -8,7 +8,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from deployments.acl import ACL_FIELDS, OPEN_ALLOW, is_open
+from deployments.acl import ACL_FIELDS, OPEN_ALLOW, is_open, tokens_key
 from deployments.config import MilvusSettings
 from deployments.errors import Conflict
 from deployments.protocols import (
@@ -63,8 +63,11 @@ def chunk_to_row(chunk: ChunkRecord, *, acl: bool = True) -> dict[str, Any]:
     """
     row = _row(chunk)
     if acl:
-        row["acl_allow"] = list(chunk.acl_allow or OPEN_ALLOW)
+        allow = tuple(chunk.acl_allow or OPEN_ALLOW)
+        row["acl_allow"] = list(allow)
         row["acl_deny"] = list(chunk.acl_deny)
+        row["acl_allow_key"] = tokens_key(allow, empty="*")
+        row["acl_deny_key"] = tokens_key(chunk.acl_deny, empty="")
     elif not is_open(chunk.acl_allow, chunk.acl_deny):
         raise Conflict(
             f"document {chunk.doc_id!r} has an access list but team {chunk.team_id!r}'s "

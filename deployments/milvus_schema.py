@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deployments.acl import ACL_FIELDS, MAX_ACL_TOKENS
+from deployments.acl import ACL_FIELDS, ACL_KEY_FIELDS, ACL_KEY_LENGTH, MAX_ACL_TOKENS
 from deployments.config import MilvusSettings
 from deployments.protocols import MAX_ID, MAX_TAG, MAX_TAGS, MAX_TEXT, MAX_TITLE, MAX_URL
 
@@ -41,6 +41,9 @@ def collection_definition(settings: MilvusSettings, dim: int) -> dict[str, Any]:
             max_capacity=MAX_ACL_TOKENS,
             max_length=ACL_TOKEN_LENGTH,
         )
+    # ... and their scalar twins, which the search expression filters on (deployments/acl.py).
+    for field in ACL_KEY_FIELDS if ACL_FIELDS else ():
+        schema.add_field(field, DataType.VARCHAR, max_length=ACL_KEY_LENGTH)
     schema.add_field("created_at", DataType.INT64)
     schema.add_field("title", DataType.VARCHAR, max_length=MAX_TITLE)
     schema.add_field("heading", DataType.VARCHAR, max_length=MAX_TITLE)
@@ -98,4 +101,4 @@ def field_names(description: dict[str, Any]) -> frozenset[str]:
 
 def has_acl_fields(description: dict[str, Any]) -> bool:
     """Whether a collection was built with the document ACL fields."""
-    return set(ACL_FIELDS) <= field_names(description)
+    return {*ACL_FIELDS, *ACL_KEY_FIELDS} <= field_names(description)

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
-from deployments.acl import ACL_FIELDS, group_tokens
+from deployments.acl import ACL_FIELDS, KEY_OF, OPEN, group_tokens, token_key
 from deployments.errors import InvalidInput
 from deployments.protocols import SearchFilter
 
@@ -54,6 +54,8 @@ class FilterTerm:
 
     def milvus(self) -> str:
         value = self.value
+        if self.field in ACL_FIELDS and isinstance(value, tuple):
+            return self._acl_milvus(value)
         if isinstance(value, tuple):
             listed = milvus_list(value)
             if self.op == "in":
@@ -65,6 +67,19 @@ class FilterTerm:
         if self.op == "eq":
             return f"{self.field} == {milvus_literal(value)}"
         return f"{self.field} {'>=' if self.op == 'ge' else '<='} {int(value)}"
+
+    def _acl_milvus(self, tokens: tuple[str, ...]) -> str:
+        """On the scalar twin of the ACL array: ``key == "*"`` for the open token, ``key like
+        "%|<token key>|%"`` for each other one (deployments/acl.py says why not arrays)."""
+        for token in tokens:
+            milvus_literal(token)  # the same validation as every other value
+        key = KEY_OF[self.field]
+        parts = [
+            f'{key} == "{OPEN}"' if t == OPEN else f'{key} like "%|{token_key(t)}|%"'
+            for t in tokens
+        ]
+        either = "(" + " or ".join(parts) + ")"
+        return f"not {either}" if self.op == "none" else either
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from deployments.acl import tokens_key
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.protocols import (
     ChunkRecord,
@@ -47,10 +49,23 @@ def chunk(chunk_id: str, **fields) -> ChunkRecord:
     return ChunkRecord(chunk_id=chunk_id, **values)
 
 
+LIKE = re.compile(r'(\w+) like ("(?:[^"\\]|\\.)*")')
+
+
+def like(value: str, pattern: str) -> bool:
+    """Milvus ``like``: ``%`` any run, ``_`` one character."""
+    regex = "".join(".*" if ch == "%" else "." if ch == "_" else re.escape(ch) for ch in pattern)
+    return re.fullmatch(regex, value, re.S) is not None
+
+
 def eval_milvus_expr(expr: str, row: ChunkRecord) -> bool:
     """Evaluate the compiled Milvus expression on one row; JSON string literals are valid
-    Python literals and the operators used are Python's too."""
+    Python literals and the operators used are Python's too (``a like "p"`` becomes a call)."""
+    expr = LIKE.sub(r"like(\1, \2)", expr)
     env = {
+        "like": like,
+        "acl_allow_key": tokens_key(row.acl_allow or ("*",), empty="*"),
+        "acl_deny_key": tokens_key(row.acl_deny, empty=""),
         "array_contains_any": lambda values, wanted: bool(set(values) & set(wanted)),
         "array_contains_all": lambda values, wanted: set(wanted) <= set(values),
         "team_id": row.team_id,

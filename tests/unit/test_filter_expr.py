@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from deployments.acl import token_key
 from deployments.errors import InvalidInput
 from deployments.protocols import SearchFilter
 from deployments.search_filter import build_filter_expr, milvus_list, milvus_literal
@@ -55,7 +56,7 @@ def parse(expr: str) -> tuple[str, list[str]]:
 
 def test_minimal_filter_has_team_and_single_visibility_terms():
     assert build_filter_expr(SearchFilter(team_id="dao_x")) == (
-        'team_id == "dao_x" and visibility == "public" and array_contains_any(acl_allow, ["*"])'
+        'team_id == "dao_x" and visibility == "public" and (acl_allow_key == "*")'
     )
 
 
@@ -75,7 +76,7 @@ def test_full_filter_has_every_term_in_order():
     assert skeleton == (
         "team_id == ? and visibility in [?, ?] and project_id == ? and channel_id == ? "
         "and agent_id == ? and doc_type in [?, ?] and array_contains_any(tags, [?, ?]) "
-        "and created_at >= 10 and created_at <= 20 and array_contains_any(acl_allow, [?])"
+        "and created_at >= 10 and created_at <= 20 and (acl_allow_key == ?)"
     )
     assert values == ["t", "public", "confidential", "p", "c", "a", "doc", "wiki", "x", "y", "*"]
 
@@ -90,7 +91,7 @@ def test_adversarial_team_id_stays_inside_one_literal(value):
     expr = build_filter_expr(SearchFilter(team_id=value))
     skeleton, values = parse(expr)
     assert expr.startswith("team_id == ")
-    assert skeleton == "team_id == ? and visibility == ? and array_contains_any(acl_allow, [?])"
+    assert skeleton == "team_id == ? and visibility == ? and (acl_allow_key == ?)"
     assert values == [value, "public", "*"]
 
 
@@ -111,12 +112,12 @@ def test_adversarial_values_in_every_field_stay_inside_their_literals(value):
     assert skeleton == (
         "team_id == ? and visibility == ? and project_id == ? and channel_id == ? "
         "and agent_id == ? and doc_type in [?, ?] and array_contains_any(tags, [?, ?]) "
-        "and array_contains_any(acl_allow, [?, ?, ?]) "
-        "and not array_contains_any(acl_deny, [?])"
+        "and (acl_allow_key == ? or acl_allow_key like ? or acl_allow_key like ?) "
+        "and not (acl_deny_key like ?)"
     )
     assert values == [
         *("dao_x", "public", value, value, value, value, "doc", "tag", value),
-        *("*", "user:" + value, "group:" + value, "group:" + value),
+        *("*", like("user:" + value), like("group:" + value), like("group:" + value)),
     ]
 
 
@@ -192,16 +193,23 @@ def test_created_bounds_are_integers_and_zero_is_kept():
     assert expr.endswith("created_at >= 0 and created_at <= 5" + ACL_OPEN_TERM)
 
 
-ACL_OPEN_TERM = ' and array_contains_any(acl_allow, ["*"])'
+def like(token: str) -> str:
+    return f"%|{token_key(token)}|%"
+
+
+ACL_OPEN_TERM = ' and (acl_allow_key == "*")'
 
 
 def test_acl_terms_allow_the_callers_tokens_and_deny_its_groups():
     flt = SearchFilter(team_id="t", acl_principals=("*", "user:al", "group:hr"))
     expr = build_filter_expr(flt)
+    al, hr = token_key("user:al"), token_key("group:hr")
     assert expr.endswith(
-        'array_contains_any(acl_allow, ["*", "user:al", "group:hr"]) '
-        'and not array_contains_any(acl_deny, ["group:hr"])'
+        f'(acl_allow_key == "*" or acl_allow_key like "%|{al}|%" or acl_allow_key like '
+        f'"%|{hr}|%") and not (acl_deny_key like "%|{hr}|%")'
     )
+    # Hex keys: a group name with like wildcards or the delimiter cannot widen the match.
+    assert set(al + hr) <= set("0123456789abcdef")
     # A collection built before ACLs gets no ACL term (it holds no document with a list).
     assert build_filter_expr(flt, acl=False) == 'team_id == "t" and visibility == "public"'
 
