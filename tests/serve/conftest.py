@@ -19,7 +19,7 @@ import pytest
 from deployments.milvus_store import MilvusStore
 from serve_app.testing import PEPPER, write_api_keys
 from tests.conftest import require_services
-from tests.tiny_models import build_tiny_cross_encoder
+from deployments.tiny_models import build_tiny_cross_encoder
 
 pytestmark = pytest.mark.serve
 

