@@ -27,8 +27,8 @@ def build_tiny_cross_encoder(
         num_attention_heads=heads,
         intermediate_size=2 * hidden if hidden <= 64 else 4 * hidden,
         max_position_embeddings=512,
-        num_labels=1,
     )
+    config.num_labels = 1  # one relevance logit (a PretrainedConfig field)
     BertForSequenceClassification(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

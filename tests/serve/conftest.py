@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from deployments.milvus_store import MilvusStore
+from deployments.tiny_models import build_tiny_cross_encoder
 from serve_app.testing import PEPPER, write_api_keys
 from tests.conftest import require_services
-from deployments.tiny_models import build_tiny_cross_encoder
 
 pytestmark = pytest.mark.serve
 
