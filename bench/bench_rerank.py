@@ -86,7 +86,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     # (a warning only) has no context to read; everything else of @serve.batch runs as is.
     from ray.serve import batching
 
-    batching._BatchQueue._warn_if_max_batch_size_exceeds_max_ongoing_requests = lambda self: None
+    queue: Any = batching._BatchQueue
+    queue._warn_if_max_batch_size_exceeds_max_ongoing_requests = lambda self: None
     deployment = RerankerDeployment(settings)
     baseline = PerRequestReranker(settings)
     for d in (deployment, baseline):

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from deployments.devices import Dtype, check_device, wants_gpu
 
 PLACEHOLDER_SECRETS = {"", "changeme", "change-me", "password", "neo4j", "rag-gateway-dev"}
 
@@ -43,7 +45,12 @@ class EmbedderSettings(BaseModel):
     max_length: int = Field(256, ge=8, le=8192)
     query_prefix: str = ""
     passage_prefix: str = ""
+    # cpu, cuda, cuda:N or auto (a GPU when Ray gives the replica one). On a GPU the replica
+    # asks Ray for num_gpus (fractional: replicas share a GPU) and loads in dtype; on a CPU
+    # it stays float32 (deployments/devices.py).
     device: str = "cpu"
+    dtype: Dtype = "float32"
+    num_gpus: float = Field(0.5, gt=0.0, le=8.0)
     # One torch thread per replica held up best on 2 shared cores (bench/README.md).
     torch_threads: int = Field(1, ge=1, le=64)
     # Texts per forward pass inside one batch.
@@ -63,18 +70,24 @@ class EmbedderSettings(BaseModel):
     # Where search queries are embedded: "ingress" (the model also loaded in each Ingress
     # replica, a query pays no hop), "embedder" (the Embedder deployment, batched across
     # ingress replicas: GPUs and large models) or "auto" (ingress on a CPU device, else the
-    # Embedder). Passages are always embedded by the Embedder deployment.
+    # Embedder; device auto counts as a GPU when the Ray cluster has one). Passages are
+    # always embedded by the Embedder deployment.
     query_location: Literal["auto", "ingress", "embedder"] = "auto"
     # A query is embedded in the ingress only while its request is the ingress's only one
     # and fewer than this many queries are being embedded (there or by the Embedder);
     # otherwise the Embedder deployment takes it.
     ingress_query_slots: int = Field(1, ge=1, le=64)
 
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        return check_device(value)
+
     @property
     def queries_in_ingress(self) -> bool:
         """Whether the ingress embeds search queries itself (``query_location`` resolved)."""
         if self.query_location == "auto":
-            return self.device.split(":")[0] == "cpu"
+            return not wants_gpu(self.device)
         return self.query_location == "ingress"
 
     @property
@@ -94,13 +107,21 @@ class RerankerSettings(BaseModel):
     model_path: str = ""
     model_name: str = "bge-reranker-v2-m3"
     max_length: int = Field(512, ge=8, le=8192)
+    # As for the embedder: cpu, cuda, cuda:N or auto; dtype and num_gpus apply on a GPU.
     device: str = "cpu"
+    dtype: Dtype = "float32"
+    num_gpus: float = Field(0.5, gt=0.0, le=8.0)
     torch_threads: int = Field(1, ge=1, le=64)
     forward_batch_size: int = Field(16, ge=1, le=1024)
     max_batch_size: int = Field(RERANK_BATCH, ge=1, le=1024)
     batch_wait_timeout_s: float = Field(RERANK_BATCH_WAIT_S, ge=0.0, le=1.0)
     # How many fused candidates are rescored.
     candidates: int = Field(30, ge=1, le=500)
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        return check_device(value)
 
 
 class MemoryIndexSettings(BaseModel):

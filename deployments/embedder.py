@@ -14,6 +14,7 @@ import numpy as np
 from ray import serve
 
 from deployments.config import EMBED_BATCH, EMBED_BATCH_WAIT_S, EmbedderSettings
+from deployments.devices import actor_options
 from deployments.errors import InvalidInput
 from deployments.health import check_model
 from deployments.loading import BackgroundLoad
@@ -47,7 +48,8 @@ def deployment_options(settings: EmbedderSettings) -> dict[str, Any]:
         "name": "Embedder",
         # Batches fill only when enough requests may be in flight at once.
         "max_ongoing_requests": max(256, settings.max_batch_size * 4),
-        "ray_actor_options": {"num_cpus": 1},
+        # On a GPU (device cuda, or auto on a cluster with GPUs) it also asks for num_gpus.
+        "ray_actor_options": actor_options(settings.device, 1, settings.num_gpus),
         "user_config": {
             "max_batch_size": settings.max_batch_size,
             "batch_wait_timeout_s": settings.batch_wait_timeout_s,
@@ -100,6 +102,8 @@ class EmbedderDeployment:
             "model": self.core.settings.embed_model_tag,
             "path": self.core.model_path,
             "dim": self.core.dim,
+            "device": self.core.device,
+            "dtype": self.core.dtype,
             "error": self._loading.error,
             "timing": self._timing.snapshot(),
         }

