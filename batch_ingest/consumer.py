@@ -434,7 +434,9 @@ def build_pipeline(settings: Any = None) -> IngestPipeline:
     embedder.core.start()
     backends = Backends(
         embedder=embedder,
-        store=RetrieverDeployment(settings.milvus, embedding_dim(settings.embedder)),
+        store=RetrieverDeployment(
+            settings.milvus, embedding_dim(settings.embedder), settings.embedder.lexical
+        ),
         graph=Neo4jGraph(settings.neo4j),
     )
     return pipeline.build_pipeline(

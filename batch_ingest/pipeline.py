@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 CALL_MAX_CHUNKS = 256
 
 DocStatus = Literal["indexed", "unchanged", "failed", "deleted"]
+# A chunk's dense vector and its learned sparse weights (``None``: the embedder makes none).
+Embedding = tuple[Sequence[float], Mapping[int, float] | None]
 
 
 @dataclass
@@ -90,6 +92,7 @@ def build_pipeline(
         embed_model=settings.embedder.embed_model_tag,
         sources=sources,
         usage_source=usage_source,
+        lexical=settings.embedder.lexical,
     )
 
 
@@ -102,6 +105,8 @@ class IngestPipeline:
         graph: the knowledge graph; ``None`` skips graph writes.
         chunker: cuts documents into chunks.
         embed_model: tag stored in every chunk (``name@version``).
+        lexical: the embedder makes learned sparse weights too (BGE-M3): passages are
+            ``encode``d and the weights stored beside the vectors.
     """
 
     def __init__(
@@ -114,7 +119,9 @@ class IngestPipeline:
         embed_model: str,
         sources: SourceStore | None = None,
         usage_source: str = "api",
+        lexical: bool = False,
     ) -> None:
+        self.lexical = lexical
         self.embedder = embedder
         self.store = store
         self.graph = graph
@@ -185,15 +192,8 @@ class IngestPipeline:
         to_embed = [c for _, chunks in planned for c in chunks if c.chunk_id not in kept]
         # The chunks to embed in slices embedded concurrently: the embedder batches them
         # all, and no call's answer outgrows Ray's 4 MiB message between replicas.
-        texts = [c.text for c in to_embed]
-        parts = await asyncio.gather(
-            *(
-                self.embedder.embed(texts[i : i + CALL_MAX_CHUNKS], "passage")
-                for i in range(0, len(texts), CALL_MAX_CHUNKS)
-            )
-        )
         fresh_vectors = dict(
-            zip((c.chunk_id for c in to_embed), (v for part in parts for v in part), strict=True)
+            zip((c.chunk_id for c in to_embed), await self._embed(to_embed), strict=True)
         )
         await self._meter(
             [(doc, [c for c in chunks if c.chunk_id not in kept]) for doc, chunks in planned]
@@ -257,20 +257,40 @@ class IngestPipeline:
         report.took_ms = round((time.perf_counter() - started) * 1000, 1)
         return report
 
+    async def _embed(self, chunks: list[ChunkRecord]) -> list[Embedding]:
+        """Each chunk's vector (and learned sparse weights, from a BGE-M3 embedder)."""
+        texts = [c.text for c in chunks]
+        slices = range(0, len(texts), CALL_MAX_CHUNKS)
+        if not self.lexical:
+            parts = await asyncio.gather(
+                *(self.embedder.embed(texts[i : i + CALL_MAX_CHUNKS], "passage") for i in slices)
+            )
+            return [(v, None) for part in parts for v in part]
+        encoded = await asyncio.gather(
+            *(self.embedder.encode(texts[i : i + CALL_MAX_CHUNKS], "passage") for i in slices)
+        )
+        out: list[Embedding] = []
+        for part in encoded:
+            weights: list[Mapping[int, float] | None] = [None] * len(part.dense)
+            if part.lexical is not None:
+                weights = list(part.lexical)
+            out += list(zip(part.dense, weights, strict=True))
+        return out
+
     async def _stored_vectors(
         self,
         planned: list[tuple[SourceDocument, list[ChunkRecord]]],
         found: dict[str, tuple[str, str]],
-    ) -> dict[str, Sequence[float]]:
-        """``chunk_id → vector`` of the planned chunks stored with the same text and model
-        (primary-key reads of those already stored only; a store that cannot read them
-        back costs an embedding, never the write)."""
+    ) -> dict[str, Embedding]:
+        """``chunk_id → (vector, learned sparse weights)`` of the planned chunks stored with
+        the same text and model (primary-key reads of those already stored only; a store
+        that cannot read them back costs an embedding, never the write)."""
         wanted: dict[str, dict[str, ChunkRecord]] = {}
         for _, chunks in planned:
             for c in chunks:
                 if c.chunk_id in found and found[c.chunk_id][1] == c.embed_model:
                     wanted.setdefault(c.team_id, {})[c.chunk_id] = c
-        kept: dict[str, Sequence[float]] = {}
+        kept: dict[str, Embedding] = {}
         for team_id, chunks_by_id in wanted.items():
             try:
                 stored = await self.store.stored_chunks(team_id, list(chunks_by_id))
@@ -285,7 +305,7 @@ class IngestPipeline:
                     and old.embed_model == new.embed_model
                     and len(old.vector)
                 ):
-                    kept[old.chunk_id] = old.vector
+                    kept[old.chunk_id] = (old.vector, old.lexical)
         return kept
 
     async def _meter(self, embedded: list[tuple[SourceDocument, list[ChunkRecord]]]) -> None:
@@ -387,10 +407,11 @@ class IngestPipeline:
         return report
 
 
-def _with_vector(chunk: ChunkRecord, vector) -> ChunkRecord:
+def _with_vector(chunk: ChunkRecord, embedding: Embedding) -> ChunkRecord:
     from dataclasses import replace
 
-    return replace(chunk, vector=[float(x) for x in vector])
+    vector, lexical = embedding
+    return replace(chunk, vector=[float(x) for x in vector], lexical=lexical)
 
 
 def _graph_doc(doc: SourceDocument) -> GraphDocument:

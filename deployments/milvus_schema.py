@@ -12,9 +12,17 @@ from deployments.protocols import MAX_ID, MAX_TAG, MAX_TAGS, MAX_TEXT, MAX_TITLE
 ACL_TOKEN_LENGTH = MAX_ID + 8
 
 
-def collection_definition(settings: MilvusSettings, dim: int) -> dict[str, Any]:
+# The learned sparse weights of a BGE-M3 embedder (``token id → weight``), searched by inner
+# product: a field only of collections built for such an embedder.
+LEXICAL_FIELD = "lexical"
+
+
+def collection_definition(
+    settings: MilvusSettings, dim: int, *, lexical: bool = False
+) -> dict[str, Any]:
     """``create_collection`` keyword arguments: schema (with the BM25 function over
-    ``text``), index parameters and the partition count."""
+    ``text``, and the ``lexical`` sparse field when ``lexical``), index parameters and the
+    partition count."""
     from pymilvus import DataType, Function, FunctionType, MilvusClient
 
     schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
@@ -54,6 +62,8 @@ def collection_definition(settings: MilvusSettings, dim: int) -> dict[str, Any]:
     schema.add_field("embed_model", DataType.VARCHAR, max_length=256)
     schema.add_field("dense", DataType.FLOAT_VECTOR, dim=dim)
     schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
+    if lexical:
+        schema.add_field(LEXICAL_FIELD, DataType.SPARSE_FLOAT_VECTOR)
     schema.add_function(
         Function(
             name="text_bm25",
@@ -78,6 +88,12 @@ def collection_definition(settings: MilvusSettings, dim: int) -> dict[str, Any]:
         metric_type="BM25",
         params={"bm25_k1": settings.bm25_k1, "bm25_b": settings.bm25_b},
     )
+    if lexical:
+        index.add_index(
+            LEXICAL_FIELD,
+            index_type="SPARSE_INVERTED_INDEX",
+            metric_type="IP",
+        )
     for scalar in ("doc_id", "visibility", "doc_type"):
         index.add_index(scalar, index_type="INVERTED")
     # One team per collection needs no partition-key buckets (a Milvus cluster honours
@@ -102,3 +118,8 @@ def field_names(description: dict[str, Any]) -> frozenset[str]:
 def has_acl_fields(description: dict[str, Any]) -> bool:
     """Whether a collection was built with the document ACL fields."""
     return {*ACL_FIELDS, *ACL_KEY_FIELDS} <= field_names(description)
+
+
+def has_lexical_field(description: dict[str, Any]) -> bool:
+    """Whether a collection was built with the learned sparse ``lexical`` field."""
+    return LEXICAL_FIELD in field_names(description)

@@ -1,6 +1,7 @@
 """Chunk store over Milvus: ``MilvusStore`` (sync pymilvus client, run in threads by the
 Serve shell): a team's collection opened or created on first use, idempotent upserts and
-deletes recorded in the change log the in-memory index follows, filtered dense/BM25 search
+deletes recorded in the change log the in-memory index follows, filtered dense/BM25/learned
+sparse search
 and the reads the in-memory index loads from. The same code talks to the local Milvus Lite
 server and a Milvus cluster. Beside it: milvus_client.py (the connection), milvus_schema.py
 (the DDL), milvus_versions.py (the versions behind a team's alias, for reindex),
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from deployments.config import MilvusSettings
@@ -44,11 +46,15 @@ class MilvusStore:
     Args:
         settings: URI, credentials, base collection name, layout and index choice.
         dim: dense vector size; must match the embedder.
+        lexical: the embedder makes learned sparse weights (BGE-M3): collections created
+            from now on get the ``lexical`` field, and the ``lexical`` method searches it
+            (in a collection without the field it finds nothing).
     """
 
-    def __init__(self, settings: MilvusSettings, *, dim: int) -> None:
+    def __init__(self, settings: MilvusSettings, *, dim: int, lexical: bool = False) -> None:
         self.settings = settings
         self.dim = dim
+        self.lexical = lexical
         self.conn = MilvusConnection(settings)
         self._open: set[str] = set()  # logical names checked and loaded on this connection
         self._unflushed: dict[str, int] = {}
@@ -66,6 +72,7 @@ class MilvusStore:
             alias_for=self.collection_for,
             changes=self.changes,
             on_switch=self._switched,
+            lexical=lexical,
         )
 
     def _switched(self, alias: str) -> None:
@@ -135,8 +142,8 @@ class MilvusStore:
         for team_id, team_chunks in by_team.items():
             name = self._collection(team_id, create=True)
             assert name is not None  # create=True makes it
-            acl = self.versions.has_acl(name)
-            rows = [chunk_to_row(c, acl=acl) for c in team_chunks]
+            acl, lexical = self.versions.has_acl(name), self.versions.has_lexical(name)
+            rows = [chunk_to_row(c, acl=acl, lexical=lexical) for c in team_chunks]
             # Always upsert: a plain insert of an existing pk duplicates rows in real Milvus.
             self.conn.call("upsert", "upsert", name, rows)
             self.changes.record(name, [row["chunk_id"] for row in rows])
@@ -270,17 +277,22 @@ class MilvusStore:
         flt: SearchFilter,
         limit: int,
         mode: str = "dense",
+        query_lexical: Mapping[int, float] | None = None,
     ) -> list[SearchHit]:
         """Top ``limit`` chunks inside ``flt``, searched in the filter's team collection only.
 
-        ``mode``: ``dense`` (vector) or ``bm25`` (Milvus full-text). Scores are "higher is
-        better". The gateway fuses the two itself (serve_app/ranking.py); Milvus's own RRF
-        fusion is ``milvus_baseline.hybrid_search``, a benchmark baseline.
+        ``mode``: ``dense`` (vector), ``bm25`` (Milvus full-text) or ``lexical`` (the
+        learned sparse weights, ``query_lexical``, by inner product; nothing in a collection
+        built without them). Scores are "higher is better". The gateway fuses the lists
+        itself (serve_app/ranking.py); Milvus's own RRF fusion is
+        ``milvus_baseline.hybrid_search``, a benchmark baseline.
         """
         if mode not in SEARCH_METHODS:
             raise InvalidInput(f"mode must be one of {', '.join(SEARCH_METHODS)}, got {mode!r}")
         if mode == "dense" and query_vector is None:
             raise InvalidInput("mode 'dense' needs a query vector")
+        if mode == "lexical" and query_lexical is None:
+            raise InvalidInput("mode 'lexical' needs the query's learned sparse weights")
         # The team term stays in the expression even inside a per-team collection.
         compiled = compile_filter(flt)
         name = self._collection(flt.team_id, create=False)
@@ -288,11 +300,16 @@ class MilvusStore:
             return []
         acl = self.versions.has_acl(name)
         expr = compiled.milvus_expr(acl=acl)
-        data, field, params = (
-            ([query_vector], "dense", self.dense_params(limit))
-            if mode == "dense"
-            else ([query_text], "sparse", BM25_PARAMS)
-        )
+        data: list[Any]
+        if mode == "dense":
+            data, field, params = [query_vector], "dense", self.dense_params(limit)
+        elif mode == "bm25":
+            data, field, params = [query_text], "sparse", BM25_PARAMS
+        else:
+            weights = {int(t): float(w) for t, w in (query_lexical or {}).items() if w > 0}
+            if not weights or not self.versions.has_lexical(name):
+                return []
+            data, field, params = [weights], "lexical", {"metric_type": "IP"}
         result = self.conn.call(
             "search",
             "search",

@@ -15,7 +15,12 @@ from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.memindex.changes import ChangeLog
 from deployments.milvus_client import MilvusConnection
 from deployments.milvus_rows import chunk_to_row, chunk_with_vector, output_fields
-from deployments.milvus_schema import collection_definition, dense_dim, has_acl_fields
+from deployments.milvus_schema import (
+    collection_definition,
+    dense_dim,
+    has_acl_fields,
+    has_lexical_field,
+)
 from deployments.protocols import ChunkRecord
 from deployments.search_filter import milvus_list, milvus_literal
 
@@ -29,6 +34,8 @@ class CollectionVersions:
 
     Args:
         conn: the store's connection; ``settings``, ``dim``: as the store's.
+        lexical: new versions get the learned sparse ``lexical`` field (the embedder makes
+            those weights).
         alias_for: a team's logical collection name (its alias).
         changes: the change log; a write reaches it only when it lands in the live version.
         on_switch: called with the alias after it was pointed elsewhere (the store forgets
@@ -44,15 +51,17 @@ class CollectionVersions:
         alias_for: Callable[[str], str],
         changes: ChangeLog,
         on_switch: Callable[[str], None],
+        lexical: bool = False,
     ) -> None:
         self.conn = conn
         self.settings = settings
         self.dim = dim
+        self.lexical = lexical
         self.alias_for = alias_for
         self.changes = changes
         self.on_switch = on_switch
-        # name -> (has the ACL fields, when it was seen without them)
-        self._acl: dict[str, tuple[bool, float]] = {}
+        # name -> (has the ACL fields, has the lexical field, when it was described)
+        self._seen: dict[str, tuple[bool, bool, float]] = {}
 
     def name(self, team_id: str, version: int) -> str:
         """The physical collection ``<alias>__v<version>``."""
@@ -90,9 +99,14 @@ class CollectionVersions:
                 "create collection",
                 "create_collection",
                 physical,
-                **collection_definition(self.settings, self.dim),
+                **collection_definition(self.settings, self.dim, lexical=self.lexical),
             )
-            logger.info("created Milvus collection %s (dim=%d)", physical, self.dim)
+            logger.info(
+                "created Milvus collection %s (dim=%d%s)",
+                physical,
+                self.dim,
+                ", learned sparse field" if self.lexical else "",
+            )
         except BackendUnavailable:
             if not self.conn.call("has collection", "has_collection", physical):
                 raise
@@ -102,23 +116,32 @@ class CollectionVersions:
         with them is remembered for good (every version built since has them); one without
         is looked at again after ``ACL_RECHECK_S``, so a reindex that rebuilt the team's
         collection under the same alias (in another process) is noticed."""
-        known = self._acl.get(name)
-        if known is not None and (known[0] or time.monotonic() - known[1] < ACL_RECHECK_S):
+        known = self._seen.get(name)
+        if known is not None and (known[0] or time.monotonic() - known[2] < ACL_RECHECK_S):
             return known[0]
         return self._describe(name)[1]
 
-    def _describe(self, name: str) -> tuple[int | None, bool]:
+    def has_lexical(self, name: str) -> bool:
+        """Whether collection (or alias) ``name`` has the learned sparse ``lexical`` field;
+        remembered like ``has_acl`` (a collection without it is described again after
+        ``ACL_RECHECK_S``: a reindex may have rebuilt it with the field)."""
+        known = self._seen.get(name)
+        if known is not None and (known[1] or time.monotonic() - known[2] < ACL_RECHECK_S):
+            return known[1]
+        return self._describe(name)[2]
+
+    def _describe(self, name: str) -> tuple[int | None, bool, bool]:
         description = self.conn.call("describe", "describe_collection", name)
-        acl = has_acl_fields(description)
-        self._acl[name] = (acl, time.monotonic())
-        return dense_dim(description), acl
+        acl, lexical = has_acl_fields(description), has_lexical_field(description)
+        self._seen[name] = (acl, lexical, time.monotonic())
+        return dense_dim(description), acl, lexical
 
     def forget(self, name: str | None = None) -> None:
         """Forget what was seen of ``name`` (every collection: ``None``)."""
         if name is None:
-            self._acl.clear()
+            self._seen.clear()
         else:
-            self._acl.pop(name, None)
+            self._seen.pop(name, None)
 
     def check_dim(self, name: str) -> None:
         """Refuse a collection whose vectors are not the embedder's size."""
@@ -146,8 +169,9 @@ class CollectionVersions:
         if not chunks:
             return 0
         check_vectors(chunks, self.dim)
-        acl = self.has_acl(physical)
-        self.conn.call("upsert", "upsert", physical, [chunk_to_row(c, acl=acl) for c in chunks])
+        acl, lexical = self.has_acl(physical), self.has_lexical(physical)
+        rows = [chunk_to_row(c, acl=acl, lexical=lexical) for c in chunks]
+        self.conn.call("upsert", "upsert", physical, rows)
         self._record_if_live(physical, [c.chunk_id for c in chunks])
         return len(chunks)
 
@@ -257,7 +281,9 @@ class CollectionVersions:
                 "get",
                 physical,
                 ids=chunk_ids[start : start + 256],
-                output_fields=output_fields(acl=self.has_acl(physical), dense=True),
+                output_fields=output_fields(
+                    acl=self.has_acl(physical), dense=True, lexical=self.has_lexical(physical)
+                ),
                 consistency_level="Strong",
             )
             out += [chunk_with_vector(row) for row in rows]

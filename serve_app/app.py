@@ -137,7 +137,7 @@ def build_app(args: AppArgs) -> Application:
     return ingress.bind(
         settings,
         embedder.bind(settings.embedder),
-        retriever.bind(settings.milvus, dim),
+        retriever.bind(settings.milvus, dim, settings.embedder.lexical),
         graph.bind(settings.neo4j) if graph is not None else None,
         reranker.bind(settings.reranker) if reranker is not None else None,
     )

@@ -83,6 +83,9 @@ class FusionWeights(BaseModel):
 
     dense: float = Field(0.5, ge=0.0, le=MAX_FUSION_WEIGHT)
     bm25: float = Field(0.5, ge=0.0, le=MAX_FUSION_WEIGHT)
+    # The learned sparse list (only where the embedder makes it: BGE-M3); unset:
+    # search.lexical_weight.
+    lexical: float | None = Field(None, ge=0.0, le=MAX_FUSION_WEIGHT)
 
 
 class GraphOption(BaseModel):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,6 +33,10 @@ from serve_app.ranking import (
 )
 from serve_app.settings import GatewaySettings
 from serve_app.timing import stage
+
+# Queries whose learned sparse weights are remembered between the embedding and the search
+# (the semantic cache and enrich embed first, then search with the vector they got).
+LEXICAL_MEMORY = 512
 
 
 @dataclass
@@ -66,6 +71,13 @@ class Retrieval:
         self.reranker = reranker
         # Counts tokens of returned passages for max_context_tokens (the embedder's tokenizer).
         self.count_tokens = count_tokens
+        # A BGE-M3 embedder's learned sparse weights of recent queries (``embed_queries``).
+        self._lexical: OrderedDict[str, dict[int, float]] = OrderedDict()
+
+    @property
+    def lexical(self) -> bool:
+        """Whether hybrid searches fuse the learned sparse list (the embedder makes it)."""
+        return self.settings.embedder.lexical
 
     async def run(
         self,
@@ -130,8 +142,13 @@ class Retrieval:
                             self._candidates(req.query, None, flt, fetch, ("bm25",), read)
                         )
                 else:
-                    methods = ("dense", "bm25") if together else ("dense",)
-                    lists |= await self._candidates(req.query, vector, flt, fetch, methods, read)
+                    methods: tuple[str, ...] = ("dense", "bm25") if together else ("dense",)
+                    query_lexical = await self._query_lexical(req, mode)
+                    if query_lexical:
+                        methods += ("lexical",)
+                    lists |= await self._candidates(
+                        req.query, vector, flt, fetch, methods, read, query_lexical
+                    )
             if bm25_task is not None:
                 lists |= await bm25_task
         finally:
@@ -144,7 +161,10 @@ class Retrieval:
         # projects and skills whose policy denies the caller, and anything a store bug let by.
         lists = {m: [h for h in found if ctx.may_see(h.chunk)] for m, found in lists.items()}
         if linked and req.graph is not None and req.graph.mode == "boost":
-            hits = await self._graph_boost(req, ctx, flt, lists, linked, mode, vector, fetch, read)
+            lexical = self._lexical.get(req.query) if "lexical" in lists else None
+            hits = await self._graph_boost(
+                req, ctx, flt, lists, linked, mode, vector, fetch, read, lexical
+            )
         else:
             with stage("fuse"):
                 hits = self._fuse(lists, req) if mode == "hybrid" else lists[mode]
@@ -229,12 +249,13 @@ class Retrieval:
         vector: Any,
         fetch: int,
         read_id: str,
+        query_lexical: Mapping[int, float] | None = None,
     ) -> list[SearchHit]:
-        """Fuse the methods' lists with a third, ``graph``: the candidates of the linked
+        """Fuse the methods' lists with one more, ``graph``: the candidates of the linked
         documents ranked by their graph score. The linked documents' own best chunks are
         fetched too, so one outside the top ``fetch`` of every method can still surface."""
         assert req.graph is not None
-        methods = tuple(m for m in ("dense", "bm25") if m in lists)
+        methods = tuple(m for m in ("dense", "bm25", "lexical") if m in lists)
         use_vector = vector if isinstance(vector, list) else None
         # A filter on many ids is slow (Milvus Lite scans); a large linked set only reorders
         # the candidates the methods found.
@@ -247,6 +268,7 @@ class Retrieval:
                 fetch,
                 methods,
                 read_id,
+                query_lexical,
             )
         for method, found in extra.items():
             have = {h.chunk.chunk_id for h in lists.get(method, [])}
@@ -278,12 +300,16 @@ class Retrieval:
         fetch: int,
         methods: tuple[str, ...],
         read_id: str,
+        query_lexical: Mapping[int, float] | None = None,
     ) -> dict[str, list[SearchHit]]:
         deadline = self.settings.search.store_deadline_s
+        # Only a store that searches learned sparse weights is asked with them.
+        more = {"query_lexical": query_lexical} if query_lexical else {}
         with stage("+".join(methods)):
             try:
                 return await asyncio.wait_for(
-                    self.store.candidates(query, vector, flt, fetch, methods, read_id), deadline
+                    self.store.candidates(query, vector, flt, fetch, methods, read_id, **more),
+                    deadline,
                 )
             except TimeoutError:
                 raise BackendUnavailable(
@@ -300,18 +326,44 @@ class Retrieval:
             return _as_list((await self.embed_queries([query]))[0])
 
     async def embed_queries(self, queries: list[str]) -> Any:
-        """Query embeddings within ``search.embed_deadline_s``.
+        """Query embeddings within ``search.embed_deadline_s``. From an embedder that makes
+        learned sparse weights too, those are remembered for the searches that follow.
 
         Raises:
             BackendUnavailable: the embedder failed or did not answer in time.
         """
         deadline = self.settings.search.embed_deadline_s
         try:
-            return await asyncio.wait_for(self.embedder.embed(queries, "query"), deadline)
+            if not self.lexical:
+                return await asyncio.wait_for(self.embedder.embed(queries, "query"), deadline)
+            encoded = await asyncio.wait_for(self.embedder.encode(queries, "query"), deadline)
         except TimeoutError:
             raise BackendUnavailable(
                 "embedder", f"no query embedding within {deadline:g} s"
             ) from None
+        for query, weights in zip(queries, encoded.lexical or (), strict=False):
+            self._lexical[query] = weights
+            self._lexical.move_to_end(query)
+        while len(self._lexical) > LEXICAL_MEMORY:
+            self._lexical.popitem(last=False)
+        return encoded.dense
+
+    def _lexical_weight(self, req: SearchDocsRequest) -> float:
+        if req.weights is not None and req.weights.lexical is not None:
+            return req.weights.lexical
+        return self.settings.search.lexical_weight
+
+    async def _query_lexical(self, req: SearchDocsRequest, mode: str) -> dict[int, float] | None:
+        """The query's learned sparse weights when a hybrid search fuses them (``None``:
+        it does not); embedded again only when the vector came without them."""
+        if not self.lexical or mode != "hybrid" or self._lexical_weight(req) <= 0:
+            return None
+        weights = self._lexical.get(req.query)
+        if weights is None:
+            with stage("embed"):
+                await self.embed_queries([req.query])
+            weights = self._lexical.get(req.query)
+        return weights or None
 
     def _fuse(
         self,
@@ -324,10 +376,12 @@ class Retrieval:
         confidence of each method's candidate list (``ranking.adaptive_weights``)."""
         cfg = self.settings.search
         weights = (
-            req.weights.model_dump()
+            req.weights.model_dump(exclude={"lexical"})
             if req.weights is not None
             else {"dense": cfg.dense_weight, "bm25": cfg.bm25_weight}
         )
+        if "lexical" in lists:
+            weights["lexical"] = self._lexical_weight(req)
         fusion = req.fusion or cfg.fusion
         if fusion == "adaptive":
             methods = {m: lists[m] for m in weights if m in lists}
@@ -339,7 +393,7 @@ class Retrieval:
         # RRF is unweighted unless the caller sends weights (or an extra list comes in).
         if req.weights is None and not extra:
             return fuse_rrf(lists, cfg.rrf_k, None)
-        base = weights if req.weights is not None else {"dense": 1.0, "bm25": 1.0}
+        base = weights if req.weights is not None else {m: 1.0 for m in lists if m != "graph"}
         return fuse_rrf(lists, cfg.rrf_k, {**base, **(extra or {})})
 
     async def _rerank(self, query: str, hits: list[SearchHit]) -> list[SearchHit]:

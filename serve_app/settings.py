@@ -68,6 +68,10 @@ class SearchSettings(BaseModel):
     # SEARCH__FUSION=weighted and an embedder weak on the corpus, 0.3/0.7 is the safer pair.
     dense_weight: float = Field(0.5, ge=0.0)
     bm25_weight: float = Field(0.5, ge=0.0)
+    # With an embedder that makes learned sparse weights (embedder.backend flag_m3, BGE-M3)
+    # hybrid search fuses a third list, those weights by inner product, with this base
+    # weight (BGE-M3's authors weigh sparse 0.3 beside dense 1; 0 leaves it out).
+    lexical_weight: float = Field(0.3, ge=0.0)
     # fusion "adaptive": per query, each method's weight × (confidence of its candidate list,
     # serve_app.ranking.list_confidence over the first adaptive_k) ** adaptive_gamma.
     adaptive_gamma: float = Field(1.0, ge=0.0, le=10.0)

@@ -61,7 +61,11 @@ class Reindexer:
             from deployments.embedding import embedding_dim
             from deployments.milvus_store import MilvusStore
 
-            store = MilvusStore(settings.milvus, dim=embedding_dim(settings.embedder))
+            store = MilvusStore(
+                settings.milvus,
+                dim=embedding_dim(settings.embedder),
+                lexical=settings.embedder.lexical,
+            )
             store.start()
             versions = store.versions
         self.versions = versions

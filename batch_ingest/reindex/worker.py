@@ -12,7 +12,7 @@ from batch_ingest.documents import SourceDocument
 from batch_ingest.settings import BatchSettings
 from batch_ingest.usage import EmbeddingUsage
 from deployments.milvus_versions import CollectionVersions
-from deployments.protocols import ChunkRecord
+from deployments.protocols import ChunkRecord, Encoded
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class ReindexWorker:
 
             core = EmbedderCore(emb)
             core.start()
-            embed = lambda texts: core.embed(texts, "passage")  # noqa: E731
+            embed = lambda texts: core.encode(texts, "passage")  # noqa: E731
             dim = core.dim or 0
         else:
             dim = None
@@ -77,7 +77,9 @@ class ReindexWorker:
         if versions is None:
             from deployments.milvus_store import MilvusStore
 
-            store = MilvusStore(MilvusSettings.model_validate(spec["milvus"]), dim=dim or 0)
+            store = MilvusStore(
+                MilvusSettings.model_validate(spec["milvus"]), dim=dim or 0, lexical=emb.lexical
+            )
             store.start()
             versions = store.versions
         self.versions = versions
@@ -114,10 +116,7 @@ class ReindexWorker:
                 }
             )
         if todo:
-            vectors = self.embed([c.text for c in todo])
-            with_vectors = [
-                replace(c, vector=[float(x) for x in v]) for c, v in zip(todo, vectors, strict=True)
-            ]
+            with_vectors = with_embeddings(todo, self.embed([c.text for c in todo]))
             self.versions.upsert(self.physical, with_vectors)
             self._meter(todo)
         return out
@@ -139,3 +138,15 @@ class ReindexWorker:
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         rows = self.process([str(d) for d in batch["document"]])
         return {key: [r[key] for r in rows] for key in ("doc_type", "doc_id", "chunks", "embedded")}
+
+
+def with_embeddings(chunks: list[ChunkRecord], embedded: Any) -> list[ChunkRecord]:
+    """``chunks`` with their vectors from ``embedded``: an ``Encoded`` (dense vectors and,
+    from a BGE-M3 embedder, learned sparse weights) or one vector per chunk."""
+    if isinstance(embedded, Encoded):
+        lexical: list[Any] = embedded.lexical or [None] * len(chunks)
+        return [
+            replace(c, vector=[float(x) for x in v], lexical=w)
+            for c, v, w in zip(chunks, embedded.dense, lexical, strict=True)
+        ]
+    return [replace(c, vector=[float(x) for x in v]) for c, v in zip(chunks, embedded, strict=True)]

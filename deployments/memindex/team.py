@@ -131,7 +131,7 @@ class TeamIndex:
             for token in tokens:
                 column.setdefault(token, set()).add(slot)
         self._open[slot] = OPEN in chunk.acl_allow
-        self._records.append(replace(chunk, vector=()))
+        self._records.append(replace(chunk, vector=(), lexical=None))
         self._slot[chunk.chunk_id] = slot
         self._text_bytes += len(chunk.text)
         self._bm25.add(slot, chunk.text)
