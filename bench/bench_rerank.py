@@ -37,6 +37,7 @@ from bench.common import (
 )
 from deployments.config import RERANK_BATCH, RERANK_BATCH_WAIT_S, RerankerSettings
 from deployments.reranker import RerankerDeployment
+from deployments.testing import allow_batch_queue_outside_serve
 from deployments.tiny_models import build_tiny_cross_encoder
 
 logger = logging.getLogger("bench.rerank")
@@ -82,12 +83,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         max_batch_size=args.max_batch,
         forward_batch_size=args.forward_batch,
     )
-    # Outside a replica the batch queue's one check of the replica's max_ongoing_requests
-    # (a warning only) has no context to read; everything else of @serve.batch runs as is.
-    from ray.serve import batching
-
-    queue: Any = batching._BatchQueue
-    queue._warn_if_max_batch_size_exceeds_max_ongoing_requests = lambda self: None
+    allow_batch_queue_outside_serve()
     deployment = RerankerDeployment(settings)
     baseline = PerRequestReranker(settings)
     for d in (deployment, baseline):

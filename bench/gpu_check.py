@@ -9,9 +9,11 @@ weights'). "Serve shell" is ``EmbedderDeployment`` in this process: its ``@serve
 queue, one text per request, ``batch`` requests in flight; "raw" is ``EmbedderCore.embed``
 on lists of ``batch`` texts. Every figure is the median of ``--reps``.
 
-Not included: search p50 with the model on the GPU (it needs Milvus Lite and the gateway's
-services on the GPU machine: run bench/bench_search_real.py there with
-``EMBEDDER__DEVICE=cuda``).
+Search p50: one query at a time, its embedding on the device plus the dense and BM25
+candidates of the gateway's in-memory index (``deployments.memindex.team.TeamIndex``, what
+a search of a loaded team runs in the Retriever) over the embedded paragraphs, fused. The
+full path through Milvus Lite and Ray is bench/bench_search_real.py with
+``EMBEDDER__DEVICE=cuda`` (it needs the services on the GPU machine).
 
     .venv/bin/python -m bench.gpu_check --device cuda
     .venv/bin/python -m bench.gpu_check --device cpu --batches 32 --texts 64 --reps 1
@@ -35,6 +37,7 @@ from deployments.config import EmbedderSettings, RerankerSettings
 from deployments.embedder import EmbedderDeployment
 from deployments.embedding import EmbedderCore
 from deployments.reranker import RerankerDeployment
+from deployments.testing import allow_batch_queue_outside_serve
 from deployments.tiny_models import build_tiny_cross_encoder
 
 logger = logging.getLogger("bench.gpu_check")
@@ -50,15 +53,6 @@ def doc_paragraphs(min_chars: int = 200) -> list[str]:
             if len(text) >= min_chars and not text.startswith(("|", "```", "#", "    ")):
                 out.append(text)
     return out
-
-
-def _allow_queue_outside_serve() -> None:
-    # Outside a replica the batch queue's one check of the replica's max_ongoing_requests
-    # (a warning only) has no context to read; everything else of @serve.batch runs as is.
-    from ray.serve import batching
-
-    queue: Any = batching._BatchQueue
-    queue._warn_if_max_batch_size_exceeds_max_ongoing_requests = lambda self: None
 
 
 def _sync(device: str) -> None:
@@ -151,14 +145,67 @@ async def reranker_rows(args: argparse.Namespace, texts: list[str]) -> list[dict
     return rows
 
 
+def search_rows(args: argparse.Namespace, paragraphs: list[str]) -> list[dict[str, Any]]:
+    from deployments.memindex.team import TeamIndex
+    from deployments.protocols import ChunkRecord, SearchFilter
+    from deployments.search_filter import compile_filter
+    from serve_app.ranking import fuse_weighted
+
+    queries = [t.split(". ")[0][:200] for t in paragraphs][:64]
+    flt = compile_filter(SearchFilter(team_id="bench"))
+    rows = []
+    for dtype in args.dtypes:
+        core = EmbedderCore(EmbedderSettings(device=args.device, dtype=dtype))
+        core.start()
+        vectors = core.embed(paragraphs)
+        index = TeamIndex(dim=vectors.shape[1])
+        index.upsert(
+            ChunkRecord(
+                chunk_id=f"c{i}",
+                doc_id=f"d{i}",
+                team_id="bench",
+                chunk_index=0,
+                text=text,
+                title="",
+                content_hash=str(i),
+                embed_model="bench",
+                vector=[float(x) for x in vector],
+            )
+            for i, (text, vector) in enumerate(zip(paragraphs, vectors, strict=True))
+        )
+        core.embed(queries[:8], "query")  # warm-up
+        times = []
+        for _ in range(args.reps):
+            for query in queries:
+                started = time.perf_counter()
+                vector = [float(x) for x in core.embed([query], "query")[0]]
+                lists = {
+                    "dense": index.search("dense", flt, 40, query_vector=vector),
+                    "bm25": index.search("bm25", flt, 40, query_text=query),
+                }
+                fuse_weighted(lists, {"dense": 0.5, "bm25": 0.5})
+                times.append((time.perf_counter() - started) * 1000)
+        row = {
+            "dtype": core.dtype,
+            "device": core.device,
+            "chunks": len(paragraphs),
+            "queries": len(times),
+            "search_p50_ms": round(statistics.median(times), 2),
+        }
+        logger.info("search %s", row)
+        rows.append(row)
+    return rows
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    _allow_queue_outside_serve()
+    allow_batch_queue_outside_serve()
     paragraphs = doc_paragraphs()
     texts = [paragraphs[i % len(paragraphs)] for i in range(args.texts)]
     return {
         "texts": f"{len(paragraphs)} documentation paragraphs, {args.texts} per repetition",
         "embedder": await embedder_rows(args, texts),
         "reranker": await reranker_rows(args, paragraphs),
+        "search": search_rows(args, paragraphs),
     }
 
 
@@ -203,7 +250,14 @@ def main(argv: list[str] | None = None) -> int:
         ["device", "dtype", "concurrency", "pairs/s"],
         [[r["device"], r["dtype"], r["concurrency"], r["pairs_per_s"]] for r in result["reranker"]],
     )
-    result["table_markdown"] = embed + "\n\n" + rerank
+    search = markdown_table(
+        ["device", "dtype", "chunks", "queries", "search p50 ms"],
+        [
+            [r["device"], r["dtype"], r["chunks"], r["queries"], r["search_p50_ms"]]
+            for r in result["search"]
+        ],
+    )
+    result["table_markdown"] = "\n\n".join([embed, rerank, search])
     path = write_result("gpu_check", result, args.out)
     print(result["table_markdown"])
     print(f"wrote {path}")

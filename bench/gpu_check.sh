@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of issue 18 in one short run (< 5 minutes on one GPU): embedder raw vs. its
-# Serve shell at batch 32/64/128 in float32 and float16, reranker pairs/s at 8 concurrent.
+# Serve shell at batch 32/64/128 in float32 and float16, reranker pairs/s at 8 concurrent,
+# search p50 (query embedding on the GPU + the in-memory hybrid candidates).
 # Writes bench/results/gpu_check-<time>.json (or $OUT/gpu_check.json when OUT is set, as on
 # the device machine) and prints the tables for bench/README.md ("GPU check").
 #   bash bench/gpu_check.sh            # needs .venv (scripts/install.sh) and a CUDA torch

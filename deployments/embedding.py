@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from deployments.config import EmbedderSettings
-from deployments.devices import placement, resolve_device
+from deployments.devices import placement
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.loading import BackgroundLoad
 from deployments.memory import release_freed_memory
@@ -145,18 +145,11 @@ class EmbedderCore:
             )
 
     def _start_flag_m3(self) -> None:
-        from deployments.flag_backends import FlagM3Embedder
+        from deployments.flag_backends import FlagM3Embedder, load_configured
 
         started = time.perf_counter()
         s = self.settings
-        model = FlagM3Embedder.load(
-            self.model_path,
-            resolve_device(s.device),
-            s.dtype,
-            s.max_length,
-            s.forward_batch_size,
-            s.torch_threads,
-        )
+        model = load_configured(FlagM3Embedder, self.model_path, s)
         self.device, self.dtype = model.device, model.dtype
         self._dim = int(model.dim)
         self._model = model

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -151,6 +152,7 @@ def chunk_with_vector(row: dict[str, Any]) -> ChunkRecord:
 def sparse_map(value: Any) -> dict[int, float]:
     """A sparse vector as Milvus returns it (a ``{index: value}`` map, or a scipy row) as
     ``{token id: weight}``."""
+    pairs: Iterable[tuple[Any, Any]]
     if hasattr(value, "tocoo"):
         coo = value.tocoo()
         pairs = zip(coo.col, coo.data, strict=True)

@@ -20,7 +20,7 @@ import numpy as np
 from ray import serve
 
 from deployments.config import RERANK_BATCH, RERANK_BATCH_WAIT_S, RerankerSettings
-from deployments.devices import actor_options, placement, resolve_device
+from deployments.devices import actor_options, placement
 from deployments.errors import InvalidInput
 from deployments.health import check_model
 from deployments.loading import BackgroundLoad
@@ -90,18 +90,11 @@ class RerankerCore:
             )
 
     def _start_flag(self) -> None:
-        from deployments.flag_backends import FlagCrossEncoder
+        from deployments.flag_backends import FlagCrossEncoder, load_configured
 
         s = self.settings
         started = time.perf_counter()
-        model = FlagCrossEncoder.load(
-            s.model_path,
-            resolve_device(s.device),
-            s.dtype,
-            s.max_length,
-            s.forward_batch_size,
-            s.torch_threads,
-        )
+        model = load_configured(FlagCrossEncoder, s.model_path, s)
         self.device, self.dtype = model.device, model.dtype
         self._model = model
         logger.info(

@@ -491,3 +491,13 @@ class MemoryIndexStore(FakeVectorStore):
         return self._current().search(
             mode, compiled, limit, query_text=query_text, query_vector=query_vector
         )
+
+
+def allow_batch_queue_outside_serve() -> None:
+    """Let a Serve shell's ``@serve.batch`` queue run in a plain event loop (tests,
+    benchmarks): its one check of the replica's ``max_ongoing_requests`` (a warning only)
+    needs a replica context; everything else of the queue runs as is. Idempotent."""
+    from ray.serve import batching
+
+    queue: Any = batching._BatchQueue
+    queue._warn_if_max_batch_size_exceeds_max_ongoing_requests = lambda self: None

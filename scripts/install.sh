@@ -15,7 +15,7 @@ stamp="$VENV/.rag-gateway-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "[install] installing Python dependencies (first run downloads torch: several minutes)"
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e ".[test]"
+  "$VENV/bin/python" -m pip install -q -e ".[test,bench]"
   touch "$stamp"
 fi
 if ! ls scripts/neo4j/lib/neo4j-kernel-*.jar >/dev/null 2>&1; then

@@ -35,9 +35,12 @@ def test_lexical_weights_round_trip_and_search(lexical_store: MilvusStore, team:
     rows = [
         replace(chunk(team, "a", text="alpha beta"), lexical={11: 0.9, 12: 0.1}),
         replace(chunk(team, "b", text="beta gamma"), lexical={12: 0.5, 13: 0.4}),
-        replace(chunk(team, "conf", text="alpha secret"), lexical={11: 2.0}, visibility="confidential"),
+        replace(
+            chunk(team, "conf", text="alpha secret", visibility="confidential"),
+            lexical={11: 2.0},
+        ),
         replace(chunk(team + "_x", "foreign", text="alpha"), lexical={11: 5.0}),
-        chunk(team, "none", text="no weights"),  # stored with an empty map
+        chunk(team, "none", text="no weights"),  # stored with the placeholder
     ]
     lexical_store.upsert(rows)
     lexical_store.flush()
