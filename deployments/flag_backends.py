@@ -12,9 +12,12 @@ not pay.
 
 Quirks of FlagEmbedding 1.4.2 worth knowing:
 
-- Each call first runs its longest forward batch once as a probe (catching ``RuntimeError``
-  and out-of-memory to shrink the batch size), then runs all batches: a call that fits in
-  one forward batch costs two forward passes.
+- Its ``encode_single_device`` first runs the longest forward batch once as a probe
+  (catching ``RuntimeError`` and out-of-memory to shrink the batch size), then runs all
+  batches: a call that fits in one forward batch costs two forward passes, and a real error
+  surfaces as an unrelated one. ``FlagM3Embedder.encode`` therefore batches and calls the
+  loaded model's forward itself (the reranker's ``compute_score`` probes likewise; left as
+  is: a rerank call holds many pairs).
 - ``BGEM3FlagModel`` loads in float16 by default (``use_fp16=True``); it is always passed
   explicitly here. It knows ``use_bf16``; ``FlagReranker`` does not (it loads float32 and
   calls ``half()`` for ``use_fp16``), so a bfloat16 reranker is converted after loading.
@@ -133,6 +136,11 @@ class FlagM3Embedder:
     def __init__(self, model: Any, device: str, dtype: str, max_length: int, batch_size: int):
         self._model = model
         self._tokenizer = model.tokenizer
+        self._special = {
+            self._tokenizer.convert_tokens_to_ids(token)
+            for name in ("cls_token", "eos_token", "pad_token", "unk_token")
+            if (token := self._tokenizer.special_tokens_map.get(name))
+        }
         self.device = device
         self.dtype = dtype
         self.max_length = max_length
@@ -196,28 +204,50 @@ class FlagM3Embedder:
     def encode(self, texts: list[str]) -> tuple[np.ndarray, list[dict[int, float]]]:
         """Dense vectors, float32 ``(len(texts), dim)`` with unit norm, and per text its
         lexical weights ``{token_id: weight}`` (positive weights only, no special tokens), in
-        the order of ``texts``; forward batches of ``batch_size`` texts of similar length."""
+        the order of ``texts``; forward batches of ``batch_size`` texts of similar length.
+
+        The forward passes run here, through the loaded BGE-M3 model's own forward (dense +
+        sparse heads), not through ``encode_single_device``: that one first runs its longest
+        batch once more to probe the batch size, which doubled the cost of a search query."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32), []
-        out = self._model.encode_single_device(
-            list(texts),
-            batch_size=self.batch_size,
-            max_length=self.max_length,
-            return_dense=True,
-            return_sparse=True,
-            return_colbert_vecs=False,
-            device=self.device,
-        )
-        dense = np.asarray(out["dense_vecs"], dtype=np.float32).reshape(len(texts), self.dim)
+        import torch
+
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        dense = np.empty((len(texts), self.dim), dtype=np.float32)
+        lexical: list[dict[int, float]] = [{} for _ in texts]
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            batch = self._tokenizer(
+                [texts[i] for i in idx],
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
+            ).to(self.device)
+            with torch.inference_mode():
+                out = self._model.model(
+                    batch, return_dense=True, return_sparse=True, return_colbert_vecs=False
+                )
+            dense[idx] = out["dense_vecs"].float().cpu().numpy()
+            weights = out["sparse_vecs"].squeeze(-1).float().cpu().numpy()
+            ids = batch["input_ids"].cpu().numpy()
+            for row, i in enumerate(idx):
+                lexical[i] = self._token_weights(ids[row], weights[row])
         if self.dtype != "float32":
             # Normalised in half precision: norms off by ~1e-3, made exact again.
             norms = np.linalg.norm(dense, axis=1, keepdims=True)
             dense = dense / np.maximum(norms, 1e-12)
-        lexical = [
-            {int(token): float(weight) for token, weight in weights.items() if weight > 0}
-            for weights in out["lexical_weights"]
-        ]
         return dense, lexical
+
+    def _token_weights(self, ids: np.ndarray, weights: np.ndarray) -> dict[int, float]:
+        """One text's ``{token id: weight}``: each token's largest positive weight over its
+        positions, special tokens (``<s>``, ``</s>``, padding, unknown) left out."""
+        out: dict[int, float] = {}
+        for token, weight in zip(ids.tolist(), weights.tolist(), strict=True):
+            if weight > 0 and token not in self._special and weight > out.get(token, 0.0):
+                out[token] = float(weight)
+        return out
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` without special tokens (and without truncation)."""

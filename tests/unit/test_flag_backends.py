@@ -180,3 +180,33 @@ def test_half_precision_on_a_cpu_stays_float32(m3_dir, reranker_dir):
     assert (reranker.device, reranker.dtype) == ("cpu", "float32")
     assert next(reranker._model.model.parameters()).dtype is torch.float32
     assert reranker.score([("q", "a")]).dtype == np.float32
+
+
+def test_encode_matches_flagembedding_in_one_pass_per_batch(embedder, monkeypatch):
+    # The same vectors and weights as FlagEmbedding's own encode_single_device ...
+    theirs = embedder._model.encode_single_device(
+        list(TEXTS),
+        batch_size=embedder.batch_size,
+        max_length=embedder.max_length,
+        return_dense=True,
+        return_sparse=True,
+        return_colbert_vecs=False,
+        device=embedder.device,
+    )
+    forward = embedder._model.model.forward
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(embedder._model.model, "forward", counted)
+    dense, lexical = embedder.encode(list(TEXTS))
+    assert np.allclose(dense, np.asarray(theirs["dense_vecs"]), atol=1e-5)
+    for ours, want in zip(lexical, theirs["lexical_weights"], strict=True):
+        assert ours.keys() == {int(t) for t in want}
+        for token, weight in want.items():
+            assert ours[int(token)] == pytest.approx(float(weight), abs=1e-5)
+    # ... without its probe pass: one forward per batch of texts.
+    batches = -(-len(TEXTS) // embedder.batch_size)
+    assert len(calls) == batches
