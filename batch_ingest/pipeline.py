@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from batch_ingest.chunking import Chunker, TokenCounter, embedder_token_counter
 from batch_ingest.chunks import ChunkBuilder
 from batch_ingest.documents import SourceDocument
@@ -44,7 +46,7 @@ CALL_MAX_CHUNKS = 256
 
 DocStatus = Literal["indexed", "unchanged", "failed", "deleted"]
 # A chunk's dense vector and its learned sparse weights (``None``: the embedder makes none).
-Embedding = tuple[Sequence[float], Mapping[int, float] | None]
+Embedding = tuple[Sequence[float] | np.ndarray, Mapping[int, float] | None]
 
 
 @dataclass
@@ -269,13 +271,7 @@ class IngestPipeline:
         encoded = await asyncio.gather(
             *(self.embedder.encode(texts[i : i + CALL_MAX_CHUNKS], "passage") for i in slices)
         )
-        out: list[Embedding] = []
-        for part in encoded:
-            weights: list[Mapping[int, float] | None] = [None] * len(part.dense)
-            if part.lexical is not None:
-                weights = list(part.lexical)
-            out += list(zip(part.dense, weights, strict=True))
-        return out
+        return [row for part in encoded for row in part.rows()]
 
     async def _stored_vectors(
         self,

@@ -127,10 +127,7 @@ class EmbedderDeployment:
             *(queue((started, list(texts[i : i + step]))) for i in range(0, len(texts), step))
         )
         self._timing.add(f"{kind}_call", started)
-        if len(parts) == 1:
-            return parts[0]
-        lexical = None if parts[0].lexical is None else [w for p in parts for w in p.lexical or ()]
-        return Encoded(np.concatenate([p.dense for p in parts]), lexical)
+        return Encoded.join(parts)
 
     async def _run(self, requests: list[Queued], kind: str) -> list[Encoded]:
         # Flatten the requests of one batch, embed once, split back. A small query batch runs
@@ -150,10 +147,8 @@ class EmbedderDeployment:
         self._timing.add(f"{kind}_batch", started, len(requests))
         out, offset = [], 0
         for _, texts in requests:
-            end = offset + len(texts)
-            lexical = None if encoded.lexical is None else encoded.lexical[offset:end]
-            out.append(Encoded(encoded.dense[offset:end], lexical))
-            offset = end
+            out.append(encoded.part(offset, offset + len(texts)))
+            offset += len(texts)
         return out
 
     @serve.batch(max_batch_size=EMBED_BATCH, batch_wait_timeout_s=0.0, batch_size_fn=_count_texts)

@@ -164,11 +164,6 @@ class EmbedderCore:
             self.dtype,
         )
 
-    @property
-    def lexical(self) -> bool:
-        """Whether ``encode`` also returns learned sparse weights (BGE-M3)."""
-        return self.settings.lexical
-
     # The three stages are separate so each can be tested and timed on its own.
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
         batch = self._tokenizer(
@@ -216,7 +211,7 @@ class EmbedderCore:
         self.start()
         if not texts:
             empty = np.zeros((0, self._dim or 0), dtype=np.float32)
-            return Encoded(empty, [] if self.lexical else None)
+            return Encoded(empty, [] if self.settings.lexical else None)
         if self.settings.backend == "flag_m3":
             prefix = self.settings.query_prefix if kind == "query" else self.settings.passage_prefix
             dense, lexical = self._model.encode([prefix + t for t in texts])

@@ -68,6 +68,24 @@ class Encoded:
     dense: np.ndarray
     lexical: list[dict[int, float]] | None = None
 
+    def part(self, start: int, end: int) -> Encoded:
+        """Texts ``start:end`` (one request's share of a batch)."""
+        lexical = None if self.lexical is None else self.lexical[start:end]
+        return Encoded(self.dense[start:end], lexical)
+
+    @staticmethod
+    def join(parts: Sequence[Encoded]) -> Encoded:
+        """The parts' texts in order, as one."""
+        if len(parts) == 1:
+            return parts[0]
+        lexical = None if parts[0].lexical is None else [w for p in parts for w in p.lexical or ()]
+        return Encoded(np.concatenate([p.dense for p in parts]), lexical)
+
+    def rows(self) -> list[tuple[np.ndarray, dict[int, float] | None]]:
+        """Per text: its vector and its weights (``None`` without a sparse head)."""
+        lexical: Sequence[dict[int, float] | None] = self.lexical or [None] * len(self.dense)
+        return list(zip(self.dense, lexical, strict=True))
+
 
 @dataclass(frozen=True)
 class SearchFilter:

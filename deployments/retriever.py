@@ -95,11 +95,11 @@ class RetrieverDeployment:
     ) -> dict[str, list[SearchHit]]:
         # The in-memory index holds dense vectors and BM25 postings; the learned sparse
         # weights (``lexical``) are always searched in Milvus, beside it.
-        lexical = tuple(m for m in methods if m == "lexical")
-        methods = tuple(m for m in methods if m != "lexical")
-        if lexical:
+        lexical_task = None
+        if "lexical" in methods:
+            methods = tuple(m for m in methods if m != "lexical")
             lexical_task = asyncio.create_task(
-                self._search(query_text, None, flt, limit, lexical, query_lexical)
+                self._search(query_text, None, flt, limit, ("lexical",), query_lexical)
             )
         found: dict[str, list[SearchHit]] | None = None
         try:
@@ -112,9 +112,9 @@ class RetrieverDeployment:
                     found = await asyncio.to_thread(self.hot.candidates, *args)
             if found is None:
                 found = await self._search(query_text, query_vector, flt, limit, methods)
-            return found | (await lexical_task if lexical else {})
+            return found | (await lexical_task if lexical_task is not None else {})
         finally:
-            if lexical and not lexical_task.done():
+            if lexical_task is not None and not lexical_task.done():
                 lexical_task.cancel()
 
     async def _search(

@@ -125,6 +125,7 @@ class Retrieval:
             if mode in ("hybrid", "bm25") and not together
             else None
         )
+        query_lexical: dict[int, float] | None = None
         try:
             lists: dict[str, list[SearchHit]] = {}
             if mode in ("hybrid", "dense"):
@@ -161,9 +162,8 @@ class Retrieval:
         # projects and skills whose policy denies the caller, and anything a store bug let by.
         lists = {m: [h for h in found if ctx.may_see(h.chunk)] for m, found in lists.items()}
         if linked and req.graph is not None and req.graph.mode == "boost":
-            lexical = self._lexical.get(req.query) if "lexical" in lists else None
             hits = await self._graph_boost(
-                req, ctx, flt, lists, linked, mode, vector, fetch, read, lexical
+                req, ctx, flt, lists, linked, mode, vector, fetch, read, query_lexical
             )
         else:
             with stage("fuse"):
@@ -303,7 +303,8 @@ class Retrieval:
         query_lexical: Mapping[int, float] | None = None,
     ) -> dict[str, list[SearchHit]]:
         deadline = self.settings.search.store_deadline_s
-        # Only a store that searches learned sparse weights is asked with them.
+        # Only a search with learned sparse weights passes them (a store written before the
+        # lexical method need not know the argument).
         more = {"query_lexical": query_lexical} if query_lexical else {}
         with stage("+".join(methods)):
             try:

@@ -143,10 +143,8 @@ class ReindexWorker:
 def with_embeddings(chunks: list[ChunkRecord], embedded: Any) -> list[ChunkRecord]:
     """``chunks`` with their vectors from ``embedded``: an ``Encoded`` (dense vectors and,
     from a BGE-M3 embedder, learned sparse weights) or one vector per chunk."""
-    if isinstance(embedded, Encoded):
-        lexical: list[Any] = embedded.lexical or [None] * len(chunks)
-        return [
-            replace(c, vector=[float(x) for x in v], lexical=w)
-            for c, v, w in zip(chunks, embedded.dense, lexical, strict=True)
-        ]
-    return [replace(c, vector=[float(x) for x in v]) for c, v in zip(chunks, embedded, strict=True)]
+    rows = embedded.rows() if isinstance(embedded, Encoded) else [(v, None) for v in embedded]
+    return [
+        replace(c, vector=[float(x) for x in v], lexical=w)
+        for c, (v, w) in zip(chunks, rows, strict=True)
+    ]
