@@ -1,6 +1,7 @@
 """Reranker throughput: requests that meet in one ``@serve.batch`` call sharing forward passes
-(pairs concatenated) against one forward set per request (what the batch did before), same
-run, same model, real text.
+(pairs concatenated, packed by token count) against the former batch body — per request, its
+passages in the order given, ``--forward-batch`` pairs per pass padded to the longest —
+same run, same model, real text.
 
 The model is a cross-encoder of MiniLM-L6's size (6 layers of 384, 12 heads, the MiniLM
 tokenizer) with random weights (``deployments.tiny_models``; no reranker weights ship
@@ -36,6 +37,7 @@ from bench.common import (
     write_result,
 )
 from deployments.config import RERANK_BATCH, RERANK_BATCH_WAIT_S, RerankerSettings
+from deployments.cross_encoding import relevance
 from deployments.reranker import RerankerDeployment
 from deployments.testing import allow_batch_queue_outside_serve
 from deployments.tiny_models import build_tiny_cross_encoder
@@ -56,6 +58,25 @@ async def closed(concurrency: int, n: int, call: Any) -> float:
     return time.perf_counter() - t0
 
 
+def former_rerank(core: Any, query: str, texts: list[str]) -> np.ndarray:
+    """The cross-encoder scoring before issue 18: one request, passes of
+    ``forward_batch_size`` passages in the order given, each padded to its longest pair."""
+    scores = np.empty(len(texts), dtype=np.float32)
+    step = core.settings.forward_batch_size
+    for start in range(0, len(texts), step):
+        part = texts[start : start + step]
+        batch = core._tokenizer(
+            [query] * len(part),
+            part,
+            padding=True,
+            truncation=True,
+            max_length=core.settings.max_length,
+            return_tensors="pt",
+        )
+        scores[start : start + len(part)] = relevance(core.forward(dict(batch)))
+    return scores
+
+
 class PerRequestReranker(RerankerDeployment):
     """The batch body before cross-request batching: the same ``@serve.batch`` queue, one
     forward set per request of the batch."""
@@ -63,7 +84,9 @@ class PerRequestReranker(RerankerDeployment):
     @serve.batch(max_batch_size=RERANK_BATCH, batch_wait_timeout_s=RERANK_BATCH_WAIT_S)
     async def _rerank_batch(self, requests: list[tuple[str, list[str]]]) -> list[np.ndarray]:
         loop = asyncio.get_running_loop()
-        return [await loop.run_in_executor(None, self.core.rerank, q, t) for q, t in requests]
+        return [
+            await loop.run_in_executor(None, former_rerank, self.core, q, t) for q, t in requests
+        ]
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -82,6 +105,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         model_path=str(path),
         max_batch_size=args.max_batch,
         forward_batch_size=args.forward_batch,
+        forward_max_tokens=args.forward_tokens,
     )
     allow_batch_queue_outside_serve()
     deployment = RerankerDeployment(settings)
@@ -121,7 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--pairs", type=int, default=20, help="passages per request")
     p.add_argument("--max-batch", type=int, default=8, help="@serve.batch max_batch_size")
-    p.add_argument("--forward-batch", type=int, default=64, help="pairs per forward pass")
+    p.add_argument(
+        "--forward-batch", type=int, default=16, help="pairs per forward pass at most (the default)"
+    )
+    p.add_argument(
+        "--forward-tokens", type=int, default=4096, help="padded tokens per shared pass at most"
+    )
     p.add_argument("--reps", type=int, default=3)
     p.add_argument(
         "--model",

@@ -124,6 +124,8 @@ async def reranker_rows(args: argparse.Namespace, texts: list[str]) -> list[dict
             device=args.device,
             dtype=dtype,
             forward_batch_size=64,
+            # Passes of up to 64 pairs whatever their length on a GPU; the CPU default else.
+            forward_max_tokens=32768 if args.device.startswith("cuda") else 4096,
             torch_threads=args.threads,
         )
         shell = RerankerDeployment(settings)

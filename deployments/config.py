@@ -125,7 +125,11 @@ class RerankerSettings(BaseModel):
     dtype: Dtype = "float32"
     num_gpus: float = Field(0.5, gt=0.0, le=8.0)
     torch_threads: int = Field(1, ge=1, le=64)
+    # A forward pass holds at most forward_batch_size pairs and forward_max_tokens padded
+    # tokens (pairs × its longest pair; pairs of similar length share a pass). On a CPU
+    # 2,000-4,000 tokens cost least per pair; on a GPU raise both (e.g. 128 and 32768).
     forward_batch_size: int = Field(16, ge=1, le=1024)
+    forward_max_tokens: int = Field(4096, ge=16, le=1_048_576)
     max_batch_size: int = Field(RERANK_BATCH, ge=1, le=1024)
     batch_wait_timeout_s: float = Field(RERANK_BATCH_WAIT_S, ge=0.0, le=1.0)
     # How many fused candidates are rescored.

@@ -2,9 +2,10 @@
 the learned sparse lexical weights of a text) and the bge-reranker-v2-m3 cross-encoder.
 
 ``FlagM3Embedder`` and ``FlagCrossEncoder`` are the model side only (load, encode, score);
-``EmbedderCore`` and ``RerankerCore`` own settings, batching and the Serve shells. Both call
-FlagEmbedding's single-device paths (``encode_single_device``, ``compute_score`` with one
-device), so no process pool is ever started, and its progress bars are switched off.
+``EmbedderCore`` and ``RerankerCore`` own settings, batching and the Serve shells. Both load
+through FlagEmbedding (``BGEM3FlagModel``, ``FlagReranker``, one device, so no process pool
+is ever started) and run the loaded models' forward passes themselves; its progress bars
+are switched off.
 
 FlagEmbedding and torch are imported inside the loaders: importing FlagEmbedding takes
 10-20 s (it pulls in datasets, peft, accelerate), which replicas of the other backends must
@@ -12,21 +13,22 @@ not pay.
 
 Quirks of FlagEmbedding 1.4.2 worth knowing:
 
-- Its ``encode_single_device`` first runs the longest forward batch once as a probe
-  (catching ``RuntimeError`` and out-of-memory to shrink the batch size), then runs all
-  batches: a call that fits in one forward batch costs two forward passes, and a real error
-  surfaces as an unrelated one. ``FlagM3Embedder.encode`` therefore batches and calls the
-  loaded model's forward itself (the reranker's ``compute_score`` probes likewise; left as
-  is: a rerank call holds many pairs).
+- Its ``encode_single_device`` and ``compute_score`` first run the longest forward batch
+  once as a probe (catching ``RuntimeError`` and out-of-memory to shrink the batch size),
+  then run all batches: a call that fits in one forward batch costs two forward passes, and
+  a real error surfaces as an unrelated one. So ``FlagM3Embedder.encode`` batches by length
+  and calls the M3 model's forward (dense + sparse heads), and ``FlagCrossEncoder.score``
+  packs the pairs by token count (``deployments.cross_encoding``) for the classifier.
 - ``BGEM3FlagModel`` loads in float16 by default (``use_fp16=True``); it is always passed
   explicitly here. It knows ``use_bf16``; ``FlagReranker`` does not (it loads float32 and
   calls ``half()`` for ``use_fp16``), so a bfloat16 reranker is converted after loading.
 - The lexical weights come back as ``{str(token_id): numpy float}`` (the largest weight of
   each token of the text, special tokens and non-positive weights dropped); here they are
   ``{int: float}``.
-- Under transformers 5 the reranker builds each pair by decoding the query's and the
-  passage's token ids and tokenizing the pair again (``prepare_for_model`` is gone); the
-  query is cut to 3/4 of ``max_length`` first, then the passage to the rest.
+- Under transformers 5 ``compute_score`` builds each pair by decoding the query's and the
+  passage's token ids and tokenizing the pair again (``prepare_for_model`` is gone), the
+  query cut to 3/4 of ``max_length`` first. Here the tokenizer takes the pair as text and
+  truncates the longer side first; pairs within ``max_length`` get the same scores.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from deployments.cross_encoding import score_pairs
 from deployments.devices import Dtype, torch_dtype
 from deployments.errors import BackendUnavailable, InvalidInput
 
@@ -110,9 +113,10 @@ def _quiet_progress() -> None:
         module.trange = quiet_trange  # type: ignore[attr-defined]
 
 
-def load_configured(cls: Any, model_path: str, settings: Any) -> Any:
+def load_configured(cls: Any, model_path: str, settings: Any, **extra: Any) -> Any:
     """``cls.load`` (``FlagM3Embedder`` or ``FlagCrossEncoder``) with the device, dtype,
-    lengths and threads of an ``EmbedderSettings``/``RerankerSettings`` section."""
+    lengths and threads of an ``EmbedderSettings``/``RerankerSettings`` section, and
+    ``extra`` keyword arguments of that class."""
     from deployments.devices import resolve_device
 
     return cls.load(
@@ -122,6 +126,7 @@ def load_configured(cls: Any, model_path: str, settings: Any) -> Any:
         settings.max_length,
         settings.forward_batch_size,
         settings.torch_threads,
+        **extra,
     )
 
 
@@ -255,15 +260,29 @@ class FlagM3Embedder:
 
 
 class FlagCrossEncoder:
-    """A cross-encoder reranker (bge-reranker-v2-m3) through FlagEmbedding's ``FlagReranker``:
-    one raw relevance logit per (query, passage) pair. Build with ``load``."""
+    """A cross-encoder reranker (bge-reranker-v2-m3) loaded through FlagEmbedding's
+    ``FlagReranker``: one raw relevance logit per (query, passage) pair. Build with ``load``.
 
-    def __init__(self, model: Any, device: str, dtype: str, max_length: int, batch_size: int):
+    Scoring runs the loaded classifier in passes packed by token count
+    (``deployments.cross_encoding``), not through ``compute_score``: that one probes its
+    longest batch first (an extra pass, and a real error re-raised as an unrelated one) and,
+    under transformers 5, decodes and tokenizes every pair twice."""
+
+    def __init__(
+        self,
+        model: Any,
+        device: str,
+        dtype: str,
+        max_length: int,
+        batch_size: int,
+        max_tokens: int,
+    ):
         self._model = model
         self.device = device
         self.dtype = dtype
         self.max_length = max_length
         self.batch_size = batch_size
+        self.max_tokens = max_tokens
 
     @classmethod
     def load(
@@ -274,9 +293,11 @@ class FlagCrossEncoder:
         max_length: int,
         batch_size: int,
         threads: int,
+        max_tokens: int = 4096,
     ) -> FlagCrossEncoder:
         """Load a sequence-classification folder with one logit on ``device`` (resolved) in
-        ``dtype_name`` (float32 on a CPU whatever is asked). Never downloads.
+        ``dtype_name`` (float32 on a CPU whatever is asked); passes of at most
+        ``batch_size`` pairs and ``max_tokens`` padded tokens. Never downloads.
 
         Raises:
             BackendUnavailable("reranker", ...): when the model is not there.
@@ -302,7 +323,7 @@ class FlagCrossEncoder:
         # FlagReranker loads float32 and knows only fp16 (``half()`` on each call): the
         # dtype is set here, once, for both.
         model.model.to(device=device, dtype=dtype).eval()
-        reranker = cls(model, device, _dtype_name(dtype), max_length, batch_size)
+        reranker = cls(model, device, _dtype_name(dtype), max_length, batch_size, max_tokens)
         logger.info(
             "FlagReranker %s loaded in %.1fs (device=%s, dtype=%s, threads=%d)",
             model_path,
@@ -313,16 +334,21 @@ class FlagCrossEncoder:
         )
         return reranker
 
+    def _forward(self, batch: dict[str, Any]) -> Any:
+        import torch
+
+        with torch.inference_mode():
+            return self._model.model(**batch, return_dict=True).logits
+
     def score(self, pairs: list[tuple[str, str]]) -> np.ndarray:
         """Raw relevance logits (no sigmoid), float32, one per (query, passage) pair in the
-        order given. All pairs go to one ``compute_score`` call, so the pairs of several
-        requests share forward passes (sorted by length, ``batch_size`` pairs each)."""
-        if not pairs:
-            return np.zeros(0, dtype=np.float32)
-        scores = self._model.compute_score(
-            [(query, passage) for query, passage in pairs],
-            batch_size=self.batch_size,
+        order given. The pairs of several requests share the passes."""
+        return score_pairs(
+            self._model.tokenizer,
+            self._forward,
+            pairs,
+            self.device,
             max_length=self.max_length,
-            normalize=False,
+            max_pairs=self.batch_size,
+            max_tokens=self.max_tokens,
         )
-        return np.asarray(scores, dtype=np.float32).reshape(len(pairs))

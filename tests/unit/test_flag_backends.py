@@ -210,3 +210,23 @@ def test_encode_matches_flagembedding_in_one_pass_per_batch(embedder, monkeypatc
     # ... without its probe pass: one forward per batch of texts.
     batches = -(-len(TEXTS) // embedder.batch_size)
     assert len(calls) == batches
+
+
+def test_score_matches_flagembedding_without_its_probe_pass(reranker, monkeypatch):
+    # The same logits as FlagReranker's own compute_score for non-empty passages (an empty
+    # one is tokenized differently by its decode-and-retokenize path) ...
+    pairs = [(q, t) for q in ("which projects use milvus?", "хто тримає граф?") for t in TEXTS if t]
+    theirs = reranker._model.compute_score(
+        pairs, batch_size=reranker.batch_size, max_length=reranker.max_length, normalize=False
+    )
+    forward = reranker._model.model.forward
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(reranker._model.model, "forward", counted)
+    np.testing.assert_allclose(reranker.score(pairs), np.asarray(theirs), atol=1e-5)
+    # ... in one forward per pass of batch_size pairs (short pairs: the token budget binds not).
+    assert len(calls) == -(-len(pairs) // reranker.batch_size)

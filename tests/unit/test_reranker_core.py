@@ -86,16 +86,15 @@ def test_no_texts_give_no_scores(core):
 
 
 def test_two_label_model_scores_relevant_minus_irrelevant(tmp_path):
-    import torch
 
     path = build_tiny_cross_encoder(tmp_path, num_labels=2)
     reranker = RerankerCore(RerankerSettings(enabled=True, model_path=str(path)))
     scores = reranker.rerank("milvus", PASSAGES[:2])
-    logits = reranker.forward(reranker.tokenize("milvus", PASSAGES[:2]))
-    assert np.allclose(scores, (logits[:, 1] - logits[:, 0]).numpy(), atol=1e-6)
-    assert np.allclose(
-        RerankerCore.postprocess(torch.tensor([[1.0, 4.0], [2.0, -1.0]])), [3.0, -3.0]
+    batch = reranker._tokenizer(
+        ["milvus"] * 2, PASSAGES[:2], padding=True, truncation=True, return_tensors="pt"
     )
+    logits = reranker.forward(dict(batch))
+    assert np.allclose(scores, (logits[:, 1] - logits[:, 0]).numpy(), atol=1e-6)
 
 
 def test_empty_model_path_raises_invalid_input():
