@@ -46,6 +46,19 @@ def reranker(reranker_dir) -> FlagCrossEncoder:
     return FlagCrossEncoder.load(str(reranker_dir), "cpu", "float32", 64, 3, 1)
 
 
+def count_forwards(monkeypatch, module) -> list[int]:
+    """A list that grows by one on each forward call of ``module`` from now on."""
+    forward = module.forward
+    calls: list[int] = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(module, "forward", counted)
+    return calls
+
+
 def test_tiny_models_have_the_bge_m3_layout(m3_dir, reranker_dir):
     from transformers import AutoTokenizer
 
@@ -193,14 +206,7 @@ def test_encode_matches_flagembedding_in_one_pass_per_batch(embedder, monkeypatc
         return_colbert_vecs=False,
         device=embedder.device,
     )
-    forward = embedder._model.model.forward
-    calls = []
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(embedder._model.model, "forward", counted)
+    calls = count_forwards(monkeypatch, embedder._model.model)
     dense, lexical = embedder.encode(list(TEXTS))
     assert np.allclose(dense, np.asarray(theirs["dense_vecs"]), atol=1e-5)
     for ours, want in zip(lexical, theirs["lexical_weights"], strict=True):
@@ -219,14 +225,7 @@ def test_score_matches_flagembedding_without_its_probe_pass(reranker, monkeypatc
     theirs = reranker._model.compute_score(
         pairs, batch_size=reranker.batch_size, max_length=reranker.max_length, normalize=False
     )
-    forward = reranker._model.model.forward
-    calls = []
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(reranker._model.model, "forward", counted)
+    calls = count_forwards(monkeypatch, reranker._model.model)
     np.testing.assert_allclose(reranker.score(pairs), np.asarray(theirs), atol=1e-5)
     # ... in one forward per pass of batch_size pairs (short pairs: the token budget binds not).
     assert len(calls) == -(-len(pairs) // reranker.batch_size)
