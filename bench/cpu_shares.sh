@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where the CPU goes under search load: runs bench_search_real at 8 concurrent requests and,
-# over a window of the measured reps, sums each process's CPU seconds (utime + stime from
-# /proc). On a saturated machine throughput is cores / CPU per request, so an A/B of two
+# over a window of the measured reps, sums each process's CPU seconds (user + system, from
+# psutil). On a saturated machine throughput is cores / CPU per request, so an A/B of two
 # commits tells a code cost (one component's share grows) from the VM's speed drifting (every
 # share the same, the unchanged Ray proxy costing more per request too).
 #
@@ -19,17 +19,13 @@ out="$root/bench/results/cpu_shares-$label-$stamp.txt"
 log=$(mktemp)
 mkdir -p "$root/bench/results"
 
-snapshot() {  # pid, CPU ticks, command line of every process
+snapshot() {  # pid, CPU seconds (user + system), command line of every process
   "$py" - <<'PY'
-import os
-for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-        cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()[:90]
-    except OSError:
-        continue
-    fields = stat.rsplit(")", 1)[1].split()
-    print(pid, int(fields[11]) + int(fields[12]), cmd.strip() or "-")
+import psutil
+for p in psutil.process_iter(["cmdline", "cpu_times"]):
+    times, cmd = p.info["cpu_times"], " ".join(p.info["cmdline"] or ())[:90]
+    if times is not None:
+        print(p.pid, times.user + times.system, cmd.strip() or "-")
 PY
 }
 
@@ -60,12 +56,12 @@ wait "$bench"
 "$py" - "$label" "$t0" "$t1" "$log" >"$out" <<'PY'
 import re, sys
 label, t0, t1, log = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-before = {l.split(" ", 2)[0]: l.split(" ", 2) for l in open(log + ".before")}
+before = {line.split(" ", 2)[0]: float(line.split(" ", 2)[1]) for line in open(log + ".before")}
 rows = []
 for line in open(log + ".after"):
-    pid, ticks, cmd = line.rstrip("\n").split(" ", 2)
+    pid, seconds, cmd = line.rstrip("\n").split(" ", 2)
     if pid in before:
-        rows.append(((int(ticks) - int(before[pid][1])) / 100, cmd))
+        rows.append((float(seconds) - before[pid], cmd))
 rows.sort(reverse=True)
 total = sum(r[0] for r in rows)
 text = open(log).read()
