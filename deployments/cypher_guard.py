@@ -306,6 +306,8 @@ def _same_node(var: str, a: _Need, b: _Need, needs: list[_Need], same: list[int]
     name coming in as an argument: the planner matched the bound variable again."""
     if _meet_at_union_or_join(var, a.ancestors, b.ancestors):
         return True
+    if _confined(var, a) and _confined(var, b):
+        return True
     common = 0
     for x, y in zip(a.ancestors, b.ancestors, strict=False):
         if x is not y:
@@ -316,6 +318,14 @@ def _same_node(var: str, a: _Need, b: _Need, needs: list[_Need], same: list[int]
             if depth >= common and not any(needs[n].under(other) for n in same):
                 return True
     return False
+
+
+def _confined(var: str, need: _Need) -> bool:
+    """Whether a binding lives only inside an existential subquery (``EXISTS { ... }``: the
+    name never comes out of its semi-apply), where it is proven on its own and no other
+    binding can borrow its constraint. The planner may plan one subquery twice (both sides
+    of a hash join), which is not a second name."""
+    return any(_name(anc) in EXISTENTIAL and var not in _ids(anc) for anc in need.ancestors)
 
 
 def _unquote(name: str) -> str:

@@ -36,9 +36,13 @@ class GraphDeployment:
         return await self.graph.delete_documents(team_id, doc_ids)
 
     async def upsert_entities(
-        self, team_id: str, nodes: list[dict[str, Any]], relationships: list[dict[str, Any]]
-    ) -> dict[str, int]:
-        return await self.graph.upsert_entities(team_id, nodes, relationships)
+        self,
+        team_id: str,
+        nodes: list[dict[str, Any]],
+        relationships: list[dict[str, Any]],
+        scope: GraphScope,
+    ) -> dict[str, Any]:
+        return await self.graph.upsert_entities(team_id, nodes, relationships, scope)
 
     async def run_intent(self, name: str, args: dict[str, Any], scope: GraphScope):
         return await self.graph.run_intent(name, args, scope)

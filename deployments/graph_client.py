@@ -9,7 +9,8 @@ import asyncio
 import logging
 import re
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from deployments.config import Neo4jSettings
 from deployments.errors import (
@@ -19,10 +20,18 @@ from deployments.errors import (
     InvalidQuery,
     QueryLimitExceeded,
 )
-from deployments.graph_cypher import schema_statements
+from deployments.graph_cypher import MARK_DERIVED, RECOMPUTE_DERIVED, schema_statements
 from deployments.graph_values import to_plain
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+async def tx_rows(tx: Any, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records of one statement run inside a transaction, as dicts."""
+    result = await tx.run(query, params)
+    return [record.data() async for record in result]
 
 
 class Neo4jClient:
@@ -81,6 +90,25 @@ class Neo4jClient:
                     f"DROP INDEX {name} IF EXISTS", database_=self.settings.database
                 )
                 await self._driver.execute_query(statement, database_=self.settings.database)
+        await self._mark_derived()
+
+    async def _mark_derived(self) -> None:
+        """Nodes written before ``derived`` existed get it (``MARK_DERIVED``), and those
+        taken as made by documents their visibility from them; a no-op once done."""
+
+        async def work(tx: Any) -> int:
+            rows = await tx_rows(tx, MARK_DERIVED, {})
+            affected = rows[0]["affected"] if rows else []
+            if affected:
+                await tx_rows(tx, RECOMPUTE_DERIVED, {"affected": affected})
+            return len(affected)
+
+        async with self._driver.session(database=self.settings.database) as session:
+            marked = await session.execute_write(work)
+        if marked:
+            logger.info(
+                "neo4j: %d nodes written before 'derived' taken as made by documents", marked
+            )
 
     async def _started(self, deadline: float) -> float:
         """Connect (and create the schema) if needed, within the call's ``deadline``; the
@@ -199,6 +227,29 @@ class Neo4jClient:
             await self._raise_mapped(exc)
             raise
         return [r.data() for r in records]
+
+    async def write_transaction(self, work: Callable[[Any], Awaitable[T]]) -> T:
+        """Run ``work(tx)`` in one write transaction: its statements (``tx_rows``) commit
+        together or not at all, within the write deadline; errors mapped as in ``run``. The
+        driver may run ``work`` again on a transient failure: it must be idempotent."""
+        from neo4j import unit_of_work
+
+        @unit_of_work(timeout=self.settings.write_timeout_s)
+        async def unit(tx: Any) -> T:
+            return await work(tx)
+
+        async def transaction() -> T:
+            async with self._driver.session(database=self.settings.database) as session:
+                return await session.execute_write(unit)
+
+        remaining = await self._started(self.settings.deadline_s + self.settings.write_timeout_s)
+        try:
+            return await self._within(remaining, "write", transaction())
+        except BackendUnavailable:
+            raise
+        except Exception as exc:
+            await self._raise_mapped(exc)
+            raise
 
     async def read(
         self, query: str, params: dict[str, Any], *, max_rows: int, trusted: bool = True

@@ -59,89 +59,128 @@ def schema_statements() -> list[str]:
     return statements
 
 
-# One statement for a batch of documents. An entity node (project, channel, agent, user,
-# topic) is public as soon as one public document names it; a confidential-only entity stays
-# confidential. MERGE on (team_id, id) makes re-ingestion a no-op; a re-sent document first
-# loses the edges it wrote before, so removed tags, links or a changed project leave no trace.
-# Its access list (acl_allow, acl_deny; acl_restricted true, or removed for an open list) is
-# always set, so a re-sent document with another ACL is re-permissioned.
+# One statement for a batch of documents. The entities documents name (project, channel,
+# agent, author, topics) and the placeholders of their [[links]] are created ``derived``:
+# they exist because of documents, and a caller sees one only through a document it may see
+# (graph_intents.source_visible). An entity written through /graph/entities (``derived``
+# false) is never changed by ingestion: a document only links to it. MERGE on (team_id, id)
+# makes re-ingestion a no-op; a re-sent document first loses the edges it wrote before, so
+# removed tags, links or a changed project leave no trace. Its access list (acl_allow,
+# acl_deny; acl_restricted true, or removed for an open list) is always set, so a re-sent
+# document with another ACL is re-permissioned. Both statements return ``affected``: the
+# derived nodes around the documents before and after, whose visibility
+# ``RECOMPUTE_DERIVED`` then derives again in the same transaction.
 # Every relationship joins two nodes of the same team (cypher_guard relies on it).
-# Deleting a document (bus event doc.deleted): the Doc node and its edges only. Notes that
+# Deleting a document (bus event doc.deleted): the Doc node and its edges. Notes that
 # [[link]] to it keep their links, now to a placeholder under the deleted note's key, so a
 # note re-created later (same id or title) takes them back as MERGE_DOCUMENTS hands over.
 DELETE_DOCUMENTS = """
 MATCH (doc:Doc {team_id: $team_id})
 WHERE doc.id IN $ids AND NOT coalesce(doc.stub, false)
 CALL (doc) {
+  OPTIONAL MATCH (doc)--(n) WHERE coalesce(n.derived, false)
+  RETURN collect(DISTINCT elementId(n)) AS around
+}
+CALL (doc) {
   WITH doc, coalesce(doc.wiki_id, doc.wiki_title) AS key WHERE key IS NOT NULL
   MATCH (src:Doc)-[old:LINKS_TO]->(doc) WHERE src <> doc AND NOT src.id IN $ids
   MERGE (s:Doc {team_id: doc.team_id, id: 'wiki:' + key})
-    ON CREATE SET s.stub = true, s.title = key, s.visibility = old.visibility,
-                  s.doc_type = 'wiki'
-  SET s.visibility = CASE WHEN old.visibility = 'public' THEN 'public' ELSE s.visibility END
+    ON CREATE SET s.stub = true, s.derived = true, s.title = key,
+                  s.visibility = old.visibility, s.doc_type = 'wiki'
   MERGE (src)-[r:LINKS_TO]->(s)
   SET r.team_id = old.team_id, r.visibility = old.visibility
+  RETURN collect(DISTINCT elementId(s)) AS placeholders
 }
 DETACH DELETE doc
-RETURN count(*) AS deleted
+WITH count(*) AS deleted, collect(around + placeholders) AS lists
+RETURN deleted, reduce(acc = [], l IN lists | acc + l) AS affected
+"""
+
+# The visibility of derived nodes, from their documents (non-placeholder ``Doc`` nodes one
+# relationship away): public when one is public, else confidential; a derived node no
+# document names any more is deleted with its relationships (it existed only because of
+# them; write it through /graph/entities to keep it). Keeps caller Cypher, which sees node
+# visibility but not sources, inside the rule: a derived node in a caller's visibility has
+# a source document in it.
+RECOMPUTE_DERIVED = """
+UNWIND $affected AS eid
+WITH DISTINCT eid
+MATCH (n) WHERE elementId(n) = eid AND coalesce(n.derived, false)
+WITH n,
+  EXISTS { MATCH (n)--(s:Doc) WHERE NOT coalesce(s.stub, false) } AS sourced,
+  EXISTS {
+    MATCH (n)--(s:Doc) WHERE NOT coalesce(s.stub, false) AND s.visibility = 'public'
+  } AS open
+CALL (n, sourced, open) {
+  WITH n WHERE sourced
+  SET n.visibility = CASE WHEN open THEN 'public' ELSE 'confidential' END
+}
+CALL (n, sourced) {
+  WITH n WHERE NOT sourced
+  DETACH DELETE n
+}
+RETURN count(*) AS recomputed
 """
 
 MERGE_DOCUMENTS = """
 UNWIND $docs AS d
 MERGE (dao:MicroDAO {team_id: d.team_id, id: d.team_id})
-  ON CREATE SET dao.name = d.team_id, dao.visibility = 'public'
+  ON CREATE SET dao.name = d.team_id, dao.visibility = 'public', dao.derived = false
 MERGE (doc:Doc {team_id: d.team_id, id: d.doc_id})
 SET doc.title = d.title, doc.visibility = d.visibility, doc.doc_type = d.doc_type,
     doc.url = d.url, doc.created_at = d.created_at, doc.tags = d.tags,
     doc.project_id = d.project_id, doc.wiki_id = d.wiki_id, doc.wiki_title = d.wiki_title,
-    doc.stub = false, doc.acl_allow = d.acl_allow, doc.acl_deny = d.acl_deny,
-    doc.acl_restricted = d.acl_restricted
+    doc.stub = false, doc.derived = false, doc.acl_allow = d.acl_allow,
+    doc.acl_deny = d.acl_deny, doc.acl_restricted = d.acl_restricted
 WITH d, doc
 CALL (doc) {
-  OPTIONAL MATCH (doc)-[old:PART_OF|POSTED_IN|MENTIONS|LINKS_TO]->()
-  DELETE old
-}
-CALL (doc) {
-  OPTIONAL MATCH ()-[old:AUTHORED]->(doc)
-  DELETE old
+  CALL (doc) {
+    MATCH (doc)-[old:PART_OF|POSTED_IN|MENTIONS|LINKS_TO]->(n) RETURN old, n
+    UNION
+    MATCH (n)-[old:AUTHORED]->(doc) RETURN old, n
+  }
+  WITH collect(old) AS edges,
+       collect(DISTINCT CASE WHEN coalesce(n.derived, false) THEN elementId(n) END) AS around
+  FOREACH (old IN edges | DELETE old)
+  RETURN around AS before
 }
 CALL (d, doc) {
   WITH d, doc WHERE d.project_id <> ''
   MERGE (p:Project {team_id: d.team_id, id: d.project_id})
-    ON CREATE SET p.name = d.project_id, p.visibility = d.visibility
-  SET p.visibility = CASE WHEN d.visibility = 'public' THEN 'public' ELSE p.visibility END
+    ON CREATE SET p.name = d.project_id, p.visibility = d.visibility,
+                  p.derived = true
   MERGE (doc)-[r:PART_OF]->(p)
   SET r.team_id = d.team_id, r.visibility = d.visibility
 }
 CALL (d, doc) {
   WITH d, doc WHERE d.channel_id <> ''
   MERGE (c:Channel {team_id: d.team_id, id: d.channel_id})
-    ON CREATE SET c.name = d.channel_id, c.visibility = d.visibility
-  SET c.visibility = CASE WHEN d.visibility = 'public' THEN 'public' ELSE c.visibility END
+    ON CREATE SET c.name = d.channel_id, c.visibility = d.visibility,
+                  c.derived = true
   MERGE (doc)-[r:POSTED_IN]->(c)
   SET r.team_id = d.team_id, r.visibility = d.visibility
 }
 CALL (d, doc) {
   WITH d, doc WHERE d.agent_id <> ''
   MERGE (a:Agent {team_id: d.team_id, id: d.agent_id})
-    ON CREATE SET a.name = d.agent_id, a.visibility = d.visibility
-  SET a.visibility = CASE WHEN d.visibility = 'public' THEN 'public' ELSE a.visibility END
+    ON CREATE SET a.name = d.agent_id, a.visibility = d.visibility,
+                  a.derived = true
   MERGE (a)-[r:AUTHORED]->(doc)
   SET r.team_id = d.team_id, r.visibility = d.visibility
 }
 CALL (d, doc) {
   WITH d, doc WHERE d.author_id <> ''
   MERGE (u:User {team_id: d.team_id, id: d.author_id})
-    ON CREATE SET u.name = d.author_id, u.visibility = d.visibility
-  SET u.visibility = CASE WHEN d.visibility = 'public' THEN 'public' ELSE u.visibility END
+    ON CREATE SET u.name = d.author_id, u.visibility = d.visibility,
+                  u.derived = true
   MERGE (u)-[r:AUTHORED]->(doc)
   SET r.team_id = d.team_id, r.visibility = d.visibility
 }
 CALL (d, doc) {
   UNWIND d.tags AS tag
   MERGE (t:Topic {team_id: d.team_id, id: tag})
-    ON CREATE SET t.name = tag, t.visibility = d.visibility
-  SET t.visibility = CASE WHEN d.visibility = 'public' THEN 'public' ELSE t.visibility END
+    ON CREATE SET t.name = tag, t.visibility = d.visibility,
+                  t.derived = true
   MERGE (doc)-[r:MENTIONS]->(t)
   SET r.team_id = d.team_id, r.visibility = d.visibility
 }
@@ -177,9 +216,8 @@ CALL (d, doc) {
   CALL (d, key, target) {
     WITH d, key, target WHERE target IS NULL
     MERGE (s:Doc {team_id: d.team_id, id: 'wiki:' + key})
-      ON CREATE SET s.stub = true, s.title = key, s.visibility = d.visibility,
-                    s.doc_type = 'wiki'
-    SET s.visibility = CASE WHEN d.visibility = 'public' THEN 'public' ELSE s.visibility END
+      ON CREATE SET s.stub = true, s.derived = true, s.title = key,
+                    s.visibility = d.visibility, s.doc_type = 'wiki'
     RETURN s AS placeholder
     UNION
     WITH target WHERE target IS NOT NULL
@@ -189,7 +227,12 @@ CALL (d, doc) {
   MERGE (doc)-[r:LINKS_TO]->(placeholder)
   SET r.team_id = d.team_id, r.visibility = d.visibility
 }
-RETURN count(doc) AS merged
+CALL (doc) {
+  OPTIONAL MATCH (doc)--(n) WHERE coalesce(n.derived, false)
+  RETURN collect(DISTINCT elementId(n)) AS after
+}
+WITH count(doc) AS merged, collect(before + after) AS lists
+RETURN merged, reduce(acc = [], l IN lists | acc + l) AS affected
 """
 
 # Readable phrases of the relationship types, for explain_path.
@@ -232,30 +275,85 @@ RETURN d.id AS doc_id LIMIT 1
 
 def merge_nodes(label: str) -> str:
     """MERGE ``$nodes`` (``id``, ``name``, ``properties``, ``visibility``) of one label into
-    team ``$team_id``. ``label`` must be one of ``NODE_LABELS`` (the caller checks)."""
+    team ``$team_id``: written directly, so no longer ``derived`` (their visibility is the
+    one written from now on). Returns ``changes``: the existing nodes whose visibility the
+    write changed or that documents had made (``was_derived``), for the audit log.
+    ``label`` must be one of ``NODE_LABELS`` (the caller checks)."""
     return f"""
 UNWIND $nodes AS n
+OPTIONAL MATCH (old:{label} {{team_id: $team_id, id: n.id}})
+WITH n, old IS NOT NULL AS existed, old.visibility AS before,
+     coalesce(old.derived, false) AS was_derived
 MERGE (x:{label} {{team_id: $team_id, id: n.id}})
-SET x += n.properties, x.name = coalesce(n.name, x.name, n.id), x.visibility = n.visibility
-RETURN count(x) AS c
+SET x += n.properties, x.name = coalesce(n.name, x.name, n.id), x.visibility = n.visibility,
+    x.derived = false
+WITH x, CASE WHEN existed AND (before <> n.visibility OR was_derived)
+  THEN {{id: n.id, before: before, after: n.visibility, was_derived: was_derived}} END AS change
+RETURN count(x) AS c, collect(change) AS changes
 """
 
 
 def merge_relationships(rtype: str, from_label: str, to_label: str) -> str:
-    """MERGE ``$rels`` of one type between two labels in team ``$team_id``; missing ends are
-    created with the relationship's visibility, and a public relationship makes its ends
-    public. Type and labels must come from the vocabulary (the caller checks)."""
+    """MERGE ``$rels`` of one type between two labels in team ``$team_id``. A missing end is
+    created as written directly, with the relationship's visibility; an existing end is
+    never changed (a relationship is visible only where both its ends are). Returns
+    ``changes``: existing relationships whose visibility the write changed. Type and labels
+    must come from the vocabulary (the caller checks)."""
     return f"""
 UNWIND $rels AS r
 MERGE (a:{from_label} {{team_id: $team_id, id: r.from_id}})
-  ON CREATE SET a.name = r.from_id, a.visibility = r.visibility
-SET a.visibility = CASE WHEN r.visibility = 'public' THEN 'public' ELSE a.visibility END
+  ON CREATE SET a.name = r.from_id, a.visibility = r.visibility, a.derived = false
 MERGE (b:{to_label} {{team_id: $team_id, id: r.to_id}})
-  ON CREATE SET b.name = r.to_id, b.visibility = r.visibility
-SET b.visibility = CASE WHEN r.visibility = 'public' THEN 'public' ELSE b.visibility END
+  ON CREATE SET b.name = r.to_id, b.visibility = r.visibility, b.derived = false
+WITH r, a, b
+OPTIONAL MATCH (a)-[old:{rtype}]->(b)
+WITH r, a, b, old.visibility AS before
 MERGE (a)-[x:{rtype}]->(b)
 SET x += r.properties, x.team_id = $team_id, x.visibility = r.visibility
-RETURN count(x) AS c
+WITH x, CASE WHEN before IS NOT NULL AND before <> r.visibility
+  THEN {{from_id: r.from_id, to_id: r.to_id, before: before, after: r.visibility}} END AS change
+RETURN count(x) AS c, collect(change) AS changes
+"""
+
+
+def writable_nodes(label: str) -> str:
+    """The existing nodes of one label among ``$ids`` in team ``$team_id``, whether the
+    writer's scope holds them (visibility, policies and, for a node documents made, one of
+    its documents) and whether documents made them: a write may touch only what its writer
+    may see. ``label`` must be one of ``NODE_LABELS``."""
+    return f"""
+UNWIND $ids AS id
+MATCH (x:{label} {{team_id: $team_id, id: id}})
+RETURN x.id AS id, x.visibility IN $visibilities AND {entity_allowed("x")} AS writable,
+       coalesce(x.derived, false) AS derived
+"""
+
+
+def writable_relationships(rtype: str, from_label: str, to_label: str) -> str:
+    """The existing relationships among ``$rels`` whose visibility is outside the writer's
+    ``$visibilities`` (a write would change what it may not see). Type and labels must come
+    from the vocabulary."""
+    return f"""
+UNWIND $rels AS r
+MATCH (a:{from_label} {{team_id: $team_id, id: r.from_id}})-[x:{rtype}]->
+      (b:{to_label} {{team_id: $team_id, id: r.to_id}})
+WHERE NOT x.visibility IN $visibilities
+RETURN r.from_id AS from_id, r.to_id AS to_id
+"""
+
+
+# Nodes written before ``derived`` existed: those a document links to are taken as made by
+# documents (the conservative reading; write them through /graph/entities to keep their own
+# visibility), the others as written directly. Run once at start; a no-op afterwards.
+MARK_DERIVED = """
+MATCH (n) WHERE n.derived IS NULL
+WITH n, CASE
+  WHEN n:Doc THEN coalesce(n.stub, false)
+  WHEN n:MicroDAO THEN false
+  ELSE EXISTS { MATCH (n)--(:Doc) }
+END AS derived
+SET n.derived = derived
+RETURN collect(CASE WHEN derived THEN elementId(n) END) AS affected
 """
 
 

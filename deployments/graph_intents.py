@@ -25,8 +25,8 @@ def acl_allowed(v: str) -> str:
     ``$acl_principals`` in its ``acl_allow`` and none in its ``acl_deny``. A node without
     them (written before ACLs, or a placeholder) is open: ``*`` allowed, nobody denied."""
     return (
-        f"any(p IN coalesce({v}.acl_allow, ['*']) WHERE p IN $acl_principals)"
-        f" AND none(g IN coalesce({v}.acl_deny, []) WHERE g IN $acl_principals)"
+        f"any(acl_p IN coalesce({v}.acl_allow, ['*']) WHERE acl_p IN $acl_principals)"
+        f" AND none(acl_g IN coalesce({v}.acl_deny, []) WHERE acl_g IN $acl_principals)"
     )
 
 
@@ -41,9 +41,9 @@ def doc_allowed(v: str) -> str:
         f" OR ({v}.project_id IN $projects) <> $projects_deny)"
         f" AND NOT {v}.id IN $denied_skill_ids"
         f" AND CASE WHEN $skill_tags_deny"
-        f" THEN none(t IN coalesce({v}.tags, []) WHERE t IN $skill_tags)"
-        f" ELSE all(t IN coalesce({v}.tags, []) WHERE NOT t STARTS WITH 'skill:'"
-        f" OR t IN $skill_tags) END"
+        f" THEN none(tag_t IN coalesce({v}.tags, []) WHERE tag_t IN $skill_tags)"
+        f" ELSE all(tag_t IN coalesce({v}.tags, []) WHERE NOT tag_t STARTS WITH 'skill:'"
+        f" OR tag_t IN $skill_tags) END"
     )
 
 
@@ -51,18 +51,42 @@ def project_allowed(v: str) -> str:
     return f"({v}.id IN $projects) <> $projects_deny"
 
 
+def source_visible(v: str) -> str:
+    """A node that exists only because of documents (``derived``: the projects, channels,
+    agents, authors and topics ingestion names, and the placeholders of wiki-links) is seen
+    only through a document the caller may see: one ``Doc`` in scope (team, visibility,
+    ACL and policies) linked to it by a relationship in scope. A node written through
+    ``/graph/entities`` (``derived`` false) keeps its own visibility. Checked when the
+    node is matched (query time): ingestion keeps only ``derived`` and the node's
+    visibility up to date (deployments/graph_cypher.py, ``RECOMPUTE_DERIVED``)."""
+    rel, doc = f"{v}_via", f"{v}_src"
+    # The label is tested through labels(): a label in the pattern would let the planner
+    # start from an index over all of the team's documents instead of walking from the node.
+    return (
+        f"(NOT coalesce({v}.derived, false) OR EXISTS {{ MATCH ({v})-[{rel}]-({doc})"
+        f" WHERE 'Doc' IN labels({doc})"
+        f" AND {doc}.team_id = $team_id AND {doc}.visibility IN $visibilities"
+        f" AND {rel}.visibility IN $visibilities AND NOT coalesce({doc}.stub, false)"
+        f" AND {doc_allowed(doc)} }})"
+    )
+
+
 def entity_allowed(v: str) -> str:
     """For a node of any label: the document ACL and policies, or the project policy, when
-    it is one."""
-    return f"(NOT {v}:Doc OR ({doc_allowed(v)})) AND (NOT {v}:Project OR {project_allowed(v)})"
+    it is one, and for a node made by documents one of them in scope (``source_visible``)."""
+    return (
+        f"(NOT {v}:Doc OR ({doc_allowed(v)})) AND (NOT {v}:Project OR {project_allowed(v)})"
+        f" AND {source_visible(v)}"
+    )
 
 
 def scoped(
     nodes: str, rels: str = "", *, docs: str = "", projects: str = "", any_: str = ""
 ) -> str:
-    """``WHERE`` conjuncts putting each node (team and visibility) and each relationship
-    (visibility) inside the caller's scope, and the caller's policies on the variables that
-    are documents (``docs``), projects (``projects``) or may be either (``any_``)."""
+    """``WHERE`` conjuncts putting each node (team and visibility, and a visible source
+    document when documents made it) and each relationship (visibility) inside the caller's
+    scope, and the caller's policies on the variables that are documents (``docs``),
+    projects (``projects``) or may be either (``any_``)."""
     parts = []
     for v in nodes.split():
         parts.append(f"{v}.team_id = $team_id AND {v}.visibility IN $visibilities")
@@ -71,6 +95,7 @@ def scoped(
     parts += [doc_allowed(v) for v in docs.split()]
     parts += [project_allowed(v) for v in projects.split()]
     parts += [entity_allowed(v) for v in any_.split()]
+    parts += [source_visible(v) for v in nodes.split() if v not in any_.split()]
     return " AND ".join(parts)
 
 

@@ -16,18 +16,21 @@ from deployments.config import Neo4jSettings
 from deployments.cypher_guard import CypherRejected, check_plan, check_query_type
 from deployments.cypher_scope import scope_query
 from deployments.errors import Forbidden, InvalidInput, InvalidQuery, NotFound
-from deployments.graph_client import Neo4jClient
+from deployments.graph_client import Neo4jClient, tx_rows
 from deployments.graph_cypher import (
     ACL_HIDDEN,
     DELETE_DOCUMENTS,
     ENTITIES,
     MERGE_DOCUMENTS,
     NODE_LABELS,
+    RECOMPUTE_DERIVED,
     RELATED_DOCS,
     RELATIONSHIPS,
     lucene_terms,
     merge_nodes,
     merge_relationships,
+    writable_nodes,
+    writable_relationships,
 )
 from deployments.graph_intents import INTENTS, entity_allowed
 from deployments.graph_values import node_label
@@ -63,6 +66,18 @@ def _doc_row(d: GraphDocument) -> dict[str, Any]:
     }
 
 
+def entity_not_found(side: str, ref: dict[str, Any], team_id: str) -> NotFound:
+    """explain_path's answer for an end that names nothing the caller may see: the same
+    whether the entity does not exist or is outside the caller's scope."""
+    label = f" with label {ref['label']}" if ref.get("label") else ""
+    return NotFound(
+        f"no entity {ref['ref']!r}{label} in team {team_id!r} within your visibility",
+        field=side,
+        hint="name an entity by its id, name or title (GET /graph/intents: "
+        "ENTITY_NEIGHBOURS helps to explore)",
+    )
+
+
 def _refused(exc: CypherRejected) -> Forbidden:
     return Forbidden(
         f"query refused: {exc.message}",
@@ -89,55 +104,119 @@ class Neo4jGraph:
 
     async def merge_documents(self, docs: list[GraphDocument]) -> int:
         """MERGE documents with their edges and entities (``MERGE_DOCUMENTS``); every
-        ``Doc`` gets its current access list. Returns how many were merged."""
+        ``Doc`` gets its current access list, and the entities the documents made (before
+        and after) their visibility from their documents, in the same transaction. Returns
+        how many were merged."""
         if not docs:
             return 0
-        payload = [_doc_row(d) for d in docs]
-        rows = await self.client.run(MERGE_DOCUMENTS, {"docs": payload}, write=True)
-        return int(rows[0]["merged"]) if rows else 0
+        return await self._with_recompute(MERGE_DOCUMENTS, {"docs": [_doc_row(d) for d in docs]})
 
     async def delete_documents(self, team_id: str, doc_ids: list[str]) -> int:
         """Remove the team's ``Doc`` nodes of ``doc_ids`` with their relationships; the
-        entities they pointed at (Project, Channel, Topic, User, Agent) stay, and wiki-links
-        from other notes move to a placeholder of the deleted note."""
+        entities they made keep existing while another document names them (their
+        visibility derived again) and go with the last one; wiki-links from other notes
+        move to a placeholder of the deleted note."""
         if not doc_ids:
             return 0
-        rows = await self.client.run(
-            DELETE_DOCUMENTS, {"team_id": team_id, "ids": list(doc_ids)}, write=True
+        return await self._with_recompute(
+            DELETE_DOCUMENTS, {"team_id": team_id, "ids": list(doc_ids)}
         )
-        return int(rows[0]["deleted"]) if rows else 0
+
+    async def _with_recompute(self, statement: str, params: dict[str, Any]) -> int:
+        """``statement`` (it returns a count and the ``affected`` derived nodes), then
+        ``RECOMPUTE_DERIVED`` over those, in one write transaction; returns the count."""
+
+        async def work(tx: Any) -> int:
+            rows = await tx_rows(tx, statement, params)
+            if not rows:
+                return 0
+            if rows[0]["affected"]:
+                await tx_rows(tx, RECOMPUTE_DERIVED, {"affected": rows[0]["affected"]})
+            count = rows[0].get("merged", rows[0].get("deleted"))
+            return int(count or 0)
+
+        return await self.client.write_transaction(work)
 
     async def upsert_entities(
-        self, team_id: str, nodes: list[dict[str, Any]], relationships: list[dict[str, Any]]
-    ) -> dict[str, int]:
+        self,
+        team_id: str,
+        nodes: list[dict[str, Any]],
+        relationships: list[dict[str, Any]],
+        scope: GraphScope,
+    ) -> dict[str, Any]:
         """MERGE entities and relationships of one team (validated by the caller: labels and
-        types from the vocabulary, no reserved property names). Relationship ends that do
-        not exist yet are created with the relationship's visibility."""
-        merged = {"nodes": 0, "relationships": 0}
-        by_label: dict[str, list[dict[str, Any]]] = {}
+        types from the vocabulary, no reserved property names) in one transaction, unless
+        it would touch what the writer's ``scope`` does not hold: an existing node outside
+        it (visibility, policies, or made by documents none of which it may see) or an
+        existing relationship of another visibility. Then nothing is written and
+        ``refused`` names them. Relationship ends that do not exist yet are created with the
+        relationship's visibility; existing ends are never changed.
+
+        Returns:
+            ``nodes``, ``relationships`` (how many merged), ``refused``, ``changes`` (the
+            visibility changes made, for the audit log) and ``derived_ends`` (relationship
+            ends documents made: they go when their documents go).
+        """
+        node_groups: dict[str, list[dict[str, Any]]] = {}
         for node in nodes:
-            by_label.setdefault(node["label"], []).append(node)
-        for label, group in by_label.items():
-            if label not in NODE_LABELS:
-                raise InvalidInput(f"unknown label {label!r}")
-            rows = await self.client.run(
-                merge_nodes(label), {"team_id": team_id, "nodes": group}, write=True
-            )
-            merged["nodes"] += int(rows[0]["c"]) if rows else 0
-        by_type: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+            if node["label"] not in NODE_LABELS:
+                raise InvalidInput(f"unknown label {node['label']!r}")
+            node_groups.setdefault(node["label"], []).append(node)
+        rel_groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
         for rel in relationships:
             key = (rel["type"], rel["from_label"], rel["to_label"])
-            by_type.setdefault(key, []).append(rel)
-        for (rtype, from_label, to_label), group in by_type.items():
-            if rtype not in RELATIONSHIPS or {from_label, to_label} - set(NODE_LABELS):
-                raise InvalidInput(f"unknown relationship {rtype} {from_label}->{to_label}")
-            rows = await self.client.run(
-                merge_relationships(rtype, from_label, to_label),
-                {"team_id": team_id, "rels": group},
-                write=True,
-            )
-            merged["relationships"] += int(rows[0]["c"]) if rows else 0
-        return merged
+            if rel["type"] not in RELATIONSHIPS or {key[1], key[2]} - set(NODE_LABELS):
+                raise InvalidInput(f"unknown relationship {rel['type']} {key[1]}->{key[2]}")
+            rel_groups.setdefault(key, []).append(rel)
+        named: dict[str, set[str]] = {}
+        for label, group in node_groups.items():
+            named.setdefault(label, set()).update(n["id"] for n in group)
+        for rel in relationships:
+            named.setdefault(rel["from_label"], set()).add(rel["from_id"])
+            named.setdefault(rel["to_label"], set()).add(rel["to_id"])
+        params = {**scope.params, "team_id": team_id}
+
+        async def work(tx: Any) -> dict[str, Any]:
+            out: dict[str, Any] = {
+                "nodes": 0,
+                "relationships": 0,
+                "refused": [],
+                "changes": [],
+                "derived_ends": [],
+            }
+            rel_ends = {(r["from_label"], r["from_id"]) for r in relationships} | {
+                (r["to_label"], r["to_id"]) for r in relationships
+            }
+            for label, ids in sorted(named.items()):
+                for row in await tx_rows(tx, writable_nodes(label), {**params, "ids": sorted(ids)}):
+                    if not row["writable"]:
+                        out["refused"].append({"label": label, "id": row["id"]})
+                    elif row["derived"] and (label, row["id"]) in rel_ends:
+                        out["derived_ends"].append({"label": label, "id": row["id"]})
+            for (rtype, a, b), group in rel_groups.items():
+                for row in await tx_rows(
+                    tx, writable_relationships(rtype, a, b), {**params, "rels": group}
+                ):
+                    out["refused"].append(
+                        {"type": rtype, "from_id": row["from_id"], "to_id": row["to_id"]}
+                    )
+            if out["refused"]:
+                return out
+            for label, group in node_groups.items():
+                rows = await tx_rows(tx, merge_nodes(label), {"team_id": team_id, "nodes": group})
+                out["nodes"] += int(rows[0]["c"]) if rows else 0
+                for change in rows[0]["changes"] if rows else ():
+                    out["changes"].append({"label": label, **change})
+            for (rtype, a, b), group in rel_groups.items():
+                rows = await tx_rows(
+                    tx, merge_relationships(rtype, a, b), {"team_id": team_id, "rels": group}
+                )
+                out["relationships"] += int(rows[0]["c"]) if rows else 0
+                for change in rows[0]["changes"] if rows else ():
+                    out["changes"].append({"type": rtype, **change})
+            return out
+
+        return await self.client.write_transaction(work)
 
     async def run_intent(
         self, name: str, args: dict[str, Any], scope: GraphScope
@@ -243,14 +322,7 @@ RETURN a ORDER BY a.id = $ref DESC, a.id LIMIT $limit
         for side, ref in (("from", source), ("to", target)):
             found = await self._resolve(ref, scope)
             if not found:
-                label = f" with label {ref['label']}" if ref.get("label") else ""
-                raise NotFound(
-                    f"no entity {ref['ref']!r}{label} in team {scope.team_id!r} within your "
-                    "visibility",
-                    field=side,
-                    hint="name an entity by its id, name or title (GET /graph/intents: "
-                    "ENTITY_NEIGHBOURS helps to explore)",
-                )
+                raise entity_not_found(side, ref, scope.team_id)
             ends.append(found)
         hops = max(1, min(int(max_hops), self.settings.max_path_hops))
         _, rows = await self.client.read(

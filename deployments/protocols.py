@@ -275,9 +275,15 @@ class GraphStore(Protocol):
         ...
 
     async def upsert_entities(
-        self, team_id: str, nodes: list[dict[str, Any]], relationships: list[dict[str, Any]]
-    ) -> dict[str, int]:
-        """MERGE validated entities and relationships (see serve_app.graph_contracts)."""
+        self,
+        team_id: str,
+        nodes: list[dict[str, Any]],
+        relationships: list[dict[str, Any]],
+        scope: GraphScope,
+    ) -> dict[str, Any]:
+        """MERGE validated entities and relationships (see serve_app.graph_contracts), or
+        nothing when the write would touch what the writer's ``scope`` does not hold:
+        ``{"nodes", "relationships", "refused", "changes", "derived_ends"}``."""
         ...
 
     async def run_intent(

@@ -394,10 +394,20 @@ class FakeGraphStore:
             del self.docs[k]
         return len(gone)
 
-    async def upsert_entities(self, team_id, nodes, relationships) -> dict[str, int]:
+    async def upsert_entities(self, team_id, nodes, relationships, scope) -> dict[str, Any]:
+        """Records the write; ``results["upsert"]`` (a dict) overrides parts of the answer
+        (e.g. ``refused``, ``changes``)."""
         self._check_up()
+        self.calls.append(("upsert", None, scope))
         self.entities.append((team_id, nodes, relationships))
-        return {"nodes": len(nodes), "relationships": len(relationships)}
+        return {
+            "nodes": len(nodes),
+            "relationships": len(relationships),
+            "refused": [],
+            "changes": [],
+            "derived_ends": [],
+            **self.results.get("upsert", {}),
+        }
 
     async def run_intent(self, name, args, scope: GraphScope) -> dict[str, Any]:
         self._check_up()

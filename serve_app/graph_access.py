@@ -85,6 +85,26 @@ def check_graph_write(ctx: AccessContext, visibilities: Sequence[str]) -> None:
         )
 
 
+def out_of_reach(ctx: AccessContext, refused: Sequence[dict]) -> Exception:
+    """The 403 of a write that would touch existing entities outside the writer's scope
+    (nothing was written). Writers learn that these ids are taken; readers never do."""
+    names = ", ".join(
+        f"{r['label']} {r['id']!r}"
+        if "label" in r
+        else f"{r['type']} {r['from_id']!r}->{r['to_id']!r}"
+        for r in refused[:10]
+    )
+    return forbidden(
+        f"the write would change entities of team {ctx.team_id!r} outside what you may "
+        f"write: {names}; nothing was written",
+        "entity_out_of_reach",
+        field="nodes",
+        hint="an existing entity is written only by a caller who may see it: its visibility "
+        "(mode 'confidential' with a role that grants it) and, for one documents made, one "
+        "of those documents",
+    )
+
+
 def may_see_entity(ctx: AccessContext, entity: dict) -> bool:
     """Whether a graph node or relationship (as the graph store serialises them) is
     inside this scope: team and visibility; for documents also their access list (a node

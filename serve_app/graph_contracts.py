@@ -26,7 +26,18 @@ from serve_app.contracts import TEAM_ALIASES, _one_tenant_key
 # Labels the upsert may write: documents come only through ingestion.
 UPSERT_LABELS = tuple(label for label in NODE_LABELS if label != "Doc")
 PROPERTY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-RESERVED_PROPERTIES = ("team_id", "id", "visibility", "stub", "wiki_id", "wiki_title")
+RESERVED_PROPERTIES = (
+    "team_id",
+    "id",
+    "visibility",
+    "stub",
+    "derived",
+    "wiki_id",
+    "wiki_title",
+    "acl_allow",
+    "acl_deny",
+    "acl_restricted",
+)
 MAX_CYPHER_CHARS = 20_000
 Scalar = str | int | float | bool | None
 
@@ -214,8 +225,38 @@ class GraphUpsertRequest(_TenantRequest):
         return self
 
 
+class EntityKey(BaseModel):
+    label: str
+    id: str
+
+
+class VisibilityChange(BaseModel):
+    """An existing node or relationship whose visibility this write set (audited), or a
+    node documents had made that is now written directly (``was_derived``)."""
+
+    label: str | None = None
+    id: str | None = None
+    type: str | None = None
+    from_id: str | None = None
+    to_id: str | None = None
+    before: str | None = None
+    after: str
+    was_derived: bool = False
+
+
 class GraphUpsertResponse(BaseModel):
     nodes: int
     relationships: int
+    visibility_changes: list[VisibilityChange] = Field(
+        default_factory=list,
+        description="existing nodes and relationships whose visibility the write changed "
+        "(each one audited as graph.visibility)",
+    )
+    derived_ends: list[EntityKey] = Field(
+        default_factory=list,
+        description="relationship ends that exist because documents name them: they are "
+        "seen only through those documents and go with the last one; write them as nodes "
+        "to keep them",
+    )
     took_ms: float
     trace_id: str

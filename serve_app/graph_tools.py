@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from deployments.errors import BackendUnavailable, InvalidInput, NotFound
 from deployments.graph_intents import INTENTS, catalogue
+from deployments.graph_store import entity_not_found
 from deployments.protocols import GraphStore
 from serve_app import graph_access
 from serve_app.access import AccessContext
@@ -172,10 +173,7 @@ class GraphTools:
             targets = [n for n in result["target"] if graph_access.may_see_entity(ctx, n)]
             for side, found, ref in (("from", sources, req.source), ("to", targets, req.target)):
                 if not found:
-                    raise NotFound(
-                        f"no entity {ref.ref!r} in team {req.team_id!r} within your scope",
-                        field=side,
-                    )
+                    raise entity_not_found(side, ref.model_dump(), req.team_id)
             paths, filtered = [], 0
             for path in result["paths"]:
                 if not graph_access.may_see_value(ctx, path):
@@ -237,18 +235,48 @@ class GraphTools:
                 }
                 for r in req.relationships
             ]
-            merged = await self._graph_store().upsert_entities(req.team_id, nodes, rels)
+            merged = await self._graph_store().upsert_entities(
+                req.team_id, nodes, rels, graph_access.graph_scope(ctx)
+            )
+            if merged["refused"]:
+                raise graph_access.out_of_reach(ctx, merged["refused"])
+            for change in merged["changes"]:
+                self._audit_visibility_change(rc, req.team_id, change)
             if self.on_write is not None:  # graph-boosted answers of the team may change
                 await self.on_write(req.team_id)
             response = GraphUpsertResponse(
                 nodes=merged["nodes"],
                 relationships=merged["relationships"],
+                visibility_changes=merged["changes"],
+                derived_ends=merged["derived_ends"],
                 took_ms=round((time.perf_counter() - started) * 1000, 1),
                 trace_id=rc.trace_id,
             )
             return response, {}
 
         return await self._audited(audit, rc, run)
+
+    def _audit_visibility_change(
+        self, rc: RequestContext, team_id: str, change: dict[str, Any]
+    ) -> None:
+        """One ``graph.visibility`` record per node or relationship whose visibility a
+        write changed: every such change is an explicit, audited act."""
+        if "type" in change:
+            what = f"rel:{change['type']}:{change['from_id']}->{change['to_id']}"
+        else:
+            what = f"entity:{change['label']}:{change['id']}"
+        before = "derived" if change.get("was_derived") else change.get("before")
+        self.recorder.decision(
+            rc.trace_id,
+            rc.principal,
+            action="graph.visibility",
+            decision="allow",
+            reason="visibility_changed",
+            http_status=200,
+            team_id=team_id,
+            resource=f"team:{team_id}/{what}",
+            query_text=f"{before} -> {change['after']}",
+        )
 
 
 def _doc_ids(rows: list[dict[str, Any]]) -> list[str]:

@@ -114,6 +114,7 @@ async def build(graph: Neo4jGraph, team: str) -> None:
             rel("MEMBER_OF", "User", "bob", "MicroDAO", team, role="member"),
             rel("SERVES", "Agent", "ag_helper", "Project", "poimen"),
         ],
+        GraphScope(team, ("public", "confidential")),
     )
 
 
@@ -457,6 +458,7 @@ async def test_explain_path_with_no_connection_is_empty(graph: Neo4jGraph, team)
             }
         ],
         [],
+        public(team),
     )
     result = await graph.explain_path({"ref": "alice"}, {"ref": "lonely"}, public(team), 4, 5)
     assert result["paths"] == []

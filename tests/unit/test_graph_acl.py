@@ -7,6 +7,7 @@ tests/integration/test_graph_acl.py."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -118,7 +119,22 @@ class RecordingClient:
 
     async def run(self, query: str, params: dict[str, Any], write: bool = False):
         self.calls.append((query, params))
-        return [{"merged": len(params.get("docs", []))}]
+        return [{"merged": len(params.get("docs", [])), "affected": []}]
+
+    async def write_transaction(self, work):
+        client = self
+
+        class Tx:
+            async def run(self, query: str, params: dict[str, Any]):
+                rows = await client.run(query, params, write=True)
+
+                async def records():
+                    for row in rows:
+                        yield SimpleNamespace(data=lambda row=row: row)
+
+                return records()
+
+        return await work(Tx())
 
     async def read(self, query: str, params: dict[str, Any], *, max_rows: int, trusted=True):
         self.calls.append((query, params))
