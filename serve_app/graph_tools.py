@@ -271,11 +271,10 @@ class GraphTools:
             rc.principal,
             action="graph.visibility",
             decision="allow",
-            reason="visibility_changed",
+            reason=f"visibility:{before}->{change['after']}",
             http_status=200,
             team_id=team_id,
             resource=f"team:{team_id}/{what}",
-            query_text=f"{before} -> {change['after']}",
         )
 
 

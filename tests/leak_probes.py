@@ -94,6 +94,18 @@ GRAPH_ENDPOINTS = (
 # Every graph entity of the seed (but documents, which carry the corpus markers qmk<i>q)
 # carries gmk<j>g in its id or name: a leak is found by string search of the response.
 GRAPH_MARKER = re.compile(r"gmk(\d+)g")
+GRAPH_LABELS = (
+    "User",
+    "Agent",
+    "MicroDAO",
+    "Project",
+    "Channel",
+    "Topic",
+    "Resource",
+    "File",
+    "RWAObject",
+    "Doc",
+)
 # The tenancy layout plus a project only confidential documents name.
 GRAPH_LAYOUT = (
     *TENANCY_LAYOUT,
@@ -227,9 +239,10 @@ SCALAR_CYPHER = frozenset(SCOPED_CYPHER[-2:])
 def graph_corpus(teams: tuple[str, ...]) -> list[dict[str, Any]]:
     """The tenancy corpus for the real graph: per team the tenancy layout (plus a project
     only confidential documents name), every document with an author, a channel, an agent
-    and a topic of its visibility (ids with a gmk marker), [[links]] to the team's next
-    document and, from one document of each visibility, to a note that does not exist (a
-    placeholder). Markers qmk<i>q are the document index, as in the tenancy corpus."""
+    and a topic (ids with a gmk marker: those of its visibility, or, for a document with an
+    ACL, its own), [[links]] to the team's next document and, from one document of each
+    visibility, to a note that does not exist (a placeholder). Markers qmk<i>q are the
+    document index, as in the tenancy corpus."""
     from serve_app.testing import marker
 
     docs: list[dict[str, Any]] = []
@@ -245,13 +258,21 @@ def graph_corpus(teams: tuple[str, ...]) -> list[dict[str, Any]]:
         for k, (suffix, visibility, doc_type, project) in enumerate(GRAPH_LAYOUT):
             index = len(docs)
             vis = "pub" if visibility == "public" else "conf"
+            # A document with an ACL names an author, channel, agent and topic of its own:
+            # entities that exist only because of it, seen only by whom its ACL admits.
+            names = per_vis[vis]
+            if suffix in TENANCY_ACLS:
+                names = {}
+                for kind in ("user", "ch", "ag", "topic"):
+                    names[kind] = f"{kind}_{suffix}_gmk{ents}g"
+                    ents += 1
             doc_id = f"{team}_{suffix}_{marker(index)}"
             # Linked by title: a link's text must not carry the target's marker.
             next_title = f"{GRAPH_LAYOUT[(k + 1) % n][0]} note of {team}"
             links = f"See [[{next_title}]]."
             if suffix in ("pub_doc", "conf_doc"):
                 links += f" And [[{per_vis[vis]['missing']}]]."
-            tags = ["milvus", "rag", per_vis[vis]["topic"]]
+            tags = ["milvus", "rag", names["topic"]]
             if suffix == "skill":
                 tags.append("skill:SKILL-deploy")
             docs.append(
@@ -264,9 +285,9 @@ def graph_corpus(teams: tuple[str, ...]) -> list[dict[str, Any]]:
                     "visibility": visibility,
                     "doc_type": doc_type,
                     "project_id": project,
-                    "channel_id": per_vis[vis]["ch"],
-                    "agent_id": per_vis[vis]["ag"],
-                    "author_id": per_vis[vis]["user"],
+                    "channel_id": names["ch"],
+                    "agent_id": names["ag"],
+                    "author_id": names["user"],
                     "tags": tags,
                     **({"acl": TENANCY_ACLS[suffix]} if suffix in TENANCY_ACLS else {}),
                 }
@@ -335,8 +356,10 @@ class GraphSeed:
             }
         for team in teams:
             docs = [d for d in corpus if d["team_id"] == team]
-            named: dict[tuple[str, str], str] = {("MicroDAO", team): "public"}
+            self._add(team, "MicroDAO", team, team, "public")
             keys = {wiki_key(d[f]) for d in docs for f in ("doc_id", "title")}
+            # Entities the documents make (derived): seen through a document only.
+            made: dict[tuple[str, str], list[dict[str, Any]]] = {}
             for d in docs:
                 refs = [
                     ("Project", d["project_id"]),
@@ -346,25 +369,19 @@ class GraphSeed:
                     *(("Topic", t) for t in d["tags"]),
                 ]
                 for key in refs:
-                    if key[1] and named.get(key) != "public":
-                        named[key] = d["visibility"]
+                    if key[1]:
+                        made.setdefault(key, []).append(d)
                 for link in extract_links(d["text"]):
-                    stub_id = "wiki:" + link
                     if link not in keys:
-                        stub = {
-                            "team_id": team,
-                            "doc_id": stub_id,
-                            "visibility": d["visibility"],
-                            "doc_type": "wiki",
-                            "project_id": "",
-                            "tags": [],
-                        }
-                        self._add(team, "Doc", stub_id, stub_id, d["visibility"], doc=stub)
+                        made.setdefault(("Doc", "wiki:" + link), []).append(d)
+            for (label, ident), sources in made.items():
+                vis = (
+                    "public"
+                    if any(d["visibility"] == "public" for d in sources)
+                    else ("confidential")
+                )
+                self._add(team, label, ident, ident, vis, sources=sources)
             nodes, rels = [], []
-            for (label, ident), vis in named.items():
-                name = ident if GRAPH_MARKER.search(ident) else f"{ident} gmk{self._take()}g"
-                self._add(team, label, ident, name, vis)
-                nodes.append({"label": label, "id": ident, "name": name, "visibility": vis})
             fresh = {}
             for label, key, vis in (
                 ("User", "member_pub", "public"),
@@ -437,10 +454,6 @@ class GraphSeed:
                     {},
                 ),
             ):
-                # A public relationship makes both ends public: only between public ends.
-                assert vis == "confidential" or all(
-                    self.by_key[(team, *end)]["visibility"] == "public" for end in (a, b)
-                ), (rtype, a, b)
                 rels.append(
                     {
                         "type": rtype,
@@ -456,7 +469,11 @@ class GraphSeed:
         self.next_marker += 1
         return self.next_marker - 1
 
-    def _add(self, team, label, ident, name, vis, *, doc=None, marker=None) -> dict[str, Any]:
+    def _add(
+        self, team, label, ident, name, vis, *, doc=None, marker=None, sources=None
+    ) -> dict[str, Any]:
+        """Register an entity: ``sources`` (the documents naming it) for one documents made,
+        none for one written directly."""
         found = GRAPH_MARKER.findall(f"{ident} {name}")
         j = marker if marker is not None else (int(found[-1]) if found else None)
         entry = {
@@ -467,6 +484,7 @@ class GraphSeed:
             "visibility": vis,
             "doc": doc,
             "gmk": j,
+            "sources": sources,
         }
         if j is not None:
             self.entities[j] = entry
@@ -487,11 +505,11 @@ class GraphSeed:
         return out
 
     # --- the oracle --------------------------------------------------------------------------
-    @staticmethod
-    def visible(ident: dict[str, Any], team: str, conf: bool, entity: dict[str, Any]) -> bool:
+    def visible(self, ident: dict[str, Any], team: str, conf: bool, entity: dict[str, Any]) -> bool:
         """Whether ``entity`` (a registry entry or a serialised node) is inside the scope of
-        ``ident`` in ``team`` (mode confidential or not): team and visibility; documents by
-        the property tests' ``may_read``; projects by its project policy."""
+        ``ident`` in ``team`` (mode confidential or not): documents by the property tests'
+        ``may_read``; an entity documents made when one of them is; one written directly
+        by team and visibility, a project also by its project policy."""
         from tests.unit.test_tenancy_properties import (
             CONFIDENTIAL_ROLES,
             may_read,
@@ -499,6 +517,12 @@ class GraphSeed:
         )
 
         labels = entity.get("labels") or [entity.get("label")]
+        if entity.get("team_id") != team:
+            return False
+        label = next((lb for lb in labels if lb in GRAPH_LABELS), labels[0])
+        known = self.by_key.get((team, label, entity.get("id")), entity)
+        if known.get("sources") is not None:
+            return any(may_read(ident, team, conf, d) for d in known["sources"])
         if "Doc" in labels:
             doc = entity.get("doc") or node_doc(entity)
             return may_read(ident, team, conf, doc)
@@ -739,6 +763,13 @@ class GraphProbes:
                 f"{e['label']} {e['id']!r} ({e['team_id']}, {e['visibility']})" for e in leaked
             )
         payload = response.json()
+        # The entities a graph-boosted search names (label and id, no _type): a name the
+        # query echoes is still a leak when the entity is outside the scope.
+        graph_part = payload.get("graph") if isinstance(payload, dict) else None
+        for named in (graph_part or {}).get("entities") or ():
+            entity = {"team_id": team, "labels": [named.get("label")], "id": named.get("id")}
+            if not self.seed_graph.visible(ident, team, conf, entity):
+                return f"graph.entities names an entity outside the scope: {named}"
         for entity in walk_entities(payload):
             if entity.get("team_id") != team:
                 return f"{entity.get('_type')} of team {entity.get('team_id')!r}: {entity}"
@@ -962,6 +993,59 @@ class GraphProbes:
                     n.get("visibility", "public"),
                 )
         self.record(GRAPH_ENDPOINTS[3], kind, response, problem)
+
+    def probe_graph_canaries(self, kind: str) -> None:
+        """A valid caller asks its own team about an entity documents made (mostly one only
+        documents with an ACL name: a canary) through a graph-boosted search, explain_path
+        or an intent. Beyond ``check_graph``: explain_path answers 404 exactly when an end
+        is outside the caller's scope (existence is not confirmed, nor lost)."""
+        rng = self.rng
+        _, headers, expected, gw = self.graph_identity("jwt_valid", elevated=0.4)
+        body = self.graph_body(expected, "jwt_valid", False)
+        team = str(body["team_id"])
+        made = [
+            e
+            for e in self.seed_graph.by_key.values()
+            if e["team_id"] == team and e.get("sources") and e["label"] != "Doc"
+        ]
+        if not made:
+            return
+        canaries = [e for e in made if all(d.get("acl") for d in e["sources"])]
+        entry = rng.choice(canaries if canaries and rng.random() < 0.7 else made)
+        other = rng.choice([e for e in self.seed_graph.by_key.values() if e["team_id"] == team])
+        r = rng.random()
+        if r < 0.35:
+            body |= {"query": f"{entry['id']} {other['id']}", "graph": {"mode": "boost"}}
+            endpoint, path = GRAPH_ENDPOINTS[4], "/rag/search_docs"
+        elif r < 0.7:
+            body["from"] = {"ref": entry["id"], "label": entry["label"]}
+            body["to"] = {"ref": other["id"], "label": other["label"]}
+            endpoint, path = GRAPH_ENDPOINTS[2], "/graph/explain_path"
+        else:
+            body["intent"] = rng.choice(
+                ["ENTITY_NEIGHBOURS", "DOCS_MENTIONING_TOPIC", "EXPERTS_ON_TOPIC"]
+                + ["TOPICS_OF_CHANNEL", "FIND_PROJECTS_BY_TECH", "RELATED_PROJECTS"]
+            )
+            field = {
+                "ENTITY_NEIGHBOURS": "entity",
+                "TOPICS_OF_CHANNEL": "channel",
+                "FIND_PROJECTS_BY_TECH": "tech",
+                "RELATED_PROJECTS": "project",
+            }.get(body["intent"], "topic")
+            body["args"] = {field: entry["id"]}
+            endpoint, path = GRAPH_ENDPOINTS[0], "/graph/query"
+        response = gw.post(path, body, headers)
+        problem = self.check_graph(expected, body, response)
+        if problem is None and path == "/graph/explain_path" and other is not entry:
+            ident, _ = self.scope_of(expected, body)
+            conf = body.get("mode", body.get("visibility")) == "confidential"
+            both = all(self.seed_graph.visible(ident, team, conf, e) for e in (entry, other))
+            if response.status_code in (200, 404) and both != (response.status_code == 200):
+                problem = (
+                    f"explain_path answered {response.status_code} for ends visible: "
+                    f"{[self.seed_graph.visible(ident, team, conf, e) for e in (entry, other)]}"
+                )
+        self.record(endpoint, "canary", response, problem)
 
     def probe_search_graph(self, kind: str) -> None:
         rng = self.rng
@@ -1505,13 +1589,21 @@ class Prober(GraphProbes):
         ]
         if self.graph_enabled:
             # A third of the probes for the document endpoints, the rest for the graph.
-            endpoint_weights = [w / 3 for w in endpoint_weights] + [0.22, 0.18, 0.12, 0.06, 0.09]
+            endpoint_weights = [w / 3 for w in endpoint_weights] + [
+                0.2,
+                0.15,
+                0.1,
+                0.06,
+                0.08,
+                0.15,
+            ]
             probes_by_endpoint += [
                 self.probe_graph_intent,
                 self.probe_graph_cypher,
                 self.probe_explain_path,
                 self.probe_graph_entities,
                 self.probe_search_graph,
+                self.probe_graph_canaries,
             ]
         step = max(1, probes // 10)
         # About a tenth of the probes are cache pairs (both orders, then a repeat).

@@ -1,0 +1,278 @@
+"""Issue 32's two reproductions, over HTTP against the real Neo4j (the in-process gateway of
+tests/leak_probes.py, JWT callers):
+
+1. the entities an ACL'd document makes (its tags, channel and author) reach no caller its
+   ACL excludes — not in graph-boosted search, not in any intent, not as an explain_path end
+   (answered exactly like a name that does not exist) — before and after the ACL changes,
+   and they go with the last document naming them;
+2. a writer without the confidential grant cannot declassify a confidential entity through
+   a relationship (403, the node untouched), a relationship never changes its ends, and
+   every visibility change is audited.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deployments.graph_intents import INTENTS
+from serve_app.testing import claims, isolated_env, jwt_auth, mint
+from tests.leak_probes import GraphGateway
+
+pytestmark = pytest.mark.integration
+
+CANARIES = ("salary-layoffs-q3", "ch-restructuring", "ceo-jane")
+
+
+@pytest.fixture
+def gw(settings):  # noqa: F811 (the integration conftest's settings fixture)
+    with (
+        tempfile.TemporaryDirectory(prefix="graph_access_") as tmp,
+        isolated_env(f"sqlite:///{Path(tmp) / 'audit.db'}"),
+    ):
+        gateway = GraphGateway(jwt_auth(), None, settings.neo4j)
+        try:
+            yield gateway
+        finally:
+            gateway.close()
+
+
+@pytest.fixture
+def team(gw):
+    team = f"dao_ea_{uuid.uuid4().hex[:8]}"
+    yield team
+    gw.client.portal.call(
+        functools.partial(
+            gw.graph.client.run, "MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True
+        )
+    )
+
+
+def headers(team: str, *roles: str, groups: tuple[str, ...] = (), sub: str = "bob") -> dict:
+    token = mint(claims(sub=sub, teams={team: list(roles)}, groups=list(groups)))
+    return {"authorization": f"Bearer {token}"}
+
+
+def ingest(gw, team: str, acl: dict[str, Any] | None, doc_id: str = "restructuring.md") -> None:
+    doc = {
+        "team_id": team,
+        "doc_id": doc_id,
+        "title": "Restructuring plan",
+        "text": "Salary review notes for the restructuring; the ceo signs off in Q3.",
+        "tags": ["salary-layoffs-q3"],
+        "channel_id": "ch-restructuring",
+        "author_id": "ceo-jane",
+        **({"acl": acl} if acl is not None else {}),
+    }
+    r = gw.post("/ingest/documents", {"documents": [doc]}, headers(team, "owner"))
+    assert r.status_code == 200 and not r.json().get("degraded"), r.text
+
+
+def answers(gw, team: str, caller: dict) -> dict[str, str]:
+    """Every graph answer a caller can ask about the canaries, by path."""
+    out: dict[str, str] = {}
+    for query in ("salary review notes", "ceo restructuring", " ".join(CANARIES)):
+        r = gw.post(
+            "/rag/search_docs",
+            {"team_id": team, "query": query, "graph": {"mode": "boost"}},
+            caller,
+        )
+        assert r.status_code == 200, r.text
+        out[f"search {query}"] = r.text
+    for name in INTENTS:
+        args_model = INTENTS[name].args
+        for canary in CANARIES:
+            args = {f: canary for f in args_model.model_fields if f not in ("limit", "role")}
+            r = gw.post("/graph/query", {"team_id": team, "intent": name, "args": args}, caller)
+            assert r.status_code == 200, r.text
+            out[f"{name} {canary}"] = r.text
+    return out
+
+
+def explain(gw, team: str, caller: dict, source: str, target: str) -> Any:
+    return gw.post("/graph/explain_path", {"team_id": team, "from": source, "to": target}, caller)
+
+
+def test_entities_of_an_acld_document_reach_only_callers_it_admits(gw, team):
+    ingest(gw, team, {"allowed_groups": ["hr"]})
+    outsider = headers(team, "member")
+    insider = headers(team, "member", groups=("hr",))
+
+    for path, text in answers(gw, team, outsider).items():
+        assert not any(c in text for c in CANARIES), (path, text[:500])
+    # An end the caller may not see is answered like one that does not exist.
+    hidden = explain(gw, team, outsider, "ceo-jane", "salary-layoffs-q3")
+    absent = explain(gw, team, outsider, "ceo-nobody", "salary-layoffs-q3")
+    assert hidden.status_code == absent.status_code == 404
+    assert hidden.json()["message"].replace("ceo-jane", "?") == absent.json()["message"].replace(
+        "ceo-nobody", "?"
+    )
+
+    # The caller the ACL admits finds them all.
+    seen = "\n".join(answers(gw, team, insider).values())
+    assert all(c in seen for c in CANARIES)
+    r = explain(gw, team, insider, "ceo-jane", "salary-layoffs-q3")
+    assert r.status_code == 200 and r.json()["paths"], r.text
+
+    # Opening the document opens its entities; deleting it removes them for everyone.
+    ingest(gw, team, None)
+    assert explain(gw, team, outsider, "ceo-jane", "ch-restructuring").status_code == 200
+    ingest(gw, team, {"allowed_groups": ["hr"], "denied_groups": ["contractors"]})
+    assert explain(gw, team, outsider, "ceo-jane", "ch-restructuring").status_code == 404
+    r = gw.post(
+        "/ingest/events",
+        {
+            "events": [
+                {
+                    "event_id": uuid.uuid4().hex,
+                    "ts": int(time.time()),
+                    "domain": "doc",
+                    "type": "doc.deleted",
+                    "version": "1.0",
+                    "actor": {"id": "u_owner", "kind": "user"},
+                    "payload": {"doc_id": "restructuring.md", "doc_type": "doc"},
+                    "meta": {"team_id": team, "trace_id": "tr-delete"},
+                }
+            ]
+        },
+        headers(team, "owner"),
+    )
+    assert r.status_code in (200, 202), r.text
+    for caller in (outsider, insider):
+        for path, text in answers(gw, team, caller).items():
+            assert not any(c in text for c in CANARIES), (path, text[:500])
+
+
+def test_the_last_open_document_takes_the_entities_it_opened(gw, team):
+    ingest(gw, team, None, doc_id="open.md")
+    ingest(gw, team, {"allowed_groups": ["hr"]}, doc_id="closed.md")
+    outsider = headers(team, "member")
+    assert explain(gw, team, outsider, "ceo-jane", "salary-layoffs-q3").status_code == 200
+    # The open document goes: what it opened is seen only through the closed one now.
+    ingest(gw, team, {"allowed_users": ["alice"]}, doc_id="open.md")
+    assert explain(gw, team, outsider, "ceo-jane", "salary-layoffs-q3").status_code == 404
+    alice = headers(team, "member", sub="alice")
+    assert explain(gw, team, alice, "ceo-jane", "salary-layoffs-q3").status_code == 200
+
+
+def test_a_writer_without_the_grant_cannot_declassify_through_a_relationship(gw, team):
+    owner = headers(team, "owner")
+    r = gw.post(
+        "/graph/entities",
+        {
+            "team_id": team,
+            "mode": "confidential",
+            "nodes": [
+                {
+                    "label": "Resource",
+                    "id": "vault",
+                    "name": "SECRETNAME-merger-acme",
+                    "visibility": "confidential",
+                }
+            ],
+        },
+        owner,
+    )
+    assert r.status_code == 200, r.text
+    before = node(gw, team, "Resource", "vault")
+
+    attack = {
+        "team_id": team,
+        "nodes": [{"label": "User", "id": "mallory", "visibility": "public"}],
+        "relationships": [
+            {
+                "type": "USES",
+                "from": {"label": "User", "id": "mallory"},
+                "to": {"label": "Resource", "id": "vault"},
+                "visibility": "public",
+            }
+        ],
+    }
+    r = gw.post("/graph/entities", attack, headers(team, "service"))
+    assert r.status_code == 403, r.text
+    assert r.json()["reason"] == "entity_out_of_reach"
+    assert node(gw, team, "Resource", "vault") == before
+    assert node(gw, team, "User", "mallory") is None  # nothing of the write landed
+
+    member = headers(team, "member")
+    r = gw.post(
+        "/graph/query",
+        {"team_id": team, "intent": "ENTITY_NEIGHBOURS", "args": {"entity": "mallory"}},
+        member,
+    )
+    assert r.status_code == 200 and "SECRETNAME" not in r.text, r.text
+
+    # A writer who may see it links to it; the relationship changes nothing of its ends and
+    # is not visible to whom one end is not.
+    r = gw.post("/graph/entities", {**attack, "mode": "confidential"}, owner)
+    assert r.status_code == 200, r.text
+    assert node(gw, team, "Resource", "vault") == before
+    for entity in ("mallory", "vault", "SECRETNAME-merger-acme"):
+        r = gw.post(
+            "/graph/query",
+            {"team_id": team, "intent": "ENTITY_NEIGHBOURS", "args": {"entity": entity}},
+            member,
+        )
+        assert r.status_code == 200 and "SECRETNAME" not in r.text and "vault" not in r.text
+
+    # Declassifying is an explicit write of the node, audited.
+    r = gw.post(
+        "/graph/entities",
+        {
+            "team_id": team,
+            "mode": "confidential",
+            "nodes": [{"label": "Resource", "id": "vault", "visibility": "public"}],
+        },
+        owner,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["visibility_changes"] == [
+        {
+            "label": "Resource",
+            "id": "vault",
+            "type": None,
+            "from_id": None,
+            "to_id": None,
+            "before": "confidential",
+            "after": "public",
+            "was_derived": False,
+        }
+    ]
+    gw.service.audit.flush()
+    rows = gw.service.audit.query(team_id=team, limit=50)
+    changes = [r for r in rows if r["action"] == "graph.visibility"]
+    assert [(c["resource"], c["reason"]) for c in changes] == [
+        (f"team:{team}/entity:Resource:vault", "visibility:confidential->public")
+    ]
+
+
+def test_a_writer_cannot_overwrite_an_entity_only_hidden_documents_made(gw, team):
+    ingest(gw, team, {"allowed_groups": ["hr"]})
+    write = {
+        "team_id": team,
+        "nodes": [{"label": "Topic", "id": "salary-layoffs-q3", "visibility": "public"}],
+    }
+    r = gw.post("/graph/entities", write, headers(team, "service"))
+    assert r.status_code == 403 and r.json()["reason"] == "entity_out_of_reach", r.text
+    assert node(gw, team, "Topic", "salary-layoffs-q3")["derived"] is True
+    # A writer its document admits may make it an entity of its own (audited).
+    r = gw.post("/graph/entities", write, headers(team, "service", groups=("hr",)))
+    assert r.status_code == 200, r.text
+    assert r.json()["visibility_changes"][0]["was_derived"] is True
+    r = explain(gw, team, headers(team, "member"), "salary-layoffs-q3", "restructuring.md")
+    assert r.status_code != 500
+
+
+def node(gw, team: str, label: str, ident: str) -> dict[str, Any] | None:
+    rows = gw.client.portal.call(
+        gw.graph.client.run,
+        f"MATCH (n:{label} {{team_id: $t, id: $i}}) RETURN properties(n) AS p",
+        {"t": team, "i": ident},
+    )
+    return rows[0]["p"] if rows else None
