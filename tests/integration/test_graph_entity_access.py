@@ -276,3 +276,91 @@ def node(gw, team: str, label: str, ident: str) -> dict[str, Any] | None:
         {"t": team, "i": ident},
     )
     return rows[0]["p"] if rows else None
+
+
+async def test_the_tool_route_mcp_and_enrich_hide_them_too(settings):
+    """The agent doors: POST /tools/{function}, the MCP server (SDK client) and enrich."""
+    from batch_ingest.chunking import whitespace_tokens
+    from deployments.graph_store import Neo4jGraph
+    from deployments.protocols import Backends
+    from deployments.testing import FakeEmbedder, FakeVectorStore
+    from serve_app.composition import build_service
+    from serve_app.http import create_app
+    from serve_app.settings import GatewaySettings
+    from tests.unit.test_mcp_server import mcp, running
+
+    team = f"dao_ea_{uuid.uuid4().hex[:8]}"
+    with (
+        tempfile.TemporaryDirectory(prefix="graph_access_") as tmp,
+        isolated_env(f"sqlite:///{Path(tmp) / 'audit.db'}"),
+    ):
+        gs = GatewaySettings(environment="test", auth=jwt_auth(), neo4j=settings.neo4j)
+        graph = Neo4jGraph(gs.neo4j)
+        service = build_service(
+            gs,
+            Backends(embedder=FakeEmbedder(dim=32), store=FakeVectorStore(), graph=graph),
+            count_tokens=whitespace_tokens,
+        )
+        app = create_app(service)
+        owner, outsider, insider = (
+            mint(claims(sub="bob", teams={team: [role]}, groups=list(groups)))
+            for role, groups in (("owner", ()), ("member", ()), ("member", ("hr",)))
+        )
+        try:
+            async with running(app) as http:
+                doc = {
+                    "team_id": team,
+                    "doc_id": "restructuring.md",
+                    "title": "Restructuring plan",
+                    "text": "Salary review notes for the restructuring.",
+                    "tags": ["salary-layoffs-q3"],
+                    "channel_id": "ch-restructuring",
+                    "author_id": "ceo-jane",
+                    "acl": {"allowed_groups": ["hr"]},
+                }
+                r = await http.post(
+                    "/ingest/documents",
+                    json={"documents": [doc]},
+                    headers={"authorization": f"Bearer {owner}"},
+                )
+                assert r.status_code == 200, r.text
+                for tok, sees in ((outsider, False), (insider, True)):
+                    r = await http.post(
+                        "/tools/graph_explain_path",
+                        json={"from": "ceo-jane", "to": "salary-layoffs-q3"},
+                        headers={"authorization": f"Bearer {tok}"},
+                    )
+                    assert (r.status_code == 200) is sees, r.text
+                    r = await http.post(
+                        "/rag/enrich_answer",
+                        json={
+                            "team_id": team,
+                            "draft_answer": "Salary review notes for the restructuring exist.",
+                        },
+                        headers={"authorization": f"Bearer {tok}"},
+                    )
+                    assert r.status_code == 200, r.text
+                    cited = {s["id"] for s in r.json()["sources"]}
+                    assert ("restructuring.md" in cited) is sees, r.text
+            for tok, sees in ((outsider, False), (insider, True)):
+                async with mcp(app, tok) as client:
+                    path = await client.call_tool(
+                        "graph_explain_path", {"from": "ceo-jane", "to": "ch-restructuring"}
+                    )
+                    assert path.is_error is not sees, path.content[0].text
+                    for canary in CANARIES:
+                        result = await client.call_tool(
+                            "graph_query_context",
+                            {"intent": "ENTITY_NEIGHBOURS", "args": {"entity": canary}},
+                        )
+                        text = result.content[0].text
+                        assert not result.is_error, text
+                        assert bool(result.structured_content["rows"]) is sees, text
+                        if not sees:
+                            others = [c for c in CANARIES if c != canary]
+                            assert not any(c in text for c in others), text
+        finally:
+            await graph.client.run(
+                "MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True
+            )
+            await graph.close()
