@@ -404,3 +404,54 @@ def test_scoping_names_anonymous_nodes_and_keeps_the_callers_predicate_whole():
 def test_what_the_gateway_does_not_scope_itself(query):
     for restrict in (False, True):
         assert scope_query(query, restrict_visibility=restrict) is None
+
+
+def exists_check(outer: str, inner: str) -> dict:
+    """``WHERE EXISTS { MATCH (outer)-[via]-(inner) WHERE inner.team_id = $team_id }`` as
+    the planner prints it: a semi-apply whose right side binds ``inner`` from the argument."""
+    return op(
+        "SelectOrSemiApply",
+        f"NOT coalesce({outer}.derived, false)",
+        [outer],
+        team_scan(outer, "Topic"),
+        op(
+            "Filter",
+            f"{inner}.team_id = $team_id",
+            [outer, "via", inner],
+            op(
+                "Expand(All)",
+                f"({outer})-[via]-({inner})",
+                [outer, "via", inner],
+                op("Argument", outer, [outer]),
+            ),
+        ),
+    )
+
+
+def test_a_subquery_planned_twice_binds_its_name_twice_without_rebinding():
+    # One EXISTS on a join node, planned on both sides of the hash join (RELATED_PROJECTS).
+    plan = op(
+        "ProduceResults",
+        "r",
+        ["r"],
+        op("NodeHashJoin", "r", ["r"], exists_check("r", "src"), exists_check("r", "src")),
+    )
+    check_plan(plan, restrict_visibility=False)
+
+
+def test_a_name_bound_inside_a_subquery_and_outside_is_still_a_rebinding():
+    plan = op(
+        "ProduceResults",
+        "src",
+        ["r", "src"],
+        op(
+            "CartesianProduct",
+            None,
+            ["r", "src"],
+            exists_check("r", "src"),
+            op("AllNodesScan", "src", ["src"]),
+        ),
+    )
+    with pytest.raises(CypherRejected) as err:
+        check_plan(plan, restrict_visibility=False)
+    assert err.value.reason in ("rebound_variable", "unscoped_variable")

@@ -336,6 +336,65 @@ def test_upsert_needs_a_write_role_and_passes_validated_entities(gw):
     }
 
 
+def test_upsert_hands_the_writers_scope_to_the_store(gw):
+    r = gw.client.post("/graph/entities", json=UPSERT, headers=auth(token({"dao_a": ["service"]})))
+    assert r.status_code == 200, r.text
+    name, _, scope = gw.service.graph.calls[-1]
+    assert name == "upsert" and scope.team_id == "dao_a" and scope.visibilities == ("public",)
+
+
+def test_an_upsert_the_store_refuses_is_403_naming_what_is_out_of_reach(gw):
+    gw.service.graph.results["upsert"] = {
+        "nodes": 0,
+        "relationships": 0,
+        "refused": [
+            {"label": "Resource", "id": "vault"},
+            {"type": "USES", "from_id": "u", "to_id": "vault"},
+        ],
+    }
+    r = gw.client.post("/graph/entities", json=UPSERT, headers=auth(token({"dao_a": ["owner"]})))
+    assert r.status_code == 403, r.text
+    body = r.json()
+    assert body["reason"] == "entity_out_of_reach"
+    assert "Resource 'vault'" in body["message"] and "USES 'u'->'vault'" in body["message"]
+    assert "nothing was written" in body["message"]
+
+
+def test_every_visibility_change_is_audited_and_returned(gw):
+    gw.service.graph.results["upsert"] = {
+        "changes": [
+            {"label": "Resource", "id": "milvus", "before": "confidential", "after": "public"},
+            {
+                "label": "Topic",
+                "id": "t",
+                "before": "public",
+                "after": "public",
+                "was_derived": True,
+            },
+            {
+                "type": "USES",
+                "from_id": "p",
+                "to_id": "milvus",
+                "before": "public",
+                "after": "confidential",
+            },
+        ],
+        "derived_ends": [{"label": "Project", "id": "prj_open"}],
+    }
+    r = gw.client.post("/graph/entities", json=UPSERT, headers=auth(token({"dao_a": ["owner"]})))
+    assert r.status_code == 200, r.text
+    assert len(r.json()["visibility_changes"]) == 3
+    assert r.json()["derived_ends"] == [{"label": "Project", "id": "prj_open"}]
+    gw.service.audit.flush()
+    rows = gw.service.audit.query(team_id="dao_a", limit=20)
+    changes = {(x["resource"], x["reason"]) for x in rows if x["action"] == "graph.visibility"}
+    assert changes == {
+        ("team:dao_a/entity:Resource:milvus", "visibility:confidential->public"),
+        ("team:dao_a/entity:Topic:t", "visibility:derived->public"),
+        ("team:dao_a/rel:USES:p->milvus", "visibility:public->confidential"),
+    }
+
+
 def test_upsert_of_confidential_entities_needs_confidential_mode(gw):
     body = {**UPSERT, "nodes": [{"label": "Resource", "id": "x", "visibility": "confidential"}]}
     owner = auth(token({"dao_a": ["owner"]}))
