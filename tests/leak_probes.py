@@ -520,9 +520,9 @@ class GraphSeed:
         if entity.get("team_id") != team:
             return False
         label = next((lb for lb in labels if lb in GRAPH_LABELS), labels[0])
-        known = self.by_key.get((team, label, entity.get("id")), entity)
-        if known.get("sources") is not None:
-            return any(may_read(ident, team, conf, d) for d in known["sources"])
+        entity = self.by_key.get((team, label, entity.get("id")), entity)
+        if entity.get("sources") is not None:
+            return any(may_read(ident, team, conf, d) for d in entity["sources"])
         if "Doc" in labels:
             doc = entity.get("doc") or node_doc(entity)
             return may_read(ident, team, conf, doc)
@@ -1012,7 +1012,14 @@ class GraphProbes:
             return
         canaries = [e for e in made if all(d.get("acl") for d in e["sources"])]
         entry = rng.choice(canaries if canaries and rng.random() < 0.7 else made)
-        other = rng.choice([e for e in self.seed_graph.by_key.values() if e["team_id"] == team])
+        # explain_path never takes a wiki-link placeholder as an end.
+        other = rng.choice(
+            [
+                e
+                for e in self.seed_graph.by_key.values()
+                if e["team_id"] == team and not str(e["id"]).startswith("wiki:")
+            ]
+        )
         r = rng.random()
         if r < 0.35:
             body |= {"query": f"{entry['id']} {other['id']}", "graph": {"mode": "boost"}}
