@@ -4,8 +4,8 @@ An entity documents made (a project, channel, author, agent, topic) is visible o
 document the caller may see. Two ways to check it were measured on the same graph, in the
 same run, interleaved per query:
 
-* **none**: the intent templates without the rule (what the gateway ran before issue 32:
-  the baseline, leaking);
+* **before**: the statements of the gateway before issue 32 (``--before``, commit ac052c1,
+  read with ``git show``: the baseline, leaking);
 * **query** (shipped): at query time, ``EXISTS`` a visible ``Doc`` one relationship away,
   walked from the entity (``deployments.graph_intents.source_visible``);
 * **write**: at write time, every derived entity keeps ``access``, the distinct access
@@ -54,7 +54,7 @@ from serve_app.settings import GatewaySettings
 logger = logging.getLogger("bench.graph_access")
 
 SEP, LIST = "\u001f", "\u001e"
-VARIANTS = ("none", "query", "write")
+VARIANTS = ("before", "query", "write")
 NODE_VAR = re.compile(r"\b(\w+)\.team_id = \$team_id")
 
 # The write-time variant: the access signatures of a derived node's documents.
@@ -93,13 +93,64 @@ def write_time_check(v: str) -> str:
     )
 
 
+BEFORE: dict[str, Any] = {}
+
+
+def load_before(rev: str) -> None:
+    """The statements of ``rev`` (``git show``): its intents, entity search and
+    ``entity_allowed``, as the ``before`` variant."""
+    import subprocess
+    import sys
+    import types
+
+    from bench.common import REPO_ROOT
+
+    def load(path: str, name: str, *replace: tuple[str, str]) -> Any:
+        src = subprocess.run(
+            ["git", "show", f"{rev}:{path}"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO_ROOT,
+        ).stdout
+        for a, b in replace:
+            src = src.replace(a, b)
+        module = types.ModuleType(name)
+        sys.modules[name] = module
+        exec(compile(src, f"{rev}:{path}", "exec"), module.__dict__)  # noqa: S102
+        return module
+
+    intents = load("deployments/graph_intents.py", "_before_graph_intents")
+    cypher = load(
+        "deployments/graph_cypher.py",
+        "_before_graph_cypher",
+        ("from deployments.graph_intents import", "from _before_graph_intents import"),
+    )
+    BEFORE.update(
+        {k: v.cypher for k, v in intents.INTENTS.items()},
+        entities=cypher.ENTITIES,
+        related_docs=cypher.RELATED_DOCS,
+        entity_allowed=intents.entity_allowed,
+        rev=rev,
+    )
+
+
+def statement(key: str, variant: str) -> str:
+    """The Cypher of one statement of the workload in ``variant``."""
+    if variant == "before":
+        return BEFORE[key]
+    cypher = (
+        INTENTS[key].cypher if key in INTENTS else {"entities": ENTITIES}.get(key, RELATED_DOCS)
+    )
+    return variant_of(cypher, variant)
+
+
 def variant_of(cypher: str, variant: str) -> str:
-    """The statement with the derived-entity check of ``variant``."""
+    """The statement with the derived-entity check of ``variant`` (query or write)."""
     if variant == "query":
         return cypher
     for v in set(NODE_VAR.findall(cypher)):
-        check = source_visible(v)
-        cypher = cypher.replace(check, "true" if variant == "none" else write_time_check(v))
+        cypher = cypher.replace(source_visible(v), write_time_check(v))
     return cypher
 
 
@@ -202,15 +253,13 @@ async def run_one(
 
     params = {**scope.params, "limit": 20}
     if key in INTENTS:
-        cypher = INTENTS[key].cypher
         params |= INTENTS[key].args.model_validate(args).model_dump()
     elif key in ("entities", "related_docs"):
-        cypher = ENTITIES if key == "entities" else RELATED_DOCS
         params |= {"lucene": lucene_terms(args["text"]), "max_entities": 5, "max_docs": 50}
     else:
         return await explain(graph, args, scope, variant)
     started = time.perf_counter()
-    _, rows = await graph.client.read(variant_of(cypher, variant), params, max_rows=10_000)
+    _, rows = await graph.client.read(statement(key, variant), params, max_rows=10_000)
     return time.perf_counter() - started, len(rows)
 
 
@@ -218,7 +267,9 @@ async def explain(
     graph: Neo4jGraph, args: dict, scope: GraphScope, variant: str
 ) -> tuple[float, int]:
     """explain_path's two end lookups and its path query, with ``variant``'s check."""
-    from deployments.graph_intents import entity_allowed
+    from deployments.graph_intents import entity_allowed as current
+
+    entity_allowed = BEFORE["entity_allowed"] if variant == "before" else current
 
     resolve = f"""
 MATCH (a) WHERE a.team_id = $team_id AND a.visibility IN $visibilities
@@ -240,13 +291,15 @@ RETURN length(p) AS hops ORDER BY hops LIMIT 5
     ends = []
     for ref in (args["from"], args["to"]):
         _, rows = await graph.client.read(
-            variant_of(resolve, variant), {**scope.params, "ref": ref}, max_rows=5
+            variant_of(resolve, variant) if variant != "before" else resolve,
+            {**scope.params, "ref": ref},
+            max_rows=5,
         )
         ends.append([[r[1], r[0]] for r in rows])
     found = 0
     if ends[0] and ends[1]:
         _, rows = await graph.client.read(
-            variant_of(paths, variant),
+            variant_of(paths, variant) if variant != "before" else paths,
             {**scope.params, "sources": ends[0], "targets": ends[1]},
             max_rows=5,
         )
@@ -260,7 +313,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     await graph.start()
     team = f"bench_graph_{uuid.uuid4().hex[:6]}"
     docs, names = documents(team, args.docs)
-    result: dict[str, Any] = {"team": team, "docs": len(docs), "env": environment_info()}
+    result: dict[str, Any] = {
+        "team": team,
+        "docs": len(docs),
+        "before": BEFORE["rev"],
+        "env": environment_info(),
+    }
     try:
         started = time.perf_counter()
         for i in range(0, len(docs), args.batch):
@@ -356,31 +414,32 @@ async def read_costs(graph, team, names, args) -> dict[str, Any]:
 
 
 async def agreement(graph, team, names, args) -> dict[str, int]:
-    """How many answers differ between the two checks (they must not) and from none."""
+    """How many answers differ between the two checks (they must not) and from before
+    (the entities the rule now hides)."""
     rng = random.Random(29)
     diff_write = diff_none = 0
     for key, qargs in workload(names, rng, min(args.queries, 90)):
         for scope in callers(team).values():
             counts = {v: (await run_one(graph, key, qargs, scope, v))[1] for v in VARIANTS}
             diff_write += counts["write"] != counts["query"]
-            diff_none += counts["none"] != counts["query"]
-    return {"query_vs_write_differ": diff_write, "query_vs_none_differ": diff_none}
+            diff_none += counts["before"] != counts["query"]
+    return {"query_vs_write_differ": diff_write, "query_vs_before_differ": diff_none}
 
 
 def render(result: dict[str, Any]) -> str:
     rows = [
         [
             key,
-            r["none"],
+            r["before"],
             r["query"],
             r["write"],
-            f"{r['query'] / r['none']:.2f}x",
-            f"{r['write'] / r['none']:.2f}x",
+            f"{r['query'] / r['before']:.2f}x",
+            f"{r['write'] / r['before']:.2f}x",
         ]
         for key, r in result["reads"].items()
     ]
     table = markdown_table(
-        ["statement", "none ms", "query ms", "write ms", "query/none", "write/none"], rows
+        ["statement", "before ms", "query ms", "write ms", "query/before", "write/before"], rows
     )
     w = result["writes"]
     return (
@@ -398,9 +457,11 @@ def main() -> None:
     p.add_argument("--queries", type=int, default=180, help="statements per round")
     p.add_argument("--rounds", type=int, default=3, help="rounds (the first one warms up)")
     p.add_argument("--write-rounds", type=int, default=7)
+    p.add_argument("--before", default="ac052c1", help="the revision of the baseline")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     setup_logging()
+    load_before(args.before)
     result = asyncio.run(main_async(args))
     print(render(result))
     path = write_result("graph_access", result, args.out)

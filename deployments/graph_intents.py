@@ -80,13 +80,30 @@ def entity_allowed(v: str) -> str:
     )
 
 
+# Relationships only ingestion writes, from a real (not placeholder) document to what it
+# names: /graph/entities cannot write a relationship with a Doc end, and a placeholder has
+# only incoming links.
+DOCUMENT_EDGES = ("PART_OF", "POSTED_IN", "AUTHORED", "MENTIONS")
+
+
 def scoped(
-    nodes: str, rels: str = "", *, docs: str = "", projects: str = "", any_: str = ""
+    nodes: str,
+    rels: str = "",
+    *,
+    docs: str = "",
+    projects: str = "",
+    any_: str = "",
+    via_docs: str = "",
 ) -> str:
     """``WHERE`` conjuncts putting each node (team and visibility, and a visible source
     document when documents made it) and each relationship (visibility) inside the caller's
     scope, and the caller's policies on the variables that are documents (``docs``),
-    projects (``projects``) or may be either (``any_``)."""
+    projects (``projects``) or may be either (``any_``).
+
+    ``via_docs``: node variables the same pattern joins to one of ``docs`` by a relationship
+    in ``rels`` of a ``DOCUMENT_EDGES`` type (or as the head of a ``LINKS_TO`` from it):
+    that document is a visible source of theirs already, so they skip the ``EXISTS`` of
+    ``source_visible`` (which the planner may otherwise evaluate for every candidate)."""
     parts = []
     for v in nodes.split():
         parts.append(f"{v}.team_id = $team_id AND {v}.visibility IN $visibilities")
@@ -95,7 +112,8 @@ def scoped(
     parts += [doc_allowed(v) for v in docs.split()]
     parts += [project_allowed(v) for v in projects.split()]
     parts += [entity_allowed(v) for v in any_.split()]
-    parts += [source_visible(v) for v in nodes.split() if v not in any_.split()]
+    skip = set(any_.split()) | set(via_docs.split())
+    parts += [source_visible(v) for v in nodes.split() if v not in skip]
     return " AND ".join(parts)
 
 
@@ -181,7 +199,8 @@ CALL () {{
   RETURN p AS project, 'uses' AS via, r AS evidence
   UNION
   MATCH (p2:Project)<-[po:PART_OF]-(d:Doc)-[m:MENTIONS]->(t:Topic)
-  WHERE {scoped("p2 d t", "po m", docs="d", projects="p2")} AND {named("t", "tech", "name")}
+  WHERE {scoped("p2 d t", "po m", docs="d", projects="p2", via_docs="p2 t")}
+    AND {named("t", "tech", "name")}
   RETURN p2 AS project, 'mentioned_in' AS via, d AS evidence
 }}
 WITH project, collect(via) AS via, collect(evidence)[..5] AS evidence
@@ -217,7 +236,7 @@ RETURN a AS agent, x AS serves ORDER BY a.name LIMIT $limit
         TopicArgs,
         f"""
 MATCH (d:Doc)-[m:MENTIONS]->(t:Topic)
-WHERE {scoped("d t", "m", docs="d")} AND {named("t", "topic", "name")}
+WHERE {scoped("d t", "m", docs="d", via_docs="t")} AND {named("t", "topic", "name")}
 RETURN d AS doc, t AS topic ORDER BY d.created_at DESC, d.id LIMIT $limit
 """,
         {"topic": "milvus"},
@@ -239,7 +258,7 @@ RETURN r AS resource, p AS project ORDER BY r.name LIMIT $limit
         ChannelArgs,
         f"""
 MATCH (c:Channel)<-[pi:POSTED_IN]-(d:Doc)-[m:MENTIONS]->(t:Topic)
-WHERE {scoped("c d t", "pi m", docs="d")} AND {named("c", "channel", "name")}
+WHERE {scoped("c d t", "pi m", docs="d", via_docs="c t")} AND {named("c", "channel", "name")}
 RETURN t AS topic, count(DISTINCT d) AS docs ORDER BY docs DESC, t.name LIMIT $limit
 """,
         {"channel": "ch_general"},
@@ -250,7 +269,8 @@ RETURN t AS topic, count(DISTINCT d) AS docs ORDER BY docs DESC, t.name LIMIT $l
         TopicArgs,
         f"""
 MATCH (x)-[a:AUTHORED]->(d:Doc)-[m:MENTIONS]->(t:Topic)
-WHERE {scoped("x d t", "a m", docs="d")} AND (x:User OR x:Agent) AND {named("t", "topic", "name")}
+WHERE {scoped("x d t", "a m", docs="d", via_docs="x t")} AND (x:User OR x:Agent)
+  AND {named("t", "topic", "name")}
 RETURN x AS expert, count(DISTINCT d) AS docs ORDER BY docs DESC, x.name LIMIT $limit
 """,
         {"topic": "milvus"},
@@ -267,7 +287,7 @@ CALL () {{
   UNION
   MATCH (p2:Project)<-[a1:PART_OF]-(d1:Doc)-[m1:MENTIONS]->(t:Topic)<-[m2:MENTIONS]-(d2:Doc)
         -[a2:PART_OF]->(q2:Project)
-  WHERE {scoped("p2 d1 t d2 q2", "a1 m1 m2 a2", docs="d1 d2", projects="p2 q2")}
+  WHERE {scoped("p2 d1 t d2 q2", "a1 m1 m2 a2", docs="d1 d2", projects="p2 q2", via_docs="p2 t q2")}
         AND {named("p2", "project", "name")} AND q2 <> p2
   RETURN q2 AS project, 'shared_topic' AS via, t AS shared
 }}
@@ -284,11 +304,11 @@ ORDER BY strength DESC, project.name LIMIT $limit
         f"""
 CALL () {{
   MATCH (d:Doc)-[l:LINKS_TO]->(o:Doc)
-  WHERE {scoped("d o", "l", docs="d o")} AND {named("d", "doc", "title")}
+  WHERE {scoped("d o", "l", docs="d o", via_docs="o")} AND {named("d", "doc", "title")}
   RETURN 'links_to' AS direction, o AS doc
   UNION
   MATCH (d2:Doc)<-[l2:LINKS_TO]-(i:Doc)
-  WHERE {scoped("d2 i", "l2", docs="d2 i")} AND {named("d2", "doc", "title")}
+  WHERE {scoped("d2 i", "l2", docs="d2 i", via_docs="d2")} AND {named("d2", "doc", "title")}
   RETURN 'linked_from' AS direction, i AS doc
 }}
 RETURN direction, doc ORDER BY direction DESC, doc.title LIMIT $limit
@@ -300,8 +320,12 @@ RETURN direction, doc ORDER BY direction DESC, doc.title LIMIT $limit
         "Everything one relationship away from an entity named by id, name or title.",
         EntityArgs,
         f"""
+MATCH (e)
+WHERE {scoped("e", any_="e")} AND {named("e", "entity", "name", "title")}
+// DISTINCT keeps the planner from starting at every node of the team as a neighbour.
+WITH DISTINCT e
 MATCH (e)-[r]-(n)
-WHERE {scoped("e n", "r", any_="e n")} AND {named("e", "entity", "name", "title")}
+WHERE {scoped("n", "r", any_="n")}
 RETURN e AS entity, type(r) AS relationship, startNode(r) = e AS outgoing, n AS neighbour
 ORDER BY relationship, neighbour.id LIMIT $limit
 """,
