@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import environment_info, markdown_table, setup_logging, write_result
+from deployments.graph_cypher import NODE_LABELS
 from serve_app.testing import TENANCY_ACLS, TENANCY_LAYOUT, isolated_env
 
 logger = logging.getLogger("tests.leak_probes")
@@ -94,18 +95,6 @@ GRAPH_ENDPOINTS = (
 # Every graph entity of the seed (but documents, which carry the corpus markers qmk<i>q)
 # carries gmk<j>g in its id or name: a leak is found by string search of the response.
 GRAPH_MARKER = re.compile(r"gmk(\d+)g")
-GRAPH_LABELS = (
-    "User",
-    "Agent",
-    "MicroDAO",
-    "Project",
-    "Channel",
-    "Topic",
-    "Resource",
-    "File",
-    "RWAObject",
-    "Doc",
-)
 # The tenancy layout plus a project only confidential documents name.
 GRAPH_LAYOUT = (
     *TENANCY_LAYOUT,
@@ -519,7 +508,7 @@ class GraphSeed:
         labels = entity.get("labels") or [entity.get("label")]
         if entity.get("team_id") != team:
             return False
-        label = next((lb for lb in labels if lb in GRAPH_LABELS), labels[0])
+        label = next((lb for lb in labels if lb in NODE_LABELS), labels[0])
         entity = self.by_key.get((team, label, entity.get("id")), entity)
         if entity.get("sources") is not None:
             return any(may_read(ident, team, conf, d) for d in entity["sources"])
