@@ -92,22 +92,28 @@ class Neo4jClient:
                 await self._driver.execute_query(statement, database_=self.settings.database)
         await self._mark_derived()
 
-    async def _mark_derived(self) -> None:
+    async def _mark_derived(self, batch: int = 5000) -> None:
         """Nodes written before ``derived`` existed get it (``MARK_DERIVED``), and those
-        taken as made by documents their visibility from them; a no-op once done."""
+        taken as made by documents their visibility from them, ``batch`` nodes per
+        transaction; a no-op once done."""
 
-        async def work(tx: Any) -> int:
-            rows = await tx_rows(tx, MARK_DERIVED, {})
+        async def work(tx: Any) -> tuple[int, int]:
+            rows = await tx_rows(tx, MARK_DERIVED, {"batch": batch})
             affected = rows[0]["affected"] if rows else []
             if affected:
                 await tx_rows(tx, RECOMPUTE_DERIVED, {"affected": affected})
-            return len(affected)
+            return (int(rows[0]["marked"]) if rows else 0), len(affected)
 
-        async with self._driver.session(database=self.settings.database) as session:
-            marked = await session.execute_write(work)
-        if marked:
+        marked = derived = batch
+        total = [0, 0]
+        while marked == batch:
+            async with self._driver.session(database=self.settings.database) as session:
+                marked, derived = await session.execute_write(work)
+            total = [total[0] + marked, total[1] + derived]
+        if total[0]:
             logger.info(
-                "neo4j: %d nodes written before 'derived' taken as made by documents", marked
+                "neo4j: %d nodes written before 'derived' marked, %d of them as made by documents",
+                *total,
             )
 
     async def _started(self, deadline: float) -> float:

@@ -344,16 +344,18 @@ RETURN r.from_id AS from_id, r.to_id AS to_id
 
 # Nodes written before ``derived`` existed: those a document links to are taken as made by
 # documents (the conservative reading; write them through /graph/entities to keep their own
-# visibility), the others as written directly. Run once at start; a no-op afterwards.
+# visibility), the others as written directly. Run at start in batches of ``$batch`` (each
+# its own transaction, so a large graph is marked across starts); a no-op afterwards.
 MARK_DERIVED = """
 MATCH (n) WHERE n.derived IS NULL
+WITH n LIMIT $batch
 WITH n, CASE
   WHEN n:Doc THEN coalesce(n.stub, false)
   WHEN n:MicroDAO THEN false
   ELSE EXISTS { MATCH (n)--(:Doc) }
 END AS derived
 SET n.derived = derived
-RETURN collect(CASE WHEN derived THEN elementId(n) END) AS affected
+RETURN count(n) AS marked, collect(CASE WHEN derived THEN elementId(n) END) AS affected
 """
 
 

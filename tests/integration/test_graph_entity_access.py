@@ -364,3 +364,43 @@ async def test_the_tool_route_mcp_and_enrich_hide_them_too(settings):
                 "MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True
             )
             await graph.close()
+
+
+async def test_a_graph_written_before_derived_is_marked_at_start(graph):
+    """Nodes of an older gateway (no ``derived``): a topic only an ACL'd document names
+    becomes derived (hidden from whom the ACL excludes), a resource written directly keeps
+    its visibility; marked in batches, once."""
+    from deployments.protocols import GraphScope
+
+    team = f"dao_ea_{uuid.uuid4().hex[:8]}"
+    await graph.client.run(
+        """
+        CREATE (d:Doc {team_id: $t, id: 'hr.md', title: 'HR', visibility: 'public',
+                       acl_allow: ['group:hr'], acl_deny: [], acl_restricted: true})
+        CREATE (d)-[:MENTIONS {team_id: $t, visibility: 'public'}]->
+               (:Topic {team_id: $t, id: 'old-secret-topic', name: 'old-secret-topic',
+                        visibility: 'public'})
+        CREATE (:Resource {team_id: $t, id: 'old-resource', name: 'old-resource',
+                           visibility: 'public'})
+        CREATE (:Doc {team_id: $t, id: 'wiki:gone', title: 'gone', stub: true,
+                      visibility: 'public'})
+        """,
+        {"t": team},
+        write=True,
+    )
+    try:
+        await graph.client._mark_derived(batch=2)
+        rows = await graph.client.run(
+            "MATCH (n {team_id: $t}) RETURN n.id AS id, n.derived AS derived", {"t": team}
+        )
+        assert {r["id"]: r["derived"] for r in rows} == {
+            "hr.md": False,
+            "old-secret-topic": True,
+            "old-resource": False,
+            # A placeholder no document links to any more is gone.
+        }
+        outsider = GraphScope(team, ("public",))
+        found = await graph.related_docs("old-secret-topic old-resource", outsider, 10, 10)
+        assert {e["node"]["id"] for e in found["entities"]} == {"old-resource"}
+    finally:
+        await graph.client.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True)
