@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from deployments import acl
+from deployments.errors import Forbidden
 from deployments.protocols import GraphScope, GraphStore
 from serve_app.access import AccessContext, forbidden
 
@@ -85,7 +86,7 @@ def check_graph_write(ctx: AccessContext, visibilities: Sequence[str]) -> None:
         )
 
 
-def out_of_reach(ctx: AccessContext, refused: Sequence[dict]) -> Exception:
+def out_of_reach(ctx: AccessContext, refused: Sequence[dict]) -> Forbidden:
     """The 403 of a write that would touch existing entities outside the writer's scope
     (nothing was written). Writers learn that these ids are taken; readers never do."""
     names = ", ".join(
