@@ -157,16 +157,21 @@ class Neo4jGraph:
             visibility changes made, for the audit log) and ``derived_ends`` (relationship
             ends documents made: they go when their documents go).
         """
+        # Documents and their edges are ingestion's: intents rely on every edge at a Doc
+        # having been written from that (real) document (graph_intents.DOCUMENT_EDGES).
+        writable = set(NODE_LABELS) - {"Doc"}
         node_groups: dict[str, list[dict[str, Any]]] = {}
         for node in nodes:
-            if node["label"] not in NODE_LABELS:
-                raise InvalidInput(f"unknown label {node['label']!r}")
+            if node["label"] not in writable:
+                raise InvalidInput(f"label {node['label']!r} cannot be written here")
             node_groups.setdefault(node["label"], []).append(node)
         rel_groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
         for rel in relationships:
             key = (rel["type"], rel["from_label"], rel["to_label"])
-            if rel["type"] not in RELATIONSHIPS or {key[1], key[2]} - set(NODE_LABELS):
-                raise InvalidInput(f"unknown relationship {rel['type']} {key[1]}->{key[2]}")
+            if rel["type"] not in RELATIONSHIPS or {key[1], key[2]} - writable:
+                raise InvalidInput(
+                    f"relationship {rel['type']} {key[1]}->{key[2]} cannot be written here"
+                )
             rel_groups.setdefault(key, []).append(rel)
         named: dict[str, set[str]] = {}
         for label, group in node_groups.items():

@@ -404,3 +404,25 @@ async def test_a_graph_written_before_derived_is_marked_at_start(graph):
         assert {e["node"]["id"] for e in found["entities"]} == {"old-resource"}
     finally:
         await graph.client.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True)
+
+
+async def test_the_store_never_writes_a_document_or_an_edge_to_one(graph):
+    """Every edge at a Doc comes from ingestion (the intents rely on it), whoever calls."""
+    from deployments.errors import InvalidInput
+    from deployments.protocols import GraphScope
+
+    scope = GraphScope("dao_ea_nowhere", ("public", "confidential"))
+    node = {"label": "Doc", "id": "x", "name": "x", "visibility": "public", "properties": {}}
+    with pytest.raises(InvalidInput):
+        await graph.upsert_entities("dao_ea_nowhere", [node], [], scope)
+    rel = {
+        "type": "MENTIONS",
+        "from_label": "Doc",
+        "from_id": "d",
+        "to_label": "Topic",
+        "to_id": "t",
+        "visibility": "public",
+        "properties": {},
+    }
+    with pytest.raises(InvalidInput):
+        await graph.upsert_entities("dao_ea_nowhere", [], [rel], scope)
