@@ -276,6 +276,9 @@ class CacheSettings(BaseModel):
 class HttpSettings(BaseModel):
     """Bounds on reading a request (serve_app/body_limits.py)."""
 
+    # A longer URL (path and query string) is refused with 414. At most 65,535: the proxy's
+    # HTTP parser refuses longer ones itself, with a plain-text 400 (docs/operations.md).
+    max_url_bytes: int = Field(8192, ge=256, le=65_535)
     # The whole body must arrive within this time (408 otherwise).
     body_read_timeout_s: float = Field(30.0, gt=0.0)
     # A larger body is refused with 413 (64 MiB: a few long documents per request).
