@@ -19,6 +19,7 @@ for Neo4j, and no honest request needs more than a few levels.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -126,3 +127,61 @@ def reject_invalid_values(data: Any) -> Any:
             ],
         )
     return data
+
+
+# --- what the published JSON Schema says ---------------------------------------------------
+# A request model's schema (the OpenAPI document, the tool listings) must not promise more
+# than the model accepts. Where pydantic's own schema of a constraint is wider than the
+# check — a stripped string that must not be empty, a pattern applied after stripping — the
+# type carries ``SchemaExtra`` with the exact keywords; the check itself is unchanged.
+
+# The characters ``str.strip()`` removes (``str.isspace``), as a regular-expression class body.
+PY_SPACE = r"\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+# "Contains a character that is not whitespace": text that stays non-empty after stripping
+# (JSON Schema patterns are not anchored).
+NOT_BLANK = f"[^{PY_SPACE}]"
+# An identifier (no control characters) that is not blank once stripped.
+ID_SCHEMA_PATTERN = (
+    r"^[^\x00-\x1f]*[^\x00-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+    r"[^\x00-\x1f]*$"
+)
+
+
+class SchemaExtra:
+    """``Annotated`` metadata that sets keywords of a type's JSON Schema (over pydantic's
+    own), leaving validation alone: ``Annotated[str, StringConstraints(strip_whitespace=True,
+    min_length=1), SchemaExtra(pattern=NOT_BLANK)]``."""
+
+    def __init__(self, **keywords: Any) -> None:
+        self.keywords = keywords
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict[str, Any]:
+        schema = handler(core_schema)
+        schema.update(self.keywords)
+        return schema
+
+    def __hash__(self) -> int:
+        return hash(repr(sorted(self.keywords.items())))
+
+
+def plain_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with every ``$ref`` to ``$defs`` replaced by its definition and the
+    ``title`` keys pydantic adds removed."""
+    defs = schema.get("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                target = defs[node["$ref"].rsplit("/", 1)[-1]]
+                merged = {**copy.deepcopy(target), **{k: v for k, v in node.items() if k != "$ref"}}
+                return walk(merged)
+            return {
+                k: walk(v)
+                for k, v in node.items()
+                if k not in ("$defs", "title") or (k == "title" and isinstance(v, dict))
+            }
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(schema)

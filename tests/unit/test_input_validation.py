@@ -339,3 +339,12 @@ def test_a_deep_event_payload_is_422_over_http_and_invalid_when_partial():
     (result,) = r.json()["events"]
     assert result["status"] == "invalid" and str(MAX_JSON_DEPTH) in result["error"], result
     assert not gw.store.rows
+
+
+def test_a_date_time_outside_the_years_1_to_9999_in_utc_is_422_not_500(gw):
+    body = search(filters={"created_from": "0001-01-01T00:00:00+01:00"})
+    refused(post(gw, "/rag/search_docs", body), "filters.created_from")
+    event = envelope(payload={"doc_id": "d1", "text": "Milvus notes"})
+    event["meta"]["team_id"] = TEAM
+    event["ts"] = "9999-12-31T23:59:59-01:00"
+    refused(post(gw, "/ingest/events", {"events": [event]}), "events.0.ts")
