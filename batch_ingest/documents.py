@@ -7,17 +7,28 @@ import json
 import math
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+)
 
 from deployments.acl import MAX_ACL_ENTRIES, allow_tokens, deny_tokens
 from deployments.protocols import DOC_TYPES, MAX_ID, MAX_TAG, MAX_TAGS, MAX_TITLE, MAX_URL
+from deployments.validation import ID_SCHEMA_PATTERN, NOT_BLANK, SchemaExtra
 
 ID_PATTERN = r"^[^\x00-\x1f]+$"
+# The schemas say "not blank" too: the value is stripped before its length is checked.
 Identifier = Annotated[
     str,
     StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_ID, pattern=ID_PATTERN),
+    SchemaExtra(pattern=ID_SCHEMA_PATTERN),
 ]
 OptionalId = Annotated[
     str, StringConstraints(strip_whitespace=True, max_length=MAX_ID, pattern=r"^[^\x00-\x1f]*$")
@@ -25,26 +36,56 @@ OptionalId = Annotated[
 Tag = Annotated[
     str,
     StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_TAG, pattern=ID_PATTERN),
+    SchemaExtra(pattern=ID_SCHEMA_PATTERN),
 ]
 DOC_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+# Text that must hold more than whitespace (a document, a query).
+Text = Annotated[str, StringConstraints(min_length=1), SchemaExtra(pattern=NOT_BLANK)]
+Title = Annotated[str, StringConstraints(strip_whitespace=True, max_length=MAX_TITLE)]
+Url = Annotated[str, StringConstraints(strip_whitespace=True, max_length=MAX_URL)]
 
 
 # Year 1 to year 9999: what Milvus's INT64 column and ISO-8601 round-trip both hold.
 MIN_TIMESTAMP = -62_135_596_800
 MAX_TIMESTAMP = 253_402_300_799
+# An RFC 3339 date-time that is one in Python too, within years 1 to 9999 in UTC (the first
+# and last day of that range are left out: an offset can carry them outside it).
+DATE_TIME_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "format": "date-time",
+    "pattern": r"^(?!0000|0001-01-01|9999-12-31)",
+}
+# A timestamp field: epoch seconds or an ISO-8601 date-time (``parse_timestamp``).
+TIMESTAMP_FORMS: list[dict[str, Any]] = [
+    {"type": "integer", "minimum": MIN_TIMESTAMP, "maximum": MAX_TIMESTAMP},
+    DATE_TIME_SCHEMA,
+]
+TIMESTAMP_DESCRIPTION = "epoch seconds or an ISO-8601 date-time (naive = UTC), years 1 to 9999"
+TIMESTAMP_SCHEMA: dict[str, Any] = {"anyOf": TIMESTAMP_FORMS, "description": TIMESTAMP_DESCRIPTION}
+Timestamp = Annotated[int, WithJsonSchema(TIMESTAMP_SCHEMA)]
 
 
 def parse_iso(value: str) -> datetime:
-    """An ISO-8601 date-time as an aware UTC ``datetime`` (``Z`` accepted; naive means UTC).
+    """An ISO-8601 date-time as an aware UTC ``datetime`` (``Z`` accepted, also lowercase, as
+    RFC 3339 allows; naive means UTC).
 
     Raises:
-        ValueError: naming the value that is not ISO-8601.
+        ValueError: naming the value that is not ISO-8601, or outside the years 1 to 9999 in
+            UTC.
     """
+    text = value.strip()
+    if len(text) > 10 and text[10] == "t":
+        text = text[:10] + "T" + text[11:]
+    if text[-1:] in ("z", "Z"):
+        text = text[:-1] + "+00:00"
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(text)
     except ValueError as exc:
         raise ValueError(f"{value!r} is not an ISO-8601 date-time") from exc
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    try:
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except OverflowError as exc:  # 0001-01-01T00:00+01:00 is in year 0 in UTC
+        raise ValueError(f"{value!r} is outside the years 1 to 9999 in UTC") from exc
 
 
 def parse_timestamp(value: object) -> int:
@@ -105,9 +146,9 @@ class SourceDocument(BaseModel):
 
     team_id: Identifier = Field(validation_alias=AliasChoices("team_id", "dao_id", "microdao_id"))
     doc_id: Identifier = Field(validation_alias=AliasChoices("doc_id", "id"))
-    text: str = Field(min_length=1)
-    title: Annotated[str, StringConstraints(strip_whitespace=True, max_length=MAX_TITLE)] = ""
-    url: Annotated[str, StringConstraints(strip_whitespace=True, max_length=MAX_URL)] = ""
+    text: Text
+    title: Title = ""
+    url: Url = ""
     project_id: OptionalId = ""
     channel_id: OptionalId = ""
     agent_id: OptionalId = ""
@@ -116,9 +157,11 @@ class SourceDocument(BaseModel):
     visibility: Literal["public", "confidential"] = Field(
         "public", validation_alias=AliasChoices("visibility", "mode")
     )
-    doc_type: str = "doc"
+    doc_type: Annotated[str, SchemaExtra(pattern=DOC_TYPE_RE.pattern)] = Field(
+        "doc", description=f"a lowercase word: {', '.join(DOC_TYPES)} or another"
+    )
     tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
-    created_at: int = Field(default=0, description="ISO-8601 or epoch seconds; 0 = unknown")
+    created_at: Timestamp = Field(default=0, description="ISO-8601 or epoch seconds; 0 = unknown")
     # Document-level access list; None (or an empty one) = the team's rules alone.
     acl: DocumentAcl | None = None
 

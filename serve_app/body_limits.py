@@ -1,4 +1,11 @@
-"""Bounds on reading a request body, enforced while it arrives (ASGI middleware).
+"""Bounds on a request's URL and on reading its body, enforced as it arrives (ASGI
+middleware).
+
+* ``http.max_url_bytes``: a longer URL (path and query string) gets ``414`` at once
+  (``UrlLimit``). The gateway's routes take their input in JSON bodies; a URL of kilobytes
+  is a mistake or a probe. Longer than 65,535 bytes, a URL never reaches the gateway: the
+  HTTP parser of Ray Serve's proxy (uvicorn with httptools) refuses it with its own
+  plain-text ``400 Invalid HTTP request received.`` (docs/operations.md, "Request limits").
 
 * ``http.body_read_timeout_s``: the whole body must arrive within this time after the request
   starts; a client that sends part of a body and stalls gets ``408`` instead of holding a
@@ -18,6 +25,42 @@ import time
 from typing import Any
 
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from serve_app.errors import HTTP_CODES, trace_id_of
+
+
+class UrlLimit:
+    """Answers ``414`` in the gateway's error shape to a request whose URL (path, ``?`` and
+    query string, as sent) is longer than ``max_bytes``."""
+
+    def __init__(self, app: Any, *, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("raw_path") or scope.get("path", "").encode()
+        query = scope.get("query_string") or b""
+        size = len(path) + (len(query) + 1 if query else 0)
+        if size <= self.max_bytes:
+            await self.app(scope, receive, send)
+            return
+        code, hint = HTTP_CODES[414]
+        response = JSONResponse(
+            status_code=414,
+            content={
+                "error": code,
+                "message": f"the request URL is {size} bytes (query string {len(query)}), "
+                f"more than the {self.max_bytes} allowed",
+                "hint": hint,
+                "trace_id": trace_id_of(Request(scope)),
+            },
+        )
+        await response(scope, receive, send)
 
 
 class BodyLimits:

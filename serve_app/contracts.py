@@ -14,19 +14,43 @@ from pydantic import (
     FiniteFloat,
     StringConstraints,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from batch_ingest.documents import Identifier, OptionalId, SourceDocument, Tag, parse_timestamp
-from deployments.validation import reject_invalid_values
+from batch_ingest.documents import (
+    Identifier,
+    OptionalId,
+    SourceDocument,
+    Tag,
+    Timestamp,
+    parse_timestamp,
+)
+from deployments.validation import NOT_BLANK, SchemaExtra, reject_invalid_values
 
 MAX_TOP_K = 100
 # Fusion weights multiply normalised scores (0..1, or a rank's 1/(k+rank)) and are summed
 # over at most three lists: bounded, no sum or product can overflow to infinity.
 MAX_FUSION_WEIGHT = 1000.0
 TEAM_ALIASES = AliasChoices("team_id", "dao_id", "microdao_id")
+# ``dao_id`` and ``microdao_id`` beside ``team_id``: accepted (DESIGN: one tenant key, three
+# names), but the schema asks for ``team_id`` alone, since it cannot say "equal to team_id".
+TenantAlias = Annotated[
+    str | None,
+    WithJsonSchema(
+        {
+            "type": "null",
+            "deprecated": True,
+            "description": "An alias of team_id (the same tenant key): send team_id. The server "
+            "also takes the tenant from dao_id or microdao_id alone, and refuses (422) a "
+            "request whose tenant keys name different teams.",
+        }
+    ),
+]
+# A JSON Schema cannot compare two fields: the rules below are stated in the descriptions.
+CREATED_RANGE = "created_from must not be after created_to (422 otherwise)."
 
 
 def _one_tenant_key(data: Any) -> Any:
@@ -54,8 +78,8 @@ class SearchFilters(BaseModel):
     # "any": a chunk with at least one of the tags; "all": with every one of them.
     tags_mode: Literal["any", "all"] = "any"
     visibility: Literal["public", "confidential"] | None = None
-    created_from: int | None = None
-    created_to: int | None = None
+    created_from: Timestamp | None = Field(None, description=CREATED_RANGE)
+    created_to: Timestamp | None = Field(None, description=CREATED_RANGE)
 
     @field_validator("doc_type", mode="before")
     @classmethod
@@ -110,17 +134,33 @@ class GraphInfo(BaseModel):
     note: str | None = None
 
 
+def _graph_shorthand_schema(schema: dict[str, Any]) -> None:
+    # ``graph`` also takes "boost" / "scope" and true / false (``_graph_shorthand``).
+    graph = schema.get("properties", {}).get("graph", {})
+    graph.get("anyOf", []).extend([{"enum": ["boost", "scope"]}, {"type": "boolean"}])
+
+
 class SearchDocsRequest(BaseModel):
     """rag.search_docs."""
 
     # Unknown keys are refused: a misspelled "filter" must not silently widen a search.
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        allow_inf_nan=False,
+        json_schema_extra=_graph_shorthand_schema,
+    )
 
     team_id: Identifier = Field(validation_alias=TEAM_ALIASES)
     # Both aliases may be sent; _one_tenant_key checks they agree.
-    dao_id: str | None = Field(None, exclude=True)
-    microdao_id: str | None = Field(None, exclude=True)
-    query: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=8000)]
+    dao_id: TenantAlias = Field(None, exclude=True)
+    microdao_id: TenantAlias = Field(None, exclude=True)
+    # The schema's maxLength is search.max_query_chars (serve_app/openapi.py).
+    query: Annotated[
+        str,
+        StringConstraints(strip_whitespace=True, min_length=1, max_length=8000),
+        SchemaExtra(pattern=NOT_BLANK),
+    ]
     # None = the configured search.default_top_k.
     top_k: int | None = Field(None, ge=1, le=MAX_TOP_K)
     agent_id: OptionalId = ""
@@ -213,7 +253,9 @@ class SearchDocsResponse(BaseModel):
 
 class IngestDocumentsRequest(BaseModel):
     """POST /ingest/documents: documents with the full metadata schema; each document (a
-    ``team_id`` and ``doc_id``) once."""
+    ``team_id`` and ``doc_id``, after stripping) at most once per request (422 naming the
+    repeat: a schema's ``uniqueItems`` compares whole items, not this key). At most
+    ``ingest.max_documents`` documents of at most ``ingest.max_document_chars`` characters."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -324,12 +366,17 @@ class EnrichAnswerRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     team_id: Identifier = Field(validation_alias=TEAM_ALIASES)
-    dao_id: str | None = Field(None, exclude=True)
-    microdao_id: str | None = Field(None, exclude=True)
+    dao_id: TenantAlias = Field(None, exclude=True)
+    microdao_id: TenantAlias = Field(None, exclude=True)
     # The question the draft answers; recorded (hashed) in the audit log, not searched.
     question: Annotated[str, StringConstraints(strip_whitespace=True, max_length=8000)] = ""
     # Kept verbatim (no stripping): citation markers are inserted at offsets of this text.
-    draft_answer: Annotated[str, StringConstraints(min_length=1, max_length=MAX_DRAFT_CHARS)]
+    # The schema's maxLength is enrich.max_draft_chars (serve_app/openapi.py).
+    draft_answer: Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=MAX_DRAFT_CHARS),
+        SchemaExtra(pattern=NOT_BLANK),
+    ]
     # Distinct source documents cited at most.
     max_docs: int = Field(3, ge=1, le=MAX_ENRICH_DOCS)
     agent_id: OptionalId = ""

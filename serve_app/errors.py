@@ -43,6 +43,10 @@ HTTP_CODES: dict[int, tuple[str, str | None]] = {
     405: ("method_not_allowed", "GET /docs lists each route's method"),
     408: ("request_timeout", "send the whole body promptly (http.body_read_timeout_s)"),
     413: ("payload_too_large", "split the request (http.max_body_bytes)"),
+    414: (
+        "uri_too_long",
+        "send long inputs in the JSON body of a POST; a URL may be http.max_url_bytes long",
+    ),
 }
 
 

@@ -16,15 +16,24 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import JsonDict
 
 from batch_ingest.documents import Identifier, OptionalId
 from deployments.cypher_guard import RESERVED_PARAMS
 from deployments.graph_cypher import NODE_LABELS, RELATIONSHIPS
-from deployments.validation import reject_invalid_values
-from serve_app.contracts import TEAM_ALIASES, _one_tenant_key
+from deployments.graph_intents import INTENTS
+from deployments.validation import NOT_BLANK, SchemaExtra, reject_invalid_values
+from serve_app.contracts import TEAM_ALIASES, TenantAlias, _one_tenant_key
 
 # Labels the upsert may write: documents come only through ingestion.
 UPSERT_LABELS = tuple(label for label in NODE_LABELS if label != "Doc")
+# The schema leaves MicroDAO out: a team's MicroDAO is the team itself, written only with
+# ``id`` = the request's team_id (a rule between two fields, which a schema cannot state).
+LABEL_SCHEMA = SchemaExtra(
+    enum=[label for label in UPSERT_LABELS if label != "MicroDAO"],
+    description="The node's label. MicroDAO is accepted too, for the caller's own team only "
+    "(id = team_id; 422 otherwise).",
+)
 PROPERTY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 RESERVED_PROPERTIES = (
     "team_id",
@@ -46,8 +55,8 @@ class _TenantRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     team_id: Identifier = Field(validation_alias=TEAM_ALIASES)
-    dao_id: str | None = Field(None, exclude=True)
-    microdao_id: str | None = Field(None, exclude=True)
+    dao_id: TenantAlias = Field(None, exclude=True)
+    microdao_id: TenantAlias = Field(None, exclude=True)
     user_id: OptionalId = ""
     agent_id: OptionalId = ""
     visibility: Literal["public", "confidential"] = Field(
@@ -60,8 +69,68 @@ class _TenantRequest(BaseModel):
     _tenant = model_validator(mode="before")(_one_tenant_key)
 
 
+def not_blank_strings(schema: Any) -> Any:
+    """``schema`` with ``pattern: NOT_BLANK`` on every string that must not be empty: the
+    intents' arguments (deployments/graph_intents.py, ``Name``) are stripped before their
+    ``minLength`` is checked, so "   " is no argument."""
+    if isinstance(schema, dict):
+        if schema.get("type") == "string" and schema.get("minLength", 0) >= 1:
+            schema.setdefault("pattern", NOT_BLANK)
+        for value in schema.values():
+            not_blank_strings(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            not_blank_strings(value)
+    return schema
+
+
+def query_forms() -> list[dict[str, Any]]:
+    """The two forms of graph.query_context as JSON Schema ``oneOf`` branches: one per named
+    intent (its ``args`` schema from deployments/graph_intents.py) and one for Cypher."""
+    forms: list[dict[str, Any]] = []
+    for name, intent in INTENTS.items():
+        args = not_blank_strings(intent.args.model_json_schema())
+        args.pop("title", None)
+        forms.append(
+            {
+                "title": name,
+                "properties": {
+                    "intent": {"const": name},
+                    "args": args,
+                    "cypher": {"type": "null"},
+                    "params": {"type": "object", "maxProperties": 0},
+                },
+                # An intent with required arguments needs ``args`` (its default is {}).
+                "required": ["intent", "args"] if args.get("required") else ["intent"],
+            }
+        )
+    forms.append(
+        {
+            "title": "cypher",
+            "properties": {
+                "intent": {"type": "null"},
+                "args": {"type": "object", "maxProperties": 0},
+                "cypher": {"type": "string", "pattern": NOT_BLANK},
+                "params": {"type": "object", "propertyNames": {"not": {"enum": RESERVED_PARAMS}}},
+            },
+            "required": ["cypher"],
+        }
+    )
+    return forms
+
+
+def _query_schema(schema: dict[str, Any]) -> None:
+    schema["oneOf"] = query_forms()
+
+
 class GraphQueryRequest(_TenantRequest):
-    """graph.query_context: a named ``intent`` with ``args``, or ``cypher`` with ``params``."""
+    """graph.query_context: a named ``intent`` with ``args``, or ``cypher`` with ``params``
+    (exactly one form: ``oneOf``). An intent's ``args`` follow its own schema (``GET
+    /graph/intents``; an unknown intent is 404). ``cypher`` is read-only Cypher for the roles
+    of the policy's ``cypher_roles`` (403 for others); Cypher that does not compile, or that
+    is not provably read-only and scoped, is 400 — no schema can say which text compiles."""
+
+    model_config = ConfigDict(json_schema_extra=_query_schema)
 
     intent: Annotated[str, StringConstraints(strip_whitespace=True, max_length=64)] | None = None
     args: dict[str, Any] = Field(default_factory=dict)
@@ -113,9 +182,11 @@ class EntityRef(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    ref: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)] = (
-        Field(validation_alias=AliasChoices("ref", "id", "name", "title"))
-    )
+    ref: Annotated[
+        str,
+        StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
+        SchemaExtra(pattern=NOT_BLANK),
+    ] = Field(validation_alias=AliasChoices("ref", "id", "name", "title"))
     label: Literal[NODE_LABELS] | None = None  # type: ignore[valid-type]
 
 
@@ -157,6 +228,12 @@ class ExplainPathResponse(BaseModel):
 
 
 PropertyValue = Scalar | list[str | int | float | bool]
+MAX_PROPERTIES = 50
+# The schema of ``properties``' keys: what ``_check_properties`` accepts.
+PROPERTIES_SCHEMA: JsonDict = {
+    "maxProperties": MAX_PROPERTIES,
+    "propertyNames": {"pattern": PROPERTY_NAME.pattern, "not": {"enum": list(RESERVED_PROPERTIES)}},
+}
 
 
 def _check_properties(value: dict[str, Any]) -> dict[str, Any]:
@@ -165,19 +242,21 @@ def _check_properties(value: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"property name {key!r} must match {PROPERTY_NAME.pattern}")
         if key in RESERVED_PROPERTIES:
             raise ValueError(f"property {key!r} is set by the gateway")
-    if len(value) > 50:
-        raise ValueError("at most 50 properties")
+    if len(value) > MAX_PROPERTIES:
+        raise ValueError(f"at most {MAX_PROPERTIES} properties")
     return value
 
 
 class NodeIn(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    label: Literal[UPSERT_LABELS]  # type: ignore[valid-type]
+    label: Annotated[Literal[UPSERT_LABELS], LABEL_SCHEMA]  # type: ignore[valid-type]
     id: Identifier
     name: Annotated[str, StringConstraints(strip_whitespace=True, max_length=500)] | None = None
     visibility: Literal["public", "confidential"] = "public"
-    properties: dict[str, PropertyValue] = Field(default_factory=dict)
+    properties: dict[str, PropertyValue] = Field(
+        default_factory=dict, json_schema_extra=PROPERTIES_SCHEMA
+    )
 
     _props = field_validator("properties")(_check_properties)
 
@@ -185,7 +264,7 @@ class NodeIn(BaseModel):
 class EndRef(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    label: Literal[UPSERT_LABELS]  # type: ignore[valid-type]
+    label: Annotated[Literal[UPSERT_LABELS], LABEL_SCHEMA]  # type: ignore[valid-type]
     id: Identifier
 
 
@@ -196,14 +275,27 @@ class RelationshipIn(BaseModel):
     source: EndRef = Field(validation_alias=AliasChoices("from", "source"))
     target: EndRef = Field(validation_alias=AliasChoices("to", "target"))
     visibility: Literal["public", "confidential"] = "public"
-    properties: dict[str, PropertyValue] = Field(default_factory=dict)
+    properties: dict[str, PropertyValue] = Field(
+        default_factory=dict, json_schema_extra=PROPERTIES_SCHEMA
+    )
 
     _props = field_validator("properties")(_check_properties)
 
 
 class GraphUpsertRequest(_TenantRequest):
     """POST /graph/entities: entities and relationships (users, agents, resources, USES,
-    MEMBER_OF, SERVES, ...) MERGEd into the caller's team."""
+    MEMBER_OF, SERVES, ...) MERGEd into the caller's team; at least one node or relationship
+    (``anyOf``). A ``MicroDAO`` node or end is the team itself: its ``id`` must be the
+    request's ``team_id`` (422 otherwise)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["nodes"], "properties": {"nodes": {"minItems": 1}}},
+                {"required": ["relationships"], "properties": {"relationships": {"minItems": 1}}},
+            ]
+        }
+    )
 
     nodes: list[NodeIn] = Field(default_factory=list, max_length=1000)
     relationships: list[RelationshipIn] = Field(default_factory=list, max_length=1000)

@@ -23,7 +23,7 @@ from serve_app.api import (
 )
 from serve_app.api.surface import catalog_urls, closed_catalog_router
 from serve_app.auth import Authenticator
-from serve_app.body_limits import BodyLimits
+from serve_app.body_limits import BodyLimits, UrlLimit
 from serve_app.contracts import ErrorBody
 from serve_app.errors import install_error_handlers
 from serve_app.mcp_server import mount_mcp
@@ -87,6 +87,7 @@ def create_app(
     app.add_middleware(
         BodyLimits, timeout_s=limits.body_read_timeout_s, max_bytes=limits.max_body_bytes
     )
+    app.add_middleware(UrlLimit, max_bytes=limits.max_url_bytes)
     app.add_middleware(RequestMetrics)  # Prometheus, inside a Serve replica only
     if in_flight is not None:
         app.add_middleware(CountInFlight, gauge=in_flight)

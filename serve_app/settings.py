@@ -276,6 +276,9 @@ class CacheSettings(BaseModel):
 class HttpSettings(BaseModel):
     """Bounds on reading a request (serve_app/body_limits.py)."""
 
+    # A longer URL (path and query string) is refused with 414. At most 65,535: the proxy's
+    # HTTP parser refuses longer ones itself, with a plain-text 400 (docs/operations.md).
+    max_url_bytes: int = Field(8192, ge=256, le=65_535)
     # The whole body must arrive within this time (408 otherwise).
     body_read_timeout_s: float = Field(30.0, gt=0.0)
     # A larger body is refused with 413 (64 MiB: a few long documents per request).
@@ -301,8 +304,10 @@ class RateLimitSettings(BaseModel):
 
 
 class SurfaceSettings(BaseModel):
-    """Who may read the operator surface (serve_app/api/surface.py). ``auto`` closes it with
-    ENVIRONMENT=production and leaves it open elsewhere (a laptop, the tests)."""
+    """Who may read the operator surface (serve_app/api/surface.py). ``auto`` closes it
+    whenever authentication is on (``auth.mode`` jwt: every request needs a credential) or
+    ENVIRONMENT=production, and leaves it open only in ``auth.mode`` dev (a laptop, where a
+    request without credentials is trusted anyway). ``open`` / ``full`` open it explicitly."""
 
     # /docs, /redoc, /openapi.json and GET /tools: "open" to anyone, "credential" for any
     # caller whose credential verifies.
@@ -340,17 +345,23 @@ class GatewaySettings(BatchSettings):
     rate_limit: RateLimitSettings = RateLimitSettings()
 
     @property
+    def surface_open_by_default(self) -> bool:
+        """What ``surface`` ``auto`` means: open only where authentication is off (dev mode,
+        outside production); closed as soon as credentials are required."""
+        return self.auth.mode == "dev" and self.environment != "production"
+
+    @property
     def catalog_needs_credential(self) -> bool:
-        """Whether /docs, /openapi.json and GET /tools ask for a credential."""
+        """Whether /docs, /redoc, /openapi.json and GET /tools ask for a credential."""
         if self.surface.catalog == "auto":
-            return self.environment == "production"
+            return not self.surface_open_by_default
         return self.surface.catalog == "credential"
 
     @property
     def readyz_details_open(self) -> bool:
         """Whether /readyz shows component details (paths, URIs, errors) to anyone."""
         if self.surface.readyz == "auto":
-            return self.environment != "production"
+            return self.surface_open_by_default
         return self.surface.readyz == "full"
 
     @model_validator(mode="after")

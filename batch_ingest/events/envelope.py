@@ -55,7 +55,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AliasChoices,
@@ -63,17 +63,25 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
 from batch_ingest.documents import (
+    DATE_TIME_SCHEMA,
+    DOC_TYPE_RE,
     MAX_TIMESTAMP,
+    TIMESTAMP_DESCRIPTION,
+    TIMESTAMP_FORMS,
     DocumentAcl,
     Identifier,
     OptionalId,
     SourceDocument,
     Tag,
+    Text,
+    Title,
+    Url,
     parse_iso,
 )
 from batch_ingest.event_types import (
@@ -85,7 +93,8 @@ from batch_ingest.event_types import (
     canonical_type,
 )
 from batch_ingest.source_store import Key
-from deployments.validation import invalid_values, printable
+from deployments.protocols import MAX_TAGS, MAX_TITLE
+from deployments.validation import SchemaExtra, invalid_values, plain_schema, printable
 
 SUPPORTED_MAJOR = 1
 # The keys that name a tenant (the aliases of meta.team_id).
@@ -93,6 +102,10 @@ TEAM_KEYS = ("team_id", "dao_id", "microdao_id")
 SUBJECT_RE = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)+$")
 # Epoch numbers above this are milliseconds (10^11 s is the year 5138).
 _MS_THRESHOLD = 100_000_000_000
+# The largest revision: an integer every JSON reader holds exactly (2^53 - 1; epoch
+# milliseconds of year 9999 are 2.5 x 10^14), and far below the registry's 64-bit column.
+MAX_REVISION = 2**53 - 1
+DOC_TYPE_PATTERN = DOC_TYPE_RE.pattern
 
 
 def parse_ts_ms(value: object) -> int:
@@ -118,7 +131,7 @@ class Actor(BaseModel):
 
     id: Identifier
     # user | agent | service | system (extensible: a short lowercase word).
-    kind: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")
+    kind: str = Field(pattern=DOC_TYPE_PATTERN)
 
 
 class EventMeta(BaseModel):
@@ -193,13 +206,16 @@ class _Payload(BaseModel):
     # The teams a payload names are checked against meta.team_id by ``_foreign_teams``.
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
-    revision: int | None = Field(None, ge=0, validation_alias=AliasChoices("revision", "version"))
+    revision: int | None = Field(
+        None, ge=0, le=MAX_REVISION, validation_alias=AliasChoices("revision", "version")
+    )
 
 
 class _DocFields(_Payload):
-    text: str = Field(min_length=1)
-    title: str = ""
-    url: str = ""
+    # The document's own constraints (batch_ingest/documents.py), checked here already.
+    text: Text
+    title: Title = ""
+    url: Url = ""
     project_id: OptionalId = ""
     channel_id: OptionalId = ""
     agent_id: OptionalId = ""
@@ -207,8 +223,14 @@ class _DocFields(_Payload):
     visibility: Literal["public", "confidential"] = Field(
         "public", validation_alias=AliasChoices("visibility", "mode")
     )
-    tags: list[Tag] = Field(default_factory=list)
-    created_at: Any = None
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
+    # Unset: the event's ts.
+    created_at: Annotated[
+        Any,
+        WithJsonSchema(
+            {"anyOf": [*TIMESTAMP_FORMS, {"type": "null"}], "description": TIMESTAMP_DESCRIPTION}
+        ),
+    ] = None
     acl: DocumentAcl | None = None
 
 
@@ -218,17 +240,18 @@ class MessagePayload(_DocFields):
 
 class DocPayload(_DocFields):
     doc_id: Identifier = Field(validation_alias=AliasChoices("doc_id", "id"))
-    doc_type: str = "doc"
+    doc_type: Annotated[str, SchemaExtra(pattern=DOC_TYPE_PATTERN)] = "doc"
 
 
 class FilePayload(_DocFields):
     file_id: Identifier = Field(validation_alias=AliasChoices("file_id", "doc_id", "id"))
-    text: str = Field(min_length=1, validation_alias=AliasChoices("text", "extracted_text"))
-    filename: str = ""
+    text: Text = Field(validation_alias=AliasChoices("text", "extracted_text"))
+    # The title when none is given (so at most a title's length).
+    filename: Annotated[str, SchemaExtra(maxLength=MAX_TITLE)] = ""
 
 
 class DeletePayload(_Payload):
-    doc_type: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")
+    doc_type: str = Field(pattern=DOC_TYPE_PATTERN)
     doc_id: Identifier = Field(validation_alias=AliasChoices("doc_id", "id"))
 
 
@@ -238,6 +261,70 @@ PAYLOADS: dict[str, type[_Payload]] = {
     FILE_UPLOADED: FilePayload,
     DOC_DELETED: DeletePayload,
 }
+
+
+def envelope_schema() -> dict[str, Any]:
+    """The JSON Schema of one envelope as ``parse_event`` accepts it (narrower where the
+    rules are lenient: only the full dotted ``type`` names, not their aliases), with the
+    payload of each type (``oneOf``). What no schema can say is in its description."""
+
+    def schema(model: type[BaseModel]) -> dict[str, Any]:
+        return plain_schema(model.model_json_schema())
+
+    payloads = []
+    for event_type, model in PAYLOADS.items():
+        payload = schema(model)
+        # The team is meta.team_id; a payload naming it again must name the same one, which
+        # a schema cannot compare: it asks for none.
+        for key in TEAM_KEYS:
+            payload["properties"][key] = {"type": "null"}
+        payloads.append(
+            {
+                "title": event_type,
+                "properties": {
+                    "domain": {"const": event_type.split(".")[0]},
+                    "type": {"const": event_type},
+                    "payload": payload,
+                },
+            }
+        )
+    return {
+        "type": "object",
+        "description": 'A bus envelope (docs/data_contracts.md, "Bus events"): the payload of its '
+        "type. The team is meta.team_id (a team the credential grants, else 403); team_id, "
+        "dao_id or microdao_id anywhere in the payload must name that same team (422 "
+        "otherwise). A revision (payload revision, else ts in ms) orders the events of one "
+        "document.",
+        "additionalProperties": False,
+        "required": list(EventEnvelope.model_fields),
+        "properties": {
+            "event_id": schema(_EventId)["properties"]["event_id"],
+            "ts": {
+                "anyOf": [
+                    DATE_TIME_SCHEMA,
+                    {"type": "integer", "minimum": 0, "maximum": MAX_TIMESTAMP * 1000 + 999},
+                ],
+                "description": "ISO-8601, or epoch seconds (milliseconds above 10^11)",
+            },
+            "domain": {"type": "string"},
+            "type": {"type": "string"},
+            "version": {
+                "anyOf": [
+                    {"type": "string", "pattern": f"^{SUPPORTED_MAJOR}(\\.[0-9]+){{0,2}}$"},
+                    {"type": "integer", "const": SUPPORTED_MAJOR},
+                ],
+                "description": f"the envelope's schema version, major {SUPPORTED_MAJOR}",
+            },
+            "actor": schema(Actor),
+            "payload": {"type": "object"},
+            "meta": schema(EventMeta),
+        },
+        "oneOf": payloads,
+    }
+
+
+class _EventId(BaseModel):
+    event_id: Identifier
 
 
 @dataclass(frozen=True)

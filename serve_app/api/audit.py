@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -33,20 +33,42 @@ def audit_scope(service: GatewayService, principal: Principal, team_id: str | No
     return operator_scope(principal, team_id, right, production=production)
 
 
+def utc(value: datetime | None, name: str) -> datetime | None:
+    """``value`` as an aware UTC datetime (naive means UTC), so that any two compare.
+
+    Raises:
+        InvalidInput: the instant lies outside the years 1 to 9999 in UTC.
+    """
+    if value is None:
+        return None
+    try:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00:00+01:00 is in year 0 in UTC
+        raise InvalidInput(f"{name} lies outside the years 1 to 9999 in UTC", field=name) from None
+
+
 @router.get("/audit/decisions")
 async def audit_decisions(
     request: Request,
     caller: Caller,
     service: Service,
-    since: Annotated[datetime | None, Query(description="ISO 8601; ts >= since")] = None,
-    until: Annotated[datetime | None, Query(description="ISO 8601; ts < until")] = None,
+    since: Annotated[
+        datetime | None,
+        Query(description="ISO 8601 (naive = UTC); ts >= since. Not after `until` (422)."),
+    ] = None,
+    until: Annotated[
+        datetime | None, Query(description="ISO 8601 (naive = UTC); ts < until")
+    ] = None,
     subject: Annotated[str | None, Query(max_length=256)] = None,
     decision: Annotated[Literal["allow", "deny"] | None, Query()] = None,
     team_id: Annotated[str | None, Query(max_length=256)] = None,
-    limit: Annotated[int, Query(ge=1)] = 100,
+    limit: Annotated[
+        int, Query(ge=1, description="at most audit.max_query_limit (1000 by default)")
+    ] = 100,
 ) -> dict[str, Any]:
     """Audited decisions, newest first. Needs the ``audit:read`` permission (every team), or
-    a reader role (``audit.reader_roles``) in the ``team_id`` asked for."""
+    a reader role (``audit.reader_roles``) in the ``team_id`` asked for. ``since`` after
+    ``until`` is a 422 (a schema cannot compare two parameters)."""
     principal, trace_id = caller.principal, caller.trace_id
     fields = {"action": "audit.read", "team_id": team_id or "", "path": request.url.path}
     with service.recorder.audited(caller, fields) as allowed:
@@ -57,8 +79,10 @@ async def audit_decisions(
             raise InvalidInput(
                 f"limit must be at most {cfg.max_query_limit}, got {limit}", field="limit"
             )
-        if since is not None and until is not None and since >= until:
-            raise InvalidInput("since must be before until", field="since")
+        since, until = utc(since, "since"), utc(until, "until")
+        # since == until is an empty window, answered empty; since > until is a mistake.
+        if since is not None and until is not None and since > until:
+            raise InvalidInput("since must not be after until", field="since")
         if not service.audit.enabled:
             raise BackendUnavailable("audit", "the audit log is disabled (AUDIT__ENABLED=false)")
         try:

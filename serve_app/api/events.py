@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
 from batch_ingest.events import IngestEventsResponse, InvalidEvent, parse_event
+from batch_ingest.events.envelope import envelope_schema
 from serve_app.api.deps import Caller, Ingest
 
 router = APIRouter(tags=["ingest"])
@@ -19,7 +20,11 @@ class IngestEventsRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    events: list[dict[str, Any]] = Field(min_length=1)
+    # Validated one by one (parse_event), so that ``partial`` can keep the valid ones; the
+    # schema is the envelope's. maxItems: ingest.max_documents (serve_app/openapi.py).
+    events: list[dict[str, Any]] = Field(
+        min_length=1, json_schema_extra={"items": envelope_schema()}
+    )
     # false: any invalid envelope makes the whole request a 422 (nothing applied);
     # true: invalid envelopes come back with status "invalid" and the others are applied.
     partial: bool = False

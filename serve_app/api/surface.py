@@ -1,11 +1,14 @@
 """The operator surface: the API catalogue (/docs, /redoc, /openapi.json, GET /tools) and
-the readiness details, closed in production.
+the readiness details, closed whenever authentication is on.
 
-With ``ENVIRONMENT=production`` (or ``SURFACE__CATALOG=credential``) the catalogue needs a
-credential that verifies, like any tool route, and /readyz answers only whether each
-component is ready: the model's path, the Milvus and Neo4j URIs and backend errors are
-shown to a caller holding ``surface.details_permission`` (``SURFACE__READYZ=full`` shows
-them to anyone, as in development). /healthz and /readyz's status code stay open for probes.
+With ``AUTH__MODE=jwt`` or ``ENVIRONMENT=production`` (``SURFACE__CATALOG`` and
+``SURFACE__READYZ`` ``auto``, the default; or ``SURFACE__CATALOG=credential``) the catalogue
+needs a credential that verifies, like any tool route, and /readyz answers only whether each
+component is ready: the model's path, the Milvus and Neo4j URIs, per-replica timings and
+backend errors are shown to a caller holding ``surface.details_permission``. Only in
+``AUTH__MODE=dev`` (a laptop) are both open by default; ``SURFACE__CATALOG=open`` and
+``SURFACE__READYZ=full`` open them explicitly anywhere. /healthz and /readyz's status code
+stay open for probes.
 """
 
 from __future__ import annotations

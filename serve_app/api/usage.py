@@ -25,10 +25,13 @@ async def embedding_usage(
     caller: Caller,
     service: Service,
     team_id: Annotated[str | None, Query(max_length=256)] = None,
-    since: Annotated[date | None, Query(description="first UTC day, YYYY-MM-DD")] = None,
+    since: Annotated[
+        date | None, Query(description="first UTC day, YYYY-MM-DD; not after `until` (422)")
+    ] = None,
     until: Annotated[date | None, Query(description="last UTC day, YYYY-MM-DD")] = None,
 ) -> dict[str, Any]:
-    """Embedded tokens and chunks per team, source and day, with totals per team."""
+    """Embedded tokens and chunks per team, source and day, with totals per team. ``since``
+    after ``until`` is a 422 (a schema cannot compare two parameters)."""
     fields = {"action": "usage.read", "team_id": team_id or "", "path": request.url.path}
     with service.recorder.audited(caller, fields) as allowed:
         allowed.reason = audit_scope(service, caller.principal, team_id)

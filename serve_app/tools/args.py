@@ -16,11 +16,14 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    WithJsonSchema,
     field_validator,
 )
 
+from batch_ingest.documents import DATE_TIME_SCHEMA, OptionalId, Tag
 from deployments.graph_intents import INTENTS, catalogue
-from serve_app.contracts import MAX_ENRICH_DOCS
+from deployments.validation import NOT_BLANK, SchemaExtra
+from serve_app.contracts import CREATED_RANGE, MAX_ENRICH_DOCS
 from serve_app.graph_contracts import MAX_CYPHER_CHARS
 
 # The most hits a tool caller gets back (the ADR's cap for tool answers; the HTTP route
@@ -31,31 +34,42 @@ FORMAT_DOC = (
     '"text": citations as plain text for the model to read (at most 16 KiB, a degraded '
     'warning on the first line); "json": the structured answer.'
 )
-Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=8000)]
+Text = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=8000),
+    SchemaExtra(pattern=NOT_BLANK),
+]
 
 
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-Name = Annotated[str, StringConstraints(strip_whitespace=True, max_length=256)]
-Stamp = Annotated[str, StringConstraints(strip_whitespace=True, max_length=64)]
+# An ISO-8601 date or date-time, or "" for none (the full request parses it).
+Stamp = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, max_length=64),
+    WithJsonSchema({"anyOf": [{"type": "string", "maxLength": 0}, DATE_TIME_SCHEMA]}),
+]
 
 
 class ToolFilters(_Args):
-    """Narrowing filters an LLM may set; empty values mean "any"."""
+    """Narrowing filters an LLM may set; empty values mean "any". The ids and tags follow the
+    full request's rules (serve_app/contracts.py, ``SearchFilters``)."""
 
-    project_id: Name = Field("", description="Only this project.")
-    channel_id: Name = Field("", description="Only this chat channel.")
+    project_id: OptionalId = Field("", description="Only this project.")
+    channel_id: OptionalId = Field("", description="Only this chat channel.")
     doc_type: list[Annotated[str, StringConstraints(min_length=1, max_length=32)]] = Field(
         default_factory=list,
         max_length=16,
         description="Only these kinds: doc, wiki, message, file, rwa, transaction.",
     )
-    tags: list[Annotated[str, StringConstraints(min_length=1, max_length=128)]] = Field(
+    tags: list[Tag] = Field(
         default_factory=list, max_length=64, description="Only passages with one of these tags."
     )
-    created_from: Stamp = Field("", description="Not older than this ISO-8601 date.")
+    created_from: Stamp = Field(
+        "", description=f"Not older than this ISO-8601 date. {CREATED_RANGE}"
+    )
     created_to: Stamp = Field("", description="Not newer than this ISO-8601 date.")
 
     def search_filters(self) -> dict[str, Any]:
@@ -88,9 +102,9 @@ class EnrichAnswerArgs(_Args):
     """Check a draft answer against the team's documents: the answer comes back with [n]
     citation markers, the cited sources, and the claims nothing supports."""
 
-    draft_answer: Annotated[str, StringConstraints(min_length=1, max_length=20_000)] = Field(
-        description="The answer you intend to give, to be cited claim by claim."
-    )
+    draft_answer: Annotated[
+        str, StringConstraints(min_length=1, max_length=20_000), SchemaExtra(pattern=NOT_BLANK)
+    ] = Field(description="The answer you intend to give, to be cited claim by claim.")
     question: Annotated[str, StringConstraints(strip_whitespace=True, max_length=8000)] = Field(
         "", description="The question the draft answers (optional)."
     )
@@ -139,7 +153,11 @@ class GraphQueryArgs(_Args):
         return value.strip().upper() if isinstance(value, str) else value
 
 
-EntityName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+EntityName = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
+    SchemaExtra(pattern=NOT_BLANK),
+]
 
 
 class ExplainPathArgs(_Args):

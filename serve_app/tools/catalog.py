@@ -5,7 +5,6 @@ by hand into another shape: the schemas are the argument models' own."""
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from deployments.validation import plain_schema
 from serve_app.contracts import (
     EnrichAnswerRequest,
     EnrichAnswerResponse,
@@ -135,29 +135,6 @@ TOOLS: tuple[ToolSpec, ...] = (
     ),
 )
 BY_FUNCTION = {t.function: t for t in TOOLS} | {t.name: t for t in TOOLS}
-
-
-def plain_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` with every ``$ref`` to ``$defs`` replaced by its definition and the
-    ``title`` keys pydantic adds removed."""
-    defs = schema.get("$defs", {})
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, dict):
-            if "$ref" in node:
-                target = defs[node["$ref"].rsplit("/", 1)[-1]]
-                merged = {**copy.deepcopy(target), **{k: v for k, v in node.items() if k != "$ref"}}
-                return walk(merged)
-            return {
-                k: walk(v)
-                for k, v in node.items()
-                if k not in ("$defs", "title") or (k == "title" and isinstance(v, dict))
-            }
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        return node
-
-    return walk(schema)
 
 
 def openai_tools() -> list[dict[str, Any]]:

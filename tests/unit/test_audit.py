@@ -488,3 +488,28 @@ def test_a_table_of_an_older_gateway_gains_the_new_columns(url):
     assert rows["old"]["groups"] is None
     assert rows["new"]["groups"] == ["hr"]
     store.dispose()
+
+
+def test_a_naive_and_an_offset_bound_compare_and_an_empty_window_answers_empty(gateway):
+    auditor = mint(claims(sub="auditor", permissions=["audit:read"]))
+    gateway.search(QUERY, token())
+    assert gateway.service.audit.flush(5)
+    # Naive means UTC; comparing it with an aware bound was a TypeError (500).
+    wide = get(gateway, auditor, since="2000-01-01T00:00:00", until="2200-01-01T00:00:00Z")
+    assert wide.status_code == 200, wide.text
+    assert wide.json()["count"] >= 1
+    # [since, until) with since == until holds nothing: an empty answer, not a 422.
+    empty = get(gateway, auditor, since="2000-01-01T00:00:00Z", until="2000-01-01T01:00:00+01:00")
+    assert empty.status_code == 200 and empty.json()["count"] == 0, empty.text
+
+
+@pytest.mark.parametrize(
+    "params", [{"since": "0001-01-01T00:00:00+01:00"}, {"until": "9999-12-31T23:59:59-01:00"}]
+)
+def test_an_instant_outside_the_years_1_to_9999_in_utc_is_422_not_503(gateway, params):
+    # The conversion to UTC overflowed in the database layer: a 503 blaming the audit log.
+    auditor = mint(claims(sub="auditor", permissions=["audit:read"]))
+    response = get(gateway, auditor, **params)
+    assert response.status_code == 422, response.text
+    (field,) = params
+    assert response.json()["fields"][0]["field"] == field

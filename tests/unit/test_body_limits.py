@@ -84,3 +84,26 @@ def test_a_chunked_body_over_the_limit_gets_413_as_it_streams():
     headers = {"content-type": "application/json", "transfer-encoding": "chunked"}
     status, body = call(gw.client.app, headers, [b" " * 800, b" " * 800], stall=True)
     assert status == 413 and body["error"] == "payload_too_large"
+
+
+def test_a_url_over_the_limit_is_414_in_the_error_shape_and_at_the_limit_is_served():
+    gw = build_gateway(auth={"mode": "dev"}, http={"max_url_bytes": 1024})
+    base = "/healthz?q="
+    at_limit = gw.client.get(base + "a" * (1024 - len(base)))
+    assert at_limit.status_code == 200, at_limit.text
+    over = gw.client.get(base + "a" * (1025 - len(base)))
+    assert over.status_code == 414, over.text
+    body = over.json()
+    assert body["error"] == "uri_too_long" and body["trace_id"], body
+    assert "1025 bytes" in body["message"] and "1024" in body["message"], body
+    assert over.headers["content-type"] == "application/json"
+    assert over.headers["x-trace-id"] == body["trace_id"]
+
+
+def test_the_default_url_limit_answers_a_long_query_string_on_any_route_with_414():
+    gw = build_gateway()  # JWT on: the URL is refused before authentication
+    for path in ("/audit/decisions", "/rag/search_docs", "/no/such/route"):
+        r = gw.client.get(f"{path}?subject={'x' * 9000}")
+        assert r.status_code == 414, (path, r.text[:200])
+        assert r.json()["error"] == "uri_too_long"
+    assert gw.client.get(f"/healthz?q={'x' * 8000}").status_code == 200

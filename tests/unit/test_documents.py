@@ -60,6 +60,8 @@ def test_unknown_field_rejected():
         ("2025-01-02T05:04:05+02:00", 1735787045),
         ("2025-01-02T03:04:05", 1735787045),  # naive means UTC
         ("2025-01-02", 1735776000),
+        # RFC 3339 allows a lowercase separator and zone letter.
+        ("2025-01-02t03:04:05z", 1735787045),
         (1735787045, 1735787045),
         (1735787045.9, 1735787045),
         (0, 0),
@@ -69,7 +71,20 @@ def test_created_at_accepts_iso_and_epoch(value, expected):
     assert doc(created_at=value).created_at == expected
 
 
-@pytest.mark.parametrize("value", ["yesterday", "2025-13-01", "1735787045", True, [2025], {}])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "yesterday",
+        "2025-13-01",
+        "1735787045",
+        True,
+        [2025],
+        {},
+        # In year 0 and year 10000 once in UTC: an OverflowError, a 500, before.
+        "0001-01-01T00:00:00+01:00",
+        "9999-12-31T23:59:59-01:00",
+    ],
+)
 def test_invalid_created_at_rejected(value):
     with pytest.raises(ValidationError) as info:
         doc(created_at=value)

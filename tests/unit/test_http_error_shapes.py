@@ -51,7 +51,7 @@ def test_a_body_that_cannot_be_parsed_is_400_in_the_gateway_shape(gw, body):
 
 def test_openapi_names_security_and_the_enforced_bounds():
     gw = build_gateway(search={"max_top_k": 20})
-    doc = gw.client.get("/openapi.json").json()
+    doc = gw.client.get("/openapi.json", headers=HEADERS).json()
     assert set(doc["components"]["securitySchemes"]) == {"bearer", "api_key"}
     search = doc["paths"]["/rag/search_docs"]["post"]
     assert search["security"] == [{"bearer": []}, {"api_key": []}]

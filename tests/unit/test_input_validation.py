@@ -1,8 +1,10 @@
 """Input the stores cannot hold is a 422 naming the field, in the gateway's error shape:
 non-finite numbers (Python's json reads NaN, Infinity and 1e999), lone UTF-16 surrogates
 (no UTF-8 form: Neo4j and the embedder fail on them), fusion weights whose products overflow,
-the same document twice in one ingest request, and an event naming another team than its
-``meta.team_id`` anywhere in its payload."""
+the same document twice in one ingest request, an event naming another team than its
+``meta.team_id`` anywhere in its payload, and a body nested deeper than ``MAX_JSON_DEPTH``
+levels (a 900-deep Cypher ``params`` was a 503: Ray could not pickle it to the Graph
+replica)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,12 @@ import json
 
 import pytest
 
-from deployments.validation import MAX_REPORTED, invalid_values, reject_invalid_values
+from deployments.validation import (
+    MAX_JSON_DEPTH,
+    MAX_REPORTED,
+    invalid_values,
+    reject_invalid_values,
+)
 from serve_app.contracts import IngestDocumentsRequest, SearchDocsRequest
 from serve_app.testing import build_gateway, claims, mint
 from tests.unit.test_events import envelope
@@ -180,7 +187,11 @@ def test_invalid_values_walks_any_depth_in_document_order_and_stops_at_the_limit
         cursor.append([])
         cursor = cursor[0]
     cursor.append(NAN)
-    assert len(invalid_values(deep)[0][0]) == 5001
+    assert len(invalid_values(deep, max_depth=None)[0][0]) == 5001
+    # With the bound (the default), the walk stops at it and names the top-level field.
+    assert [(loc, kind) for loc, kind, _, _ in invalid_values({"top": deep})] == [
+        (("top",), "json_too_deep")
+    ]
     assert len(invalid_values([INF] * 1000)) == MAX_REPORTED
     assert reject_invalid_values({"ok": [1.5, "text"]}) == {"ok": [1.5, "text"]}
 
@@ -255,3 +266,85 @@ def test_a_lone_surrogate_in_an_event_is_422_over_http():
     event["meta"]["team_id"] = TEAM
     refused(post(gw, "/ingest/events", {"events": [event]}), "events.0.payload.text")
     assert not gw.store.rows
+
+
+# --- nesting depth -------------------------------------------------------------------------
+
+
+def nested(levels: int) -> object:
+    """A value of ``levels`` nested objects and arrays (objects and arrays alternate)."""
+    value: object = "leaf"
+    for level in range(levels):
+        value = {"k": value} if level % 2 else [value]
+    return value
+
+
+def graph_query(params_levels: int) -> dict:
+    """A Cypher request whose body nests ``params_levels`` + 1 levels (the body is level 1)."""
+    return {"team_id": TEAM, "cypher": CYPHER, "params": {"ids": nested(params_levels - 1)}}
+
+
+def test_params_nested_900_levels_are_422_naming_params_and_the_limit(gw):
+    body = refused(post(gw, "/graph/query", graph_query(900)), "params")
+    problem = body["fields"][0]["problem"]
+    assert f"at most {MAX_JSON_DEPTH}" in problem and "params.ids" in problem, problem
+
+
+def test_a_body_one_level_over_the_limit_is_422_and_at_the_limit_is_answered(gw):
+    refused(post(gw, "/graph/query", graph_query(MAX_JSON_DEPTH)), "params")
+    r = post(gw, "/graph/query", graph_query(MAX_JSON_DEPTH - 1))
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        ("/rag/search_docs", search(filters={"tags": nested(MAX_JSON_DEPTH)}), "filters"),
+        (
+            "/graph/query",
+            {"team_id": TEAM, "intent": "DOCS_MENTIONING_TOPIC", "args": {"t": nested(900)}},
+            "args",
+        ),
+        (
+            "/graph/entities",
+            {"team_id": TEAM, "nodes": [{"label": "User", "id": "u", "properties": nested(99)}]},
+            "nodes",
+        ),
+    ],
+    ids=["search_filters", "intent_args", "entity_properties"],
+)
+def test_every_free_form_field_is_bounded_the_same_way(gw, path, body, field):
+    answer = refused(post(gw, path, body), field)
+    assert f"at most {MAX_JSON_DEPTH}" in answer["fields"][0]["problem"]
+
+
+def test_deep_tool_arguments_are_422_naming_the_argument(gw):
+    raw = json.dumps({"cypher": CYPHER, "params": {"ids": nested(900)}})
+    r = gw.client.post(
+        "/tools/graph_query_context",
+        content=raw.encode(),
+        headers={**headers(), "x-team-id": TEAM},
+    )
+    answer = refused(r, "params")
+    assert f"at most {MAX_JSON_DEPTH}" in answer["fields"][0]["problem"]
+
+
+def test_a_deep_event_payload_is_422_over_http_and_invalid_when_partial():
+    gw = build_gateway()
+    event = envelope(payload={"doc_id": "d1", "text": "Milvus notes", "extra": nested(900)})
+    event["meta"]["team_id"] = TEAM
+    refused(post(gw, "/ingest/events", {"events": [event]}), "events.0.payload")
+    r = post(gw, "/ingest/events", {"events": [event], "partial": True})
+    assert r.status_code == 200, r.text
+    (result,) = r.json()["events"]
+    assert result["status"] == "invalid" and str(MAX_JSON_DEPTH) in result["error"], result
+    assert not gw.store.rows
+
+
+def test_a_date_time_outside_the_years_1_to_9999_in_utc_is_422_not_500(gw):
+    body = search(filters={"created_from": "0001-01-01T00:00:00+01:00"})
+    refused(post(gw, "/rag/search_docs", body), "filters.created_from")
+    event = envelope(payload={"doc_id": "d1", "text": "Milvus notes"})
+    event["meta"]["team_id"] = TEAM
+    event["ts"] = "9999-12-31T23:59:59-01:00"
+    refused(post(gw, "/ingest/events", {"events": [event]}), "events.0.ts")

@@ -1,15 +1,29 @@
-"""The operator surface closed in production (serve_app/api/surface.py): the catalogue needs a
-credential, /readyz names no path or URI without the details permission, and every 401/403
-body has the one error shape."""
+"""The operator surface closed whenever authentication is on (serve_app/api/surface.py): in
+production and with ``AUTH__MODE=jwt`` in any environment — the shipped serve_config.yaml
+included — the catalogue needs a credential and /readyz names no path or URI without the
+details permission; only dev mode (a laptop) leaves them open, or an explicit setting. Every
+401/403 body has the one error shape."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
+import yaml
+from fastapi.testclient import TestClient
 
+from batch_ingest.chunking import whitespace_tokens
+from deployments.protocols import Backends
+from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
+from serve_app.app import AppArgs
+from serve_app.composition import build_service
 from serve_app.contracts import ErrorBody
-from serve_app.testing import build_gateway, claims, mint, unsigned_token
+from serve_app.http import create_app
+from serve_app.testing import AUDIENCE, ISSUER, SECRET, build_gateway, claims, mint, unsigned_token
+
+pytestmark = pytest.mark.usefixtures("clean_gateway_env")
+SERVE_CONFIG = Path(__file__).resolve().parents[2] / "serve_config.yaml"
 
 CATALOG = ("/openapi.json", "/docs", "/redoc", "/tools", "/tools?format=openai")
 
@@ -58,18 +72,32 @@ def test_the_closed_schema_is_the_whole_schema(production):
     assert "/openapi.json" in page and "swagger" in page.lower()
 
 
+def dev_gateway(**sections):
+    """A laptop: authentication off (a request without credentials is trusted)."""
+    return build_gateway(environment="development", auth={"mode": "dev"}, **sections)
+
+
+@pytest.mark.parametrize("environment", ["development", "test"])
 @pytest.mark.parametrize("path", CATALOG)
-def test_the_catalogue_stays_open_in_development(path):
-    gateway = build_gateway(environment="development")
-    assert gateway.client.get(path).status_code == 200
+def test_the_catalogue_needs_a_credential_whenever_jwt_is_on(environment, path):
+    gateway = build_gateway(environment=environment)  # AUTH__MODE=jwt, HS256
+    r = gateway.client.get(path)
+    assert r.status_code == 401 and r.json()["error"] == "unauthorized", r.text[:200]
+    assert gateway.client.get(path, headers=bearer(mint())).status_code == 200
 
 
-def test_the_catalogue_can_be_closed_outside_production_and_opened_in_it():
-    closed = build_gateway(environment="test", surface={"catalog": "credential"})
-    assert closed.client.get("/openapi.json").status_code == 401
-    assert closed.client.get("/tools").status_code == 401
-    opened = production_gateway(surface={"catalog": "open"})
-    assert opened.client.get("/openapi.json").status_code == 200
+@pytest.mark.parametrize("path", CATALOG)
+def test_the_catalogue_stays_open_in_dev_mode(path):
+    assert dev_gateway().client.get(path).status_code == 200
+
+
+def test_the_catalogue_is_opened_only_by_an_explicit_setting():
+    for opened in (
+        production_gateway(surface={"catalog": "open"}),
+        build_gateway(environment="development", surface={"catalog": "open"}),
+    ):
+        assert opened.client.get("/openapi.json").status_code == 200
+        assert opened.client.get("/tools").status_code == 200
 
 
 def _strings(node) -> list[str]:
@@ -105,10 +133,63 @@ def test_readyz_details_need_the_details_permission(production):
     assert bad.status_code == 401 and bad.json()["error"] == "unauthorized"
 
 
-def test_readyz_details_stay_open_in_development():
-    body = build_gateway(environment="development").client.get("/readyz").json()
+def test_readyz_details_stay_open_in_dev_mode():
+    body = dev_gateway().client.get("/readyz").json()
     assert "details" not in body
     assert any(len(part) > 1 for part in body["components"].values()), body
+
+
+def test_readyz_shows_only_ready_flags_whenever_jwt_is_on():
+    gateway = build_gateway(environment="development")
+    body = gateway.client.get("/readyz").json()
+    assert all(set(part) == {"ready"} for part in body["components"].values()), body
+    full = build_gateway(environment="development", surface={"readyz": "full"})
+    assert any(len(part) > 1 for part in full.client.get("/readyz").json()["components"].values())
+
+
+def shipped_app(monkeypatch: pytest.MonkeyPatch, **env: str) -> TestClient:
+    """The Ingress's app over the settings of the shipped serve_config.yaml (its ``args``,
+    with ``env`` as the Ray nodes' environment), over fake backends instead of the Serve
+    deployments."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    raw = yaml.safe_load(SERVE_CONFIG.read_text())
+    settings = AppArgs.model_validate(raw["applications"][0]["args"]).gateway_settings()
+    backends = Backends(
+        embedder=FakeEmbedder(dim=32), store=FakeVectorStore(), graph=FakeGraphStore()
+    )
+    service = build_service(settings, backends, count_tokens=whitespace_tokens)
+    return TestClient(create_app(service), raise_server_exceptions=False)
+
+
+JWT_ENV = {
+    "AUTH__MODE": "jwt",
+    "AUTH__HS256_SECRET": SECRET,
+    "AUTH__ISSUER": ISSUER,
+    "AUTH__AUDIENCE": AUDIENCE,
+}
+
+
+def test_the_shipped_config_with_jwt_closes_the_catalogue_and_readyz_details(monkeypatch):
+    client = shipped_app(monkeypatch, **JWT_ENV)
+    for path in CATALOG:
+        r = client.get(path)
+        assert r.status_code == 401 and r.json()["error"] == "unauthorized", (path, r.text[:200])
+        assert client.get(path, headers=bearer(mint())).status_code == 200, path
+    # The fakes report no URIs; what counts is that nothing but ``ready`` is shown.
+    ready = client.get("/readyz").json()
+    assert all(set(part) == {"ready"} for part in ready["components"].values()), ready
+    assert "ops:read" in ready["details"]
+    ops = client.get("/readyz", headers=bearer(mint(claims(permissions=["ops:read"]))))
+    assert any(len(part) > 1 for part in ops.json()["components"].values()), ops.json()
+
+
+def test_the_shipped_config_in_dev_mode_keeps_the_laptop_surface_open(monkeypatch):
+    client = shipped_app(monkeypatch)  # no AUTH__MODE: dev, as scripts/start.sh runs it
+    for path in CATALOG:
+        assert client.get(path).status_code == 200, path
+    ready = client.get("/readyz").json()
+    assert any(len(part) > 1 for part in ready["components"].values()), ready
 
 
 def test_every_401_and_403_has_the_same_shape(production):
