@@ -38,7 +38,7 @@ export RAG_TEST_REDIS_URL="${RAG_TEST_REDIS_URL:-$("$VENV/bin/python" scripts/se
 "$VENV/bin/lint-imports" --no-cache || exit 1
 # Types of the three packages (pyproject.toml, [tool.mypy]; the pydantic plugin).
 "$VENV/bin/mypy" || exit 1
-"$VENV/bin/python" -m pytest tests/unit tests/integration "$@"
+"$VENV/bin/python" -m pytest tests/unit tests/integration tests/security "$@"
 first=$?
 "$VENV/bin/python" -m pytest tests/serve "$@"
 second=$?
