@@ -17,8 +17,8 @@ still answer a similar one), runs ``serve deploy`` with ``--deployment`` at 2 re
 until it settles, and ``serve deploy`` of the shipped config again.
 
 ``--how`` says how the config asks for 2 replicas: ``num_replicas`` (the deployment's
-autoscaling block replaced by ``num_replicas: 2``, as issue 32 did) or ``min_replicas``
-(``autoscaling_config.min_replicas: 2``, as serve_config.yaml says to).
+autoscaling block replaced by ``num_replicas: 2``, which reproduces issue 32's full restart)
+or ``min_replicas`` (``autoscaling_config.min_replicas: 2``, as serve_config.yaml says to).
 
 Per deploy it records the replicas (replica id, pid) of every deployment before and after,
 which were stopped and which started, the settle time (from the ``serve deploy`` call until
