@@ -5,6 +5,7 @@ the baseline the benchmarks and the store's integration tests hold the gateway's
 from __future__ import annotations
 
 from deployments.errors import InvalidInput
+from deployments.milvus_client import import_pymilvus
 from deployments.milvus_rows import output_fields
 from deployments.milvus_store import BM25_PARAMS, MilvusStore, hits_of
 from deployments.protocols import SearchFilter, SearchHit
@@ -20,6 +21,7 @@ def hybrid_search(
     rrf_k: int = 60,
 ) -> list[SearchHit]:
     """Top ``limit`` chunks inside ``flt`` by Milvus's RRF over both searches."""
+    import_pymilvus()
     from pymilvus import AnnSearchRequest, RRFRanker
 
     name = store.open_collection(flt.team_id)

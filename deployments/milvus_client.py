@@ -4,14 +4,32 @@ a fresh connection, and tell its owners when it was replaced."""
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from deployments.config import MilvusSettings
 from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.tracing import keep_log_handlers
 
 logger = logging.getLogger(__name__)
+
+
+def import_pymilvus() -> ModuleType:
+    """pymilvus, imported (the first time) so that its import-time ``logging.config.dictConfig``
+    leaves the process's handlers open: inside a Serve replica it otherwise closed the
+    replica's JSON log file handler and the replica wrote no more lines there
+    (``deployments.tracing.keep_log_handlers``). Every module that uses pymilvus calls this
+    before its own ``from pymilvus import ...``; pymilvus stays a lazy import (the ingress
+    never needs it)."""
+    module = sys.modules.get("pymilvus")
+    if module is not None:
+        return module
+    with keep_log_handlers():
+        import pymilvus
+    return pymilvus
 
 
 class MilvusConnection:
@@ -34,6 +52,7 @@ class MilvusConnection:
         self._on_reset.append(hook)
 
     def _connect(self) -> Any:
+        import_pymilvus()
         from pymilvus import MilvusClient
 
         kwargs: dict[str, Any] = {

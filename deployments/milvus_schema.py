@@ -6,6 +6,7 @@ from typing import Any
 
 from deployments.acl import ACL_FIELDS, ACL_KEY_FIELDS, ACL_KEY_LENGTH, MAX_ACL_TOKENS
 from deployments.config import MilvusSettings
+from deployments.milvus_client import import_pymilvus
 from deployments.protocols import MAX_ID, MAX_TAG, MAX_TAGS, MAX_TEXT, MAX_TITLE, MAX_URL
 
 # "group:" or "user:" and an identifier.
@@ -23,6 +24,7 @@ def collection_definition(
     """``create_collection`` keyword arguments: schema (with the BM25 function over
     ``text``, and the ``lexical`` sparse field when ``lexical``), index parameters and the
     partition count."""
+    import_pymilvus()
     from pymilvus import DataType, Function, FunctionType, MilvusClient
 
     schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)

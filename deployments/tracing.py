@@ -12,6 +12,9 @@ and log records that carry it.
 - ``TraceIdFilter`` puts ``trace_id`` on every ``LogRecord`` it sees (``""`` when none; a
   ``trace_id`` passed in ``extra`` wins); ``JsonFormatter`` writes one JSON object per record;
   ``configure_logging`` sets up a command-line process (``--log-format json|text``).
+- ``keep_log_handlers()``: inside it, ``logging.config.dictConfig`` (which a library may call
+  when first imported, pymilvus does) leaves the handlers already installed open, so a Serve
+  replica's log file keeps its lines.
 
 The lowest layer on purpose: the gateway (serve_app), the bus consumer (batch_ingest) and the
 deployments all use the one variable.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.config
 import re
 import secrets
 import sys
@@ -196,3 +200,37 @@ def configure_logging(
     handler.addFilter(TraceIdFilter())
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(text_format))
     logging.basicConfig(level=level, handlers=[handler])
+
+
+@contextmanager
+def keep_log_handlers() -> Iterator[None]:
+    """Inside the block, ``logging.config.dictConfig`` configures what it is given without
+    first closing every handler of the process, which it otherwise does (even with
+    ``disable_existing_loggers: False``).
+
+    Why: pymilvus calls ``dictConfig`` when it is first imported, and the deployments import it
+    lazily, after Serve has set up the replica's logger. Serve's file handler is a
+    ``MemoryHandler`` in front of the replica's log file; closed, it forgets its target and
+    from then on keeps every record in memory and writes none, so that replica's
+    ``logs/serve/replica_*.log`` stopped after its start lines while its stderr (a stream
+    handler, which works on after ``close``) still had every call, and the records piled up
+    in the replica's memory. Import such a library in this block
+    (``deployments.milvus_client.import_pymilvus``).
+
+    How: ``dictConfig`` (and ``fileConfig``) begin with ``logging.config._clearExistingHandlers``
+    (CPython since 3.2); it is a no-op while the block runs. A Python without it leaves this a
+    no-op too, and tests/unit/test_replica_log_handlers.py says whether handlers survive.
+    """
+    clear = getattr(logging.config, "_clearExistingHandlers", None)
+    if clear is None:
+        yield
+        return
+    logging.config._clearExistingHandlers = _keep  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        logging.config._clearExistingHandlers = clear  # type: ignore[attr-defined]
+
+
+def _keep() -> None:
+    """``dictConfig``'s first step, made a no-op by ``keep_log_handlers``."""

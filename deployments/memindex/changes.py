@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from deployments.milvus_client import import_pymilvus
 from deployments.search_filter import milvus_literal
 
 logger = logging.getLogger(__name__)
@@ -182,6 +183,7 @@ def _row(
 
 
 def _schema() -> dict[str, Any]:
+    import_pymilvus()
     from pymilvus import DataType, MilvusClient
 
     schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)

@@ -1,0 +1,246 @@
+"""The shipped serve_config.yaml, deployed the way `serve deploy` does it (the controller's
+``apply_config``, which the dashboard's ``PUT /api/serve/applications/`` calls), as a third
+application on the suite's cluster: its own name and route prefix, the suite's collection,
+the semantic cache off (one Retriever call per search) and its JSON logs in a folder of the
+test's own; nothing else changed.
+
+- Retriever 1 -> 2 replicas, asked the way the config says (``min_replicas`` inside its
+  ``autoscaling_config``), while a client searches every 0.2 s: no replica of the other
+  deployments is replaced, the first Retriever is kept, no search fails.
+- With two Retriever replicas, N searches leave N ``CALL candidates`` access lines across the
+  two replicas' log files, one per search (joined by Serve's request id), each in the file of
+  the replica that served it, both replicas among them; and the Ingress, Embedder and Graph
+  files have their calls too (issue 32: a Retriever replica used to write only its start
+  lines).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+pytestmark = pytest.mark.serve
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "rag_shipped"
+PREFIX = "/shipped"
+TEAM = f"dao_shipped_{uuid.uuid4().hex[:6]}"
+
+
+def _client() -> Any:
+    from ray.serve.context import _get_global_client
+
+    return _get_global_client()
+
+
+def shipped_config(collection: str, logs: Path) -> dict[str, Any]:
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    (app,) = config["applications"]
+    app.update(name=APP, route_prefix=PREFIX)
+    settings = app["args"]["settings"]
+    settings["milvus"]["collection"] = collection
+    settings["cache"] = {"enabled": False}
+    app["logging_config"]["logs_dir"] = str(logs)
+    return {"applications": [app]}
+
+
+def with_retrievers(config: dict[str, Any], at_least: int, at_most: int) -> dict[str, Any]:
+    """``config`` with the Retriever's autoscaling bounds changed, as an operator scales it."""
+    config = copy.deepcopy(config)
+    (retriever,) = [d for d in config["applications"][0]["deployments"] if d["name"] == "Retriever"]
+    retriever["autoscaling_config"].update(min_replicas=at_least, max_replicas=at_most)
+    return config
+
+
+def deploy(config: dict[str, Any]) -> float:
+    """Apply ``config`` as `serve deploy` does; the wall time it was sent."""
+    from ray.serve.schema import ServeDeploySchema
+
+    sent = time.time()
+    _client().deploy_apps(ServeDeploySchema.model_validate(copy.deepcopy(config)))
+    return sent
+
+
+def app_details() -> dict[str, Any]:
+    return _client().get_serve_details().get("applications", {}).get(APP, {})
+
+
+def replicas(app: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """replica id -> deployment, state, actor id, pid."""
+    out = {}
+    for name, dep in app.get("deployments", {}).items():
+        for rep in dep.get("replicas", []):
+            out[rep["replica_id"]] = {
+                "deployment": name,
+                "state": rep["state"],
+                "actor_id": rep.get("actor_id"),
+                "pid": rep.get("pid"),
+            }
+    return out
+
+
+def wait_settled(since: float, retrievers: int | None, timeout: float = 300) -> dict[str, Any]:
+    """The application once it took the config sent at ``since``, is RUNNING with every
+    deployment HEALTHY, only RUNNING replicas and ``retrievers`` Retrievers (any number:
+    ``None``)."""
+    deadline = time.monotonic() + timeout
+    app: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        app = app_details()
+        deployments = app.get("deployments", {})
+        states = {n: [r["state"] for r in d.get("replicas", [])] for n, d in deployments.items()}
+        if (
+            app.get("status") == "RUNNING"
+            and app.get("last_deployed_time_s", 0) >= since - 1
+            and all(d.get("status") == "HEALTHY" for d in deployments.values())
+            and all(s == "RUNNING" for sts in states.values() for s in sts)
+            and retrievers in (None, len(states.get("Retriever", [])))
+        ):
+            return app
+        time.sleep(0.5)
+    pytest.fail(f"{APP} not settled after {timeout:.0f} s: {json.dumps(app)[:3000]}")
+
+
+@pytest.fixture(scope="module")
+def shipped(gateway: str, run_id: str, tmp_path_factory: pytest.TempPathFactory):
+    """Base URL of the shipped app (1 Retriever), a document ingested; its config and logs."""
+    logs = tmp_path_factory.mktemp("shipped-serve-logs")
+    config = shipped_config(f"serve_{run_id}", logs)
+    wait_settled(deploy(config), retrievers=1, timeout=600)
+    base = gateway + PREFIX
+    docs = [
+        {
+            "team_id": TEAM,
+            "doc_id": f"d{i}",
+            "text": f"Battery storage of district {i} covered "
+            "the evening peak; the inverter log lists its charge cycles.",
+        }
+        for i in range(3)
+    ]
+    r = httpx.post(f"{base}/ingest/documents", json={"documents": docs}, timeout=120)
+    assert r.status_code == 200, r.text
+    yield {
+        "base": base,
+        "config": config,
+        "logs": logs,
+        "ingest_request_id": r.headers["x-request-id"],
+    }
+    _client().delete_apps([APP])
+
+
+def test_more_retriever_replicas_replace_no_other_replica(shipped):
+    kept = replicas(wait_settled(0, retrievers=None))
+    count = sum(r["deployment"] == "Retriever" for r in kept.values())  # 1 when run first
+    results: list[tuple[int, float]] = []
+    stop = threading.Event()
+
+    def search() -> None:
+        with httpx.Client(base_url=shipped["base"], timeout=60) as c:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                started = time.monotonic()
+                try:
+                    status = c.post(
+                        "/rag/search_docs", json={"team_id": TEAM, "query": f"peak {n}"}
+                    ).status_code
+                except httpx.HTTPError:
+                    status = -1
+                results.append((status, time.monotonic() - started))
+                stop.wait(0.2)
+
+    thread = threading.Thread(target=search, daemon=True)
+    thread.start()
+    try:
+        time.sleep(1)
+        scaled = with_retrievers(shipped["config"], count + 1, max(2, count + 1))
+        after = replicas(wait_settled(deploy(scaled), retrievers=count + 1))
+        time.sleep(1)
+    finally:
+        stop.set()
+        thread.join(timeout=90)
+    others_before = {rid: r for rid, r in kept.items() if r["deployment"] != "Retriever"}
+    others_after = {rid: r for rid, r in after.items() if r["deployment"] != "Retriever"}
+    assert others_after == others_before  # same replicas, same actors, same processes
+    retrievers = {rid: r for rid, r in after.items() if r["deployment"] == "Retriever"}
+    assert len(retrievers) == count + 1
+    for rid in (rid for rid, r in kept.items() if r["deployment"] == "Retriever"):
+        assert retrievers[rid] == kept[rid]
+    statuses = Counter(status for status, _ in results)
+    assert len(results) >= 5 and set(statuses) == {200}, statuses
+
+
+def access_lines(logs: Path, deployment: str) -> dict[str, list[dict[str, Any]]]:
+    """replica id -> the access lines of its JSON log file (``replica_<app>_<dep>_<id>.log``)."""
+    out = {}
+    for path in logs.glob(f"replica_{APP}_{deployment}_*.log"):
+        text = path.read_text()
+        records = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        out[path.stem.rsplit("_", 1)[1]] = [
+            r
+            for r in records
+            if r.get("message", "").startswith(("CALL ", "GET ", "POST "))
+            and r["message"].endswith("ms")
+        ]
+    return out
+
+
+def test_two_retriever_replicas_log_every_call_in_their_own_files(shipped):
+    app = wait_settled(deploy(with_retrievers(shipped["config"], 2, 2)), retrievers=2)
+    running = {rid for rid, r in replicas(app).items() if r["deployment"] == "Retriever"}
+    n = 40
+    request_ids = []
+    with httpx.Client(base_url=shipped["base"], timeout=60) as c:
+        for i in range(n):
+            r = c.post("/rag/search_docs", json={"team_id": TEAM, "query": f"inverter {i}"})
+            assert r.status_code == 200, r.text
+            request_ids.append(r.headers["x-request-id"])
+    wanted = set(request_ids)
+    assert len(wanted) == n
+    deadline = time.monotonic() + 30
+    while True:  # the lines are written as the calls end; allow a moment on busy cores
+        retriever = access_lines(shipped["logs"], "Retriever")
+        calls = [
+            (rid, line)
+            for rid, lines in retriever.items()
+            for line in lines
+            if line["message"].startswith("CALL candidates ") and line.get("request_id") in wanted
+        ]
+        if len(calls) >= n or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    per_request = Counter(line["request_id"] for _, line in calls)
+    assert per_request == Counter(wanted), f"{len(calls)} lines for {n} searches"
+    per_replica = Counter(rid for rid, _ in calls)
+    assert all(line["replica"] == rid for rid, line in calls)
+    assert set(per_replica) == running, per_replica  # both served, both logged
+    # The other deployments' replicas log their calls as well.
+    ingress = [
+        line
+        for lines in access_lines(shipped["logs"], "Ingress").values()
+        for line in lines
+        if line.get("request_id") in wanted
+    ]
+    assert Counter(line["request_id"] for line in ingress) == Counter(wanted)
+    assert {(line["message"].split(" ")[0], line["message"].split(" ")[2]) for line in ingress} == {
+        ("POST", "200")
+    }
+    ingest = shipped["ingest_request_id"]
+    for deployment, method in (("Embedder", "CALL embed "), ("Graph", "CALL merge_documents ")):
+        lines = [
+            line
+            for per in access_lines(shipped["logs"], deployment).values()
+            for line in per
+            if line.get("request_id") == ingest
+        ]
+        assert any(line["message"].startswith(method) for line in lines), (deployment, lines)
