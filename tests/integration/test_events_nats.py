@@ -351,7 +351,8 @@ async def test_delete_removes_chunks_and_the_graph_doc(cfg, nc, pipeline, graph,
     assert store.count(team) == 0
     assert (await graph.client.run(q, {"t": team}))[0]["n"] == 0
     channel = "MATCH (c:Channel {team_id: $t, id: 'ch_ops'}) RETURN count(c) AS n"
-    assert (await graph.client.run(channel, {"t": team}))[0]["n"] == 1  # shared entity kept
+    # The channel existed only because of the message: it goes with it (issue 32).
+    assert (await graph.client.run(channel, {"t": team}))[0]["n"] == 0
     row = pipeline.sources.get((team, "message", "m1"))
     assert row.deleted and row.version == 2
     assert [g["doc_id"] for g in gone] == ["m1"]
