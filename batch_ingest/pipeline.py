@@ -24,6 +24,7 @@ from batch_ingest.settings import BatchSettings
 from batch_ingest.source_store import Key, SourceStore
 from batch_ingest.usage import EmbeddingUsage
 from batch_ingest.wikilinks import extract_links, wiki_key
+from batch_ingest.write_barrier import write_barrier
 from deployments.errors import BackendUnavailable, GatewayError
 from deployments.metrics import EMBEDDED_TOKENS
 from deployments.protocols import (
@@ -135,6 +136,8 @@ class IngestPipeline:
         # The embedding ledger (batch_ingest/usage.py), as ``usage_source`` (api, bus).
         self.usage = EmbeddingUsage(sources.engine) if sources is not None else None
         self.usage_source = usage_source
+        # Paused by a reindex switching a team's alias (None without a registry).
+        self.barrier = write_barrier(sources)
 
     def build_chunks(self, doc: SourceDocument) -> list[ChunkRecord]:
         """Chunk records without vectors; ids and hashes are deterministic."""
@@ -144,11 +147,22 @@ class IngestPipeline:
         self, docs: list[SourceDocument], versions: dict[Key, int] | None = None
     ) -> IngestReport:
         """Index ``docs`` in order; report per document. ``versions`` (event versions by
-        ``(team_id, doc_type, doc_id)``) go to the source registry with them.
+        ``(team_id, doc_type, doc_id)``) go to the source registry with them. Runs holding
+        the teams' write barrier (``batch_ingest.write_barrier``): a reindex never switches
+        a team's alias between this call's first read and its registry record.
 
         Raises:
-            BackendUnavailable: if the embedder or Milvus fails before any document is written.
+            BackendUnavailable: if the embedder or Milvus fails before any document is
+                written, or a reindex switch kept the team's writes paused too long.
         """
+        if self.barrier is None or not docs:
+            return await self._ingest(docs, versions)
+        async with self.barrier.writing(d.team_id for d in docs):
+            return await self._ingest(docs, versions)
+
+    async def _ingest(
+        self, docs: list[SourceDocument], versions: dict[Key, int] | None
+    ) -> IngestReport:
         started = time.perf_counter()
         report = IngestReport()
         planned: list[tuple[SourceDocument, list[ChunkRecord]]] = []
@@ -354,9 +368,17 @@ class IngestPipeline:
         or graph node could not be removed is ``failed`` and not tombstoned, so a redelivery
         retries it; deleting twice is harmless.
 
+        Runs holding the teams' write barrier, like ``ingest``.
+
         Raises:
             BackendUnavailable: if Milvus fails before any chunk was removed.
         """
+        if self.barrier is None or not keys:
+            return await self._delete(keys, versions)
+        async with self.barrier.writing(k[0] for k in keys):
+            return await self._delete(keys, versions)
+
+    async def _delete(self, keys: list[Key], versions: dict[Key, int] | None) -> IngestReport:
         started = time.perf_counter()
         report = IngestReport()
         keys = list(dict.fromkeys(keys))
