@@ -50,6 +50,9 @@ class ReindexSettings(BaseModel):
     # job off the head and the Serve replicas' nodes (REINDEX__ACTOR_RESOURCES as JSON).
     actor_resources: dict[str, float] = Field(default_factory=dict)
     batch_size: int = Field(16, ge=1, le=4096)
+    # Seconds a job waits for the CPUs of its actor pool (Serve replicas or another job hold
+    # them) before it fails naming what is missing.
+    resource_wait_s: float = Field(300.0, ge=0)
     # Keep the replaced collection version for rollback (else it is dropped after the swap).
     keep_previous: bool = False
     # Who may start or read a job: a token permission (every team), or one of these roles in

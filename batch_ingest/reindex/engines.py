@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from batch_ingest.reindex.options import ReindexOptions
+from batch_ingest.reindex.options import ReindexError, ReindexOptions
 from batch_ingest.reindex.worker import ReindexWorker
 
 logger = logging.getLogger("batch_ingest.reindex")
@@ -66,21 +66,62 @@ def resource_shortage(
     return None
 
 
+def _shortage(options: ReindexOptions) -> str | None:
+    """Why the actor pool cannot be placed on the cluster now (``None``: it can)."""
+    import ray
+
+    needed = options.actors * options.num_cpus_per_actor
+    free, total = ray.available_resources(), ray.cluster_resources()
+    return cpu_shortage(
+        needed, float(free.get("CPU", 0.0)), float(total.get("CPU", 0.0))
+    ) or resource_shortage(
+        {k: v * options.actors for k, v in options.actor_resources.items()}, free, total
+    )
+
+
+def wait_for_resources(
+    options: ReindexOptions, on_note: Callable[[str | None], None] | None
+) -> None:
+    """Wait (at most ``options.resource_wait_s``) until the actor pool fits the cluster's free
+    resources, saying why in the job's note at once; raise ``ReindexError`` naming what is
+    missing when it still does not fit. The note stays until the first batch arrives."""
+    deadline = time.monotonic() + options.resource_wait_s
+    said: str | None = None
+    while (note := _shortage(options)) is not None:
+        if note != said:
+            logger.warning("reindex: %s", note)
+            if on_note is not None:
+                on_note(note)
+            said = note
+        if time.monotonic() >= deadline:
+            raise ReindexError(
+                f"{note.replace('waiting for', 'gave up waiting for', 1)}; waited "
+                f"{options.resource_wait_s:g}s (reindex.resource_wait_s)"
+            )
+        time.sleep(min(1.0, max(options.log_every_s, 0.1)))
+    if said is not None:
+        logger.info("reindex: the actor pool fits now")
+
+
 def run_ray(
     spec: dict[str, Any],
-    physical: str,
-    check_existing: bool,
+    worker_args: tuple[str, bool, str | None],
     documents: list[str],
     options: ReindexOptions,
     sink: BatchSink,
     on_note: Callable[[str | None], None] | None = None,
 ) -> None:
-    """The Ray Data job: ``from_items → repartition → map_batches(actor pool)``; results
-    stream back to the driver, which records them.
+    """The Ray Data job: ``from_items`` (blocks made in the driver) ``→ map_batches`` (the
+    actor pool); results stream back to the driver, which records them. ``worker_args``:
+    ``ReindexWorker``'s ``(physical, check_existing, source)``. No operator asks for a whole
+    CPU (a repartition's tasks would, and on the shipped one-machine setup the Serve replicas
+    hold more than one of its two: the job waited for ever); the actors ask for
+    ``options.num_cpus_per_actor``.
 
-    Before the pool exists it checks the cluster's free CPUs: if the actors cannot be
-    placed, ``on_note`` gets the reason (the job row shows it) and a log line repeats it every
-    ``options.log_every_s`` until the first batch arrives, when ``on_note(None)`` clears it."""
+    Before the pool exists it waits for the cluster's free CPUs (``wait_for_resources``:
+    the job row's note says what is missing, within a second; bounded); a log line says every
+    ``options.log_every_s`` that no batch came yet, until the first one arrives, when
+    ``on_note(None)`` clears the note."""
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
@@ -91,26 +132,15 @@ def run_ray(
             include_dashboard=False,
             log_to_driver=False,
         )
-    needed = options.actors * options.num_cpus_per_actor
-    free, total = ray.available_resources(), ray.cluster_resources()
-    note = cpu_shortage(
-        needed, float(free.get("CPU", 0.0)), float(total.get("CPU", 0.0))
-    ) or resource_shortage(
-        {k: v * options.actors for k, v in options.actor_resources.items()}, free, total
-    )
-    if note is not None:
-        logger.warning("reindex: %s", note)
-        if on_note is not None:
-            on_note(note)
+    wait_for_resources(options, on_note)
     first = threading.Event()
     started = time.perf_counter()
 
     def remind() -> None:
         while not first.wait(options.log_every_s):
             logger.info(
-                "reindex: no batch yet after %.0fs%s",
+                "reindex: no batch yet after %.0fs (the actors are starting)",
                 time.perf_counter() - started,
-                f" ({note})" if note else " (actors loading the model)",
             )
 
     ctx = DataContext.get_current()
@@ -124,18 +154,16 @@ def run_ray(
     extra: dict[str, Any] = (
         {"resources": dict(options.actor_resources)} if options.actor_resources else {}
     )
-    ds = (
-        ray.data.from_items([{"document": d} for d in documents])
-        .repartition(blocks)
-        .map_batches(
-            ReindexWorker,
-            fn_constructor_args=(spec, physical, check_existing),
-            batch_size=options.batch_size,
-            batch_format="numpy",
-            compute=ActorPoolStrategy(size=options.actors),
-            num_cpus=options.num_cpus_per_actor,
-            **extra,
-        )
+    ds = ray.data.from_items(
+        [{"document": d} for d in documents], override_num_blocks=blocks
+    ).map_batches(
+        ReindexWorker,
+        fn_constructor_args=(spec, *worker_args),
+        batch_size=options.batch_size,
+        batch_format="numpy",
+        compute=ActorPoolStrategy(size=options.actors),
+        num_cpus=options.num_cpus_per_actor,
+        **extra,
     )
     threading.Thread(target=remind, name="reindex-wait", daemon=True).start()
     try:

@@ -22,6 +22,7 @@ from batch_ingest.reindex.state import JobStatus, ReindexJob, ReindexState
 from batch_ingest.reindex.worker import ReindexWorker, worker_spec
 from batch_ingest.settings import BatchSettings
 from batch_ingest.source_store import SourceStore
+from batch_ingest.write_barrier import WriteBarrier
 from deployments.milvus_versions import CollectionVersions
 
 logger = logging.getLogger("batch_ingest.reindex")
@@ -75,6 +76,10 @@ class Reindexer:
         )
         # The local engine's worker (it holds the model), kept while the target is the same.
         self._local_worker: ReindexWorker | None = None
+        # The version being replaced, whose vectors the workers copy (set per run).
+        self._source_physical: str | None = None
+        # Pauses the team's writes for the last catch-up and the switch.
+        self.barrier = WriteBarrier(self.sources.engine)
 
     # --- the run -------------------------------------------------------------------------------
     def run(self, options: ReindexOptions) -> ReindexResult:
@@ -110,7 +115,8 @@ class Reindexer:
             physical = versions.name(team, target)
             done = self.state.done(job.job_id)
             sink = self._sink(job, done, None, options)
-            self._catch_up(job, done, physical, job.snapshot_at, options, sink)
+            self._source_physical = None  # replaced already
+            self._switch(job, done, physical, job.snapshot_at, options, sink)
             job.expected_chunks = sum(done.values())
             return self._finish(job, options, started)
         if target is None:
@@ -119,6 +125,7 @@ class Reindexer:
             job.target_version = target = max([*existing, current or 0]) + 1
             job.snapshot_at = datetime.now(UTC)
         job.embed_model = tag
+        self._source_physical = self._source(job)
         job.move_to(JobStatus.RUNNING)
         job.finished_at = None
         physical = versions.create(team, target)
@@ -170,13 +177,67 @@ class Reindexer:
             )
         job.move_to(JobStatus.SWITCHING)
         self.state.save(job)
-        versions.switch(team, target)
-        self.generations.bump([team])  # searches read the new version from here on
-        # Writes that reached the old version between the catch-up and the switch.
-        time.sleep(options.switch_grace_s)
-        self._catch_up(job, done, physical, catchup_from, options, sink)
-        job.expected_chunks = sum(done.values())
+        self._switch(job, done, physical, catchup_from, options, sink)
         return self._finish(job, options, started)
+
+    def _switch(
+        self,
+        job: ReindexJob,
+        done: dict[tuple[str, str], int],
+        physical: str,
+        since: datetime | None,
+        options: ReindexOptions,
+        sink: BatchSink,
+    ) -> None:
+        """The last catch-up and the alias switch, with the team's writes paused
+        (``batch_ingest.write_barrier``): the writes in flight finish first, so every write
+        acknowledged before is in the registry and reaches the new version before searches
+        do; writes after it go through the alias into the new version. No write is applied
+        twice and none is undone. A document whose new text needs the model (a model
+        change) is taken out of the new version under the barrier and embedded after the
+        switch (absent meanwhile, never stale)."""
+        team = job.team_id
+        announce = getattr(self.versions, "announce", None)
+        if announce is not None and job.target_version is not None:
+            announce(team, job.target_version)  # replicas load the new version beforehand
+        with self.barrier.switching(team, options.switch_wait_s):
+            paused = time.perf_counter()
+            deferred = self._catch_up(job, done, physical, since, options, sink, final=True)
+            job.expected_chunks = sum(done.values())
+            if self.versions.current(team) != job.target_version:
+                assert job.target_version is not None  # set by _run
+                self.versions.switch(team, job.target_version)
+            self.generations.bump([team])  # searches read the new version from here on
+            held = time.perf_counter() - paused
+        logger.info(
+            "reindex %s: writes paused %.0f ms for the last catch-up and the switch%s",
+            team,
+            held * 1000,
+            f" ({len(deferred)} documents to embed after it)" if deferred else "",
+        )
+        if deferred:
+            self._embed_deferred(job, done, physical, deferred, options, sink)
+
+    def _embed_deferred(
+        self,
+        job: ReindexJob,
+        done: dict[tuple[str, str], int],
+        physical: str,
+        keys: list[tuple[str, str]],
+        options: ReindexOptions,
+        sink: BatchSink,
+    ) -> None:
+        """Embed documents the last catch-up took out (the model loads first, writes run
+        meanwhile); their newest registry state is written with the writes paused again,
+        so a newer write of the same document is never overwritten."""
+        worker = self._worker(physical, False)
+        worker.embed([""])  # load the model outside the pause
+        with self.barrier.switching(job.team_id, options.switch_wait_s):
+            rows = [self.sources.get((job.team_id, *key)) for key in keys]
+            live = [r.document for r in rows if r and not r.deleted and r.document is not None]
+            if live:
+                sink(worker.process([d.model_dump_json() for d in live]))
+        job.expected_chunks = sum(done.values())
 
     def _finish(self, job: ReindexJob, options: ReindexOptions, started: float) -> ReindexResult:
         team = job.team_id
@@ -251,6 +312,23 @@ class Reindexer:
 
         return note
 
+    def _source(self, job: ReindexJob) -> str | None:
+        """The physical version the job replaces (vectors to copy), if it still exists."""
+        version = job.source_version
+        if version is None or version == job.target_version:
+            return None
+        return self.versions.name(job.team_id, version)
+
+    def _worker(self, physical: str, check_existing: bool) -> ReindexWorker:
+        """The in-process worker (kept while the target is the same; its model loads on
+        first need)."""
+        worker = self._local_worker
+        if worker is None or worker.physical != physical:
+            worker = self._local_worker = self.worker_factory(physical, check_existing)
+        worker.check_existing = check_existing
+        worker.source = self._source_physical
+        return worker
+
     def _process(
         self,
         documents: list[str],
@@ -263,13 +341,16 @@ class Reindexer:
         if not documents:
             return
         if options.engine == "ray":
-            run_ray(self.spec, physical, check_existing, documents, options, sink, on_note)
+            run_ray(
+                self.spec,
+                (physical, check_existing, self._source_physical),
+                documents,
+                options,
+                sink,
+                on_note,
+            )
             return
-        worker = self._local_worker
-        if worker is None or worker.physical != physical:
-            worker = self._local_worker = self.worker_factory(physical, check_existing)
-        worker.check_existing = check_existing
-        run_local(worker, documents, options.batch_size, sink)
+        run_local(self._worker(physical, check_existing), documents, options.batch_size, sink)
 
     def _catch_up(
         self,
@@ -279,9 +360,14 @@ class Reindexer:
         since: datetime | None,
         options: ReindexOptions,
         sink: BatchSink,
-    ) -> None:
+        *,
+        final: bool = False,
+    ) -> list[tuple[str, str]]:
+        """Apply the documents written or deleted since ``since`` to the target. ``final``
+        (the writes are paused): in-process, without loading the model; returns the keys
+        of documents that need it (taken out of the target meanwhile)."""
         if since is None:
-            return
+            return []
         rows = self.sources.changed_since(
             job.team_id, since - timedelta(seconds=options.clock_skew_s)
         )
@@ -295,26 +381,32 @@ class Reindexer:
             self.state.unmark(job.job_id, gone)
             for key in gone:
                 done.pop(key)
+        deferred: list[tuple[str, str]] = []
         if live:
-            # Changed documents are re-embedded (no lookup: their text may have changed).
             job.total_docs = job.total_docs + sum(
                 1 for d in live if (d.doc_type, d.doc_id) not in done
             )
-            self._process(
-                [d.model_dump_json() for d in live],
-                physical,
-                False,
-                options,
-                sink,
-                self._noter(job),
-            )
+            texts = [d.model_dump_json() for d in live]
+            if final:
+                worker = self._worker(physical, False)
+                for start in range(0, len(texts), options.batch_size):
+                    sink(
+                        worker.process(texts[start : start + options.batch_size], allow_embed=False)
+                    )
+                    deferred += worker.deferred
+            else:
+                # Every changed document is written again (its metadata may have changed);
+                # its vectors are reused where its text is stored already.
+                self._process(texts, physical, False, options, sink, self._noter(job))
         if rows:
             logger.info(
-                "reindex %s: caught up on %d changed and %d deleted documents",
+                "reindex %s: caught up on %d changed and %d deleted documents%s",
                 job.team_id,
                 len(live),
                 len(gone),
+                " (writes paused)" if final else "",
             )
+        return deferred
 
 
 def reindex(settings: BatchSettings, options: ReindexOptions, **kwargs: Any) -> ReindexResult:

@@ -44,10 +44,14 @@ class ReindexOptions:
     job_id: str | None = None
     log_every_s: float = 5.0
     # Catch-up looks this much further back than the job's own clock says (the registry rows
-    # are stamped by the writers' clocks), and waits this long after the alias switch so an
-    # ingestion that wrote to the old version has recorded its document before the last look.
+    # are stamped by the writers' clocks).
     clock_skew_s: float = 5.0
-    switch_grace_s: float = 2.0
+    # The last catch-up and the switch wait at most this long for the team's writes in flight
+    # to finish (batch_ingest.write_barrier); the job fails (resumable) if they do not.
+    switch_wait_s: float = 60.0
+    # How long the Ray job waits for the CPUs (or custom resources) of its actor pool before
+    # it fails, naming what is missing (its note says so meanwhile).
+    resource_wait_s: float = _DEFAULTS.resource_wait_s
 
     @classmethod
     def from_settings(cls, team_id: str, cfg: ReindexSettings, **given: Any) -> ReindexOptions:
@@ -59,6 +63,7 @@ class ReindexOptions:
             "num_cpus_per_actor": cfg.num_cpus_per_actor,
             "actor_resources": dict(cfg.actor_resources),
             "keep_previous": cfg.keep_previous,
+            "resource_wait_s": cfg.resource_wait_s,
         }
         return cls(team_id=team_id, **{**base, **{k: v for k, v in given.items() if v is not None}})
 

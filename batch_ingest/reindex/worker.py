@@ -1,5 +1,10 @@
 """The reindex worker: one per Ray Data actor, or one in-process. Re-chunks a batch of
-documents, embeds what the target version lacks and upserts it there."""
+documents and writes them into the target version, embedding only what no version holds.
+
+A chunk's vector is taken, in this order, from the target (a resumed job, or a catch-up of a
+document already written), from the source version the job replaces (same text, chunker and
+model: an index or schema migration copies vectors and never loads the model), and only then
+from the model, loaded on first need."""
 
 from __future__ import annotations
 
@@ -16,6 +21,9 @@ from deployments.protocols import ChunkRecord, Encoded
 
 logger = logging.getLogger(__name__)
 
+# Chunk ids per primary-key read of stored vectors.
+FETCH_IDS = 256
+
 
 def worker_spec(settings: BatchSettings) -> dict[str, Any]:
     """The settings a worker needs, as plain data (no secrets of other sections)."""
@@ -29,16 +37,19 @@ def worker_spec(settings: BatchSettings) -> dict[str, Any]:
 
 
 class ReindexWorker:
-    """Callable class for ``Dataset.map_batches``: holds the chunker, the model and a Milvus
-    connection; each call re-chunks a batch of documents, embeds what the target lacks and
-    upserts it into the target physical collection.
+    """Callable class for ``Dataset.map_batches``: holds the chunker, a Milvus connection and
+    (once a chunk needs it) the model; each call re-chunks a batch of documents and upserts
+    them into the target physical collection.
 
     Args:
         spec: ``worker_spec(settings)``.
         physical: the target collection (``<alias>__v<n+1>``).
-        check_existing: look chunk ids up in the target first (resume): a document whose
-            chunks are all there with the same hash and model is not embedded again.
-        versions, embed, builder: injected by tests; built from ``spec`` when ``None``.
+        check_existing: skip a document whose chunks are all in the target already with the
+            same hash and model (resume); otherwise every document is written again (its
+            metadata may have changed), its vectors reused where stored.
+        source: the physical version being replaced (vectors to copy); ``None``: none.
+        versions, embed, builder: injected by tests; built from ``spec`` when ``None``
+            (``embed`` lazily, on the first chunk no version holds).
         usage: the embedding ledger; from ``spec["state_url"]`` when ``None`` and given.
     """
 
@@ -47,6 +58,7 @@ class ReindexWorker:
         spec: dict[str, Any],
         physical: str,
         check_existing: bool,
+        source: str | None = None,
         *,
         versions: CollectionVersions | None = None,
         embed: Callable[[list[str]], Any] | None = None,
@@ -58,27 +70,23 @@ class ReindexWorker:
         from deployments.config import EmbedderSettings, MilvusSettings
 
         emb = EmbedderSettings.model_validate(spec["embedder"])
+        self.settings = emb
         self.physical = physical
+        self.source = source
         self.check_existing = check_existing
         self.embed_model = emb.embed_model_tag
         if builder is None:
             builder = chunk_builder(ChunkingSettings.model_validate(spec["chunking"]), emb)
         self.builder = builder
-        if embed is None:
-            from deployments.embedding import EmbedderCore
-
-            core = EmbedderCore(emb)
-            core.start()
-            embed = lambda texts: core.encode(texts, "passage")  # noqa: E731
-            dim = core.dim or 0
-        else:
-            dim = None
-        self.embed = embed
+        self._embed = embed
         if versions is None:
+            from deployments.embedding import embedding_dim
             from deployments.milvus_store import MilvusStore
 
             store = MilvusStore(
-                MilvusSettings.model_validate(spec["milvus"]), dim=dim or 0, lexical=emb.lexical
+                MilvusSettings.model_validate(spec["milvus"]),
+                dim=embedding_dim(emb),
+                lexical=emb.lexical,
             )
             store.start()
             versions = store.versions
@@ -90,35 +98,85 @@ class ReindexWorker:
 
             usage = EmbeddingUsage(sa.create_engine(resolve_url(spec["state_url"])))
         self.usage = usage
+        # Chunks of the last call that needed the model when ``embed`` was not allowed.
+        self.deferred: list[tuple[str, str]] = []
 
-    def process(self, documents: Iterable[str]) -> list[dict[str, Any]]:
-        """Per document: ``{doc_type, doc_id, chunks, embedded}``, in input order."""
+    def embed(self, texts: list[str]) -> Any:
+        if self._embed is None:
+            from deployments.embedding import EmbedderCore
+
+            core = EmbedderCore(self.settings)
+            core.start()
+            self._embed = lambda texts: core.encode(texts, "passage")
+        return self._embed(texts)
+
+    @property
+    def model_loaded(self) -> bool:
+        return self._embed is not None
+
+    def process(
+        self, documents: Iterable[str], *, allow_embed: bool = True
+    ) -> list[dict[str, Any]]:
+        """Per document: ``{doc_type, doc_id, chunks, embedded}``, in input order.
+
+        With ``allow_embed=False`` a document with a chunk no version holds is not written:
+        its chunks are removed from the target and its key is in ``self.deferred`` (the
+        caller embeds it later); it reports ``chunks=0``."""
         docs = [SourceDocument.model_validate_json(d) for d in documents]
         built = [(doc, self.builder.build_chunks(doc)) for doc in docs]
+        self.deferred = []
+        ids = [c.chunk_id for _, chunks in built for c in chunks]
         found: dict[str, tuple[str, str]] = {}
-        if self.check_existing:
-            ids = [c.chunk_id for _, chunks in built for c in chunks]
-            found = self.versions.lookup(self.physical, ids) if ids else {}
+        if self.check_existing and ids:
+            found = self.versions.lookup(self.physical, ids)
+        wanted = [c for doc, chunks in built if not _all_present(chunks, found) for c in chunks]
+        stored = self._stored_vectors(wanted)
         todo: list[ChunkRecord] = []
+        ready: list[ChunkRecord] = []
+        drop: list[str] = []
         out = []
         for doc, chunks in built:
-            present = bool(found) and all(
-                found.get(c.chunk_id) == (c.content_hash, c.embed_model) for c in chunks
-            )
-            if not present:
-                todo += chunks
-            out.append(
-                {
-                    "doc_type": doc.doc_type,
-                    "doc_id": doc.doc_id,
-                    "chunks": len(chunks),
-                    "embedded": 0 if present else len(chunks),
-                }
-            )
+            row = {"doc_type": doc.doc_type, "doc_id": doc.doc_id, "chunks": len(chunks)}
+            if _all_present(chunks, found):
+                out.append({**row, "embedded": 0})
+                continue
+            missing = [c for c in chunks if c.chunk_id not in stored]
+            if missing and not allow_embed:
+                self.deferred.append((doc.doc_type, doc.doc_id))
+                drop += [c.chunk_id for c in chunks]
+                out.append({**row, "chunks": 0, "embedded": 0})
+                continue
+            ready += [_with(c, stored[c.chunk_id]) for c in chunks if c.chunk_id in stored]
+            todo += missing
+            out.append({**row, "embedded": len(missing)})
         if todo:
-            with_vectors = with_embeddings(todo, self.embed([c.text for c in todo]))
-            self.versions.upsert(self.physical, with_vectors)
+            ready += with_embeddings(todo, self.embed([c.text for c in todo]))
             self._meter(todo)
+        if ready:
+            self.versions.upsert(self.physical, ready)
+        if drop:
+            self.versions.delete(self.physical, drop)
+        return out
+
+    def _stored_vectors(self, chunks: list[ChunkRecord]) -> dict[str, tuple[Any, Any]]:
+        """``chunk_id → (vector, lexical)`` of ``chunks`` stored with the same text hash and
+        model in the target, else in the source version (primary-key reads)."""
+        out: dict[str, tuple[Any, Any]] = {}
+        for physical in (self.physical, self.source):
+            left = {c.chunk_id: c for c in chunks if c.chunk_id not in out}
+            if physical is None or not left:
+                continue
+            keys = list(left)
+            for start in range(0, len(keys), FETCH_IDS):
+                for old in self.versions.fetch_rows(physical, keys[start : start + FETCH_IDS]):
+                    new = left.get(old.chunk_id)
+                    if (
+                        new is not None
+                        and old.content_hash == new.content_hash
+                        and old.embed_model == new.embed_model
+                        and len(old.vector)
+                    ):
+                        out[old.chunk_id] = (old.vector, old.lexical)
         return out
 
     def _meter(self, embedded: list[ChunkRecord]) -> None:
@@ -140,11 +198,19 @@ class ReindexWorker:
         return {key: [r[key] for r in rows] for key in ("doc_type", "doc_id", "chunks", "embedded")}
 
 
+def _all_present(chunks: list[ChunkRecord], found: dict[str, tuple[str, str]]) -> bool:
+    return bool(found) and all(
+        found.get(c.chunk_id) == (c.content_hash, c.embed_model) for c in chunks
+    )
+
+
+def _with(chunk: ChunkRecord, stored: tuple[Any, Any]) -> ChunkRecord:
+    vector, lexical = stored
+    return replace(chunk, vector=[float(x) for x in vector], lexical=lexical)
+
+
 def with_embeddings(chunks: list[ChunkRecord], embedded: Any) -> list[ChunkRecord]:
     """``chunks`` with their vectors from ``embedded``: an ``Encoded`` (dense vectors and,
     from a BGE-M3 embedder, learned sparse weights) or one vector per chunk."""
     rows = embedded.rows() if isinstance(embedded, Encoded) else [(v, None) for v in embedded]
-    return [
-        replace(c, vector=[float(x) for x in v], lexical=w)
-        for c, (v, w) in zip(chunks, rows, strict=True)
-    ]
+    return [_with(c, (v, w)) for c, (v, w) in zip(chunks, rows, strict=True)]

@@ -61,6 +61,10 @@ class FakeVersions:
         rows = self.collections[physical]
         return {i: (rows[i].content_hash, rows[i].embed_model) for i in ids if i in rows}
 
+    def fetch_rows(self, physical: str, ids: list[str]) -> list[ChunkRecord]:
+        rows = self.collections.get(physical, {})
+        return [rows[i] for i in ids if i in rows]
+
     def delete(self, physical: str, ids: list[str]) -> int:
         for i in ids:
             self.collections[physical].pop(i, None)
@@ -148,7 +152,6 @@ def options(**kw: Any) -> ReindexOptions:
         batch_size=3,
         log_every_s=0,
         clock_skew_s=0,
-        switch_grace_s=0,
         **kw,
     )
 

@@ -1,0 +1,156 @@
+"""The reindex switch (issue 33): vectors copied when the model is unchanged, and every write
+acknowledged before the switch in the new version at the switch — with fakes for Milvus."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import numpy as np
+
+from batch_ingest.documents import DocumentAcl
+from batch_ingest.write_barrier import WriteBarrier
+from tests.unit import test_reindex as base
+from tests.unit.test_reindex import MODEL, TEAM, doc, expected_chunks, options
+
+env = base.env  # the fixture: settings, a registry, fake versions and a counting embedder
+
+
+def stored_v1(env, docs, model: str = MODEL) -> None:
+    """The team's live v1 as ingestion left it: distinct vectors, tag ``model``."""
+    env.versions.create(TEAM, 1)
+    rng = np.random.default_rng(0)
+    rows = [
+        replace(c, embed_model=model, vector=[float(x) for x in rng.random(4)])
+        for d in docs
+        for c in env.builder.build_chunks(d)
+    ]
+    env.versions.upsert(env.versions.name(TEAM, 1), rows)
+    env.versions.switch(TEAM, 1)
+    env.sources.put(docs)
+
+
+def write(env, document) -> None:
+    """What the ingestion pipeline does for an acknowledged write (fake store)."""
+    live = env.versions.live
+    chunks = env.builder.build_chunks(document)
+    old = env.versions.collections[live]
+    env.versions.upsert(
+        live,
+        [
+            replace(c, vector=old[c.chunk_id].vector if c.chunk_id in old else [0.5] * 4)
+            for c in chunks
+        ],
+    )
+    env.sources.put([document])
+
+
+def delete(env, document) -> None:
+    live = env.versions.live
+    for c in env.builder.build_chunks(document):
+        env.versions.collections[live].pop(c.chunk_id, None)
+    env.sources.tombstone((TEAM, "doc", document.doc_id))
+
+
+def test_an_unchanged_model_copies_vectors_and_never_embeds(env):
+    docs = [doc(i) for i in range(6)]
+    stored_v1(env, docs)
+    v1 = dict(env.versions.collections[env.versions.name(TEAM, 1)])
+    result = env.make().run(options(keep_previous=True))
+    assert result.job.status == "succeeded" and env.versions.current(TEAM) == 2
+    assert env.embed.texts == 0
+    live = env.versions.live_rows()
+    assert len(live) == result.job.rows_in_target == expected_chunks(env, docs)
+    assert all(list(live[i].vector) == list(v1[i].vector) for i in live)
+
+
+def test_a_model_change_embeds_every_chunk(env):
+    docs = [doc(i) for i in range(4)]
+    stored_v1(env, docs, model="old@v0")
+    env.make().run(options())
+    assert env.embed.texts == expected_chunks(env, docs)
+    assert {c.embed_model for c in env.versions.live_rows().values()} == {MODEL}
+
+
+def test_writes_acknowledged_before_the_switch_are_in_the_new_version_at_it(env):
+    docs = [doc(i) for i in range(6)]
+    stored_v1(env, docs)
+    tightened = doc(1, acl=DocumentAcl(allowed_groups=["hr"]))
+    seen: dict[str, object] = {}
+
+    def announce(team: str, version: int) -> None:
+        # The last writes before the pause: the bulk pass and first catch-up are over.
+        write(env, tightened)
+        delete(env, docs[2])
+
+    original_switch = env.versions.switch
+
+    def switch(team: str, version: int) -> str:
+        target = env.versions.collections[env.versions.name(team, version)]
+        seen["acl"] = {c.acl_allow for c in target.values() if c.doc_id == "d001"}
+        seen["deleted"] = [c for c in target.values() if c.doc_id == "d002"]
+        return original_switch(team, version)
+
+    env.versions.announce = announce
+    env.versions.switch = switch
+    result = env.make().run(options())
+    assert seen == {"acl": {tightened.acl_allow}, "deleted": []}
+    assert env.embed.texts == 0  # an access-list change and a delete need no model
+    live = env.versions.live_rows()
+    assert (
+        len(live)
+        == result.job.expected_chunks
+        == expected_chunks(env, docs) - len(env.builder.build_chunks(docs[2]))
+    )
+
+
+def test_a_write_during_the_switch_waits_and_lands_after_it(env):
+    stored_v1(env, [doc(i) for i in range(3)])
+    barrier = WriteBarrier(env.sources.engine, wait_s=10)
+    timeline: list[str] = []
+    original_switch = env.versions.switch
+    writer: list[threading.Thread] = []
+
+    def switch(team: str, version: int) -> str:
+        def write_now() -> None:
+            release = barrier.acquire_shared([TEAM])
+            timeline.append(f"write sees v{env.versions.current(TEAM)}")
+            release()
+
+        writer.append(threading.Thread(target=write_now))
+        writer[0].start()
+        writer[0].join(0.3)
+        timeline.append("switch")
+        return original_switch(team, version)
+
+    env.versions.switch = switch
+    env.make().run(options())
+    writer[0].join(5)
+    assert timeline == ["switch", "write sees v2"]
+
+
+def test_a_changed_text_under_a_model_change_is_embedded_after_the_switch(env):
+    docs = [doc(i) for i in range(4)]
+    stored_v1(env, docs, model="old@v0")
+    changed = doc(3, words=40)
+    at_switch: dict[str, int] = {}
+
+    def announce(team: str, version: int) -> None:
+        env.sources.put([changed])  # the gateway wrote it (with the old model) just now
+
+    original_switch = env.versions.switch
+
+    def switch(team: str, version: int) -> str:
+        target = env.versions.collections[env.versions.name(team, version)]
+        at_switch["d003"] = sum(1 for c in target.values() if c.doc_id == "d003")
+        return original_switch(team, version)
+
+    env.versions.announce = announce
+    env.versions.switch = switch
+    result = env.make().run(options())
+    # Absent at the switch (never stale), embedded with the new model right after it.
+    assert at_switch == {"d003": 0}
+    live = [c for c in env.versions.live_rows().values() if c.doc_id == "d003"]
+    assert len(live) == len(env.builder.build_chunks(changed))
+    assert {c.embed_model for c in live} == {MODEL}
+    assert result.job.expected_chunks == expected_chunks(env, [*docs[:3], changed])
