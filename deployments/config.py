@@ -53,6 +53,9 @@ class EmbedderSettings(BaseModel):
     # it stays float32 (deployments/devices.py).
     device: Device = "cpu"
     dtype: Dtype = "float32"
+    # Logical CPUs the Serve replica asks Ray for (a model in a replica uses torch_threads
+    # cores whatever it asks; lower it to fit more beside it on a small node).
+    num_cpus: float = Field(1.0, ge=0.0, le=64.0)
     num_gpus: float = Field(0.5, gt=0.0, le=8.0)
     # One torch thread per replica held up best on 2 shared cores (bench/README.md).
     torch_threads: int = Field(1, ge=1, le=64)
@@ -123,6 +126,8 @@ class RerankerSettings(BaseModel):
     # As for the embedder: cpu, cuda, cuda:N or auto; dtype and num_gpus apply on a GPU.
     device: Device = "cpu"
     dtype: Dtype = "float32"
+    # Logical CPUs the Serve replica asks Ray for.
+    num_cpus: float = Field(0.5, ge=0.0, le=64.0)
     num_gpus: float = Field(0.5, gt=0.0, le=8.0)
     torch_threads: int = Field(1, ge=1, le=64)
     # A forward pass holds at most forward_batch_size pairs and forward_max_tokens padded

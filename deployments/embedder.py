@@ -50,7 +50,7 @@ def deployment_options(settings: EmbedderSettings) -> dict[str, Any]:
         # Batches fill only when enough requests may be in flight at once.
         "max_ongoing_requests": max(256, settings.max_batch_size * 4),
         # On a GPU (device cuda, or auto on a cluster with GPUs) it also asks for num_gpus.
-        "ray_actor_options": actor_options(settings.device, 1, settings.num_gpus),
+        "ray_actor_options": actor_options(settings.device, settings.num_cpus, settings.num_gpus),
         "user_config": {
             "max_batch_size": settings.max_batch_size,
             "batch_wait_timeout_s": settings.batch_wait_timeout_s,

@@ -163,7 +163,7 @@ def deployment_options(settings: RerankerSettings) -> dict[str, Any]:
         "name": "Reranker",
         "max_ongoing_requests": max(64, settings.max_batch_size * 4),
         # On a GPU (device cuda, or auto on a cluster with GPUs) it also asks for num_gpus.
-        "ray_actor_options": actor_options(settings.device, 0.5, settings.num_gpus),
+        "ray_actor_options": actor_options(settings.device, settings.num_cpus, settings.num_gpus),
         "user_config": {
             "max_batch_size": settings.max_batch_size,
             "batch_wait_timeout_s": settings.batch_wait_timeout_s,

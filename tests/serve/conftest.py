@@ -74,9 +74,11 @@ def gateway(run_id: str):
 
     collection = f"serve_{run_id}"
     port = free_port()
-    # Logical CPUs: the second app (reranker on) needs its own Embedder replica (1 CPU), and
-    # a reindex job submitted through /admin/reindex needs room for its Ray Data tasks and
-    # embedding actor beside the Serve replicas (with none free it waits for CPUs).
+    # Logical CPUs: as many as scripts/start.sh gives Ray (scripts/ray_local.sh), so a
+    # reindex job submitted through /admin/reindex runs beside the Serve replicas as it does
+    # for users (its embedding actor takes reindex.num_cpus_per_actor of the 0.7 left). The
+    # second app (reranker on) asks for no CPU of its own: it is a test fixture, not part
+    # of what users run.
     # The node's metrics agent exports the replicas' metrics on a port of its own
     # (tests/serve/test_metrics.py scrapes it; ray.nodes() names it).
     ray.init(
@@ -84,7 +86,7 @@ def gateway(run_id: str):
         include_dashboard=False,
         _temp_dir=str(tmp / "ray"),
         log_to_driver=False,
-        num_cpus=6,
+        num_cpus=int(os.environ.get("RAG_RAY_CPUS", "2")),
         _metrics_export_port=free_port(),
     )
     serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -110,7 +112,8 @@ def gateway(run_id: str):
     reranker_path = build_tiny_cross_encoder(tmp / "tiny-cross-encoder")
     rr_settings = {
         "milvus": {"collection": collection},
-        "reranker": {"enabled": True, "model_path": str(reranker_path)},
+        "embedder": {"num_cpus": 0},
+        "reranker": {"enabled": True, "model_path": str(reranker_path), "num_cpus": 0},
     }
     RR_APP.update(settings=rr_settings, name="rag_rr", route_prefix="/rr")
     serve.run(

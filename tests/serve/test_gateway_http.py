@@ -346,11 +346,18 @@ def test_graph_tools_end_to_end(client: httpx.Client, teams):
     assert all(m["source_ref"]["team_id"] == a for m in body["matches"])
 
 
+# Short notes beside the six greenhouse documents: the team is past 1,000 chunks.
+FILLER_NOTES = 1_000
+
+
 def test_admin_reindex_swaps_the_team_while_it_is_searched(client: httpx.Client):
-    """POST /admin/reindex runs the Ray Data job on the Serve cluster (a Ray task); searches
-    of the team keep answering during the job and the alias swap, and find the same
-    documents afterwards."""
+    """POST /admin/reindex runs the Ray Data job on the Serve cluster (a Ray task) the way
+    users start it: 2 logical CPUs (as scripts/start.sh gives Ray), the Serve replicas holding
+    most of them, a team of more than 1,000 chunks. Searches of the team keep answering
+    during the job and the alias swap, and find the same documents afterwards."""
     import time
+
+    from tests.integration.test_reindex import TOPICS
 
     team = f"dao_reidx_{uuid.uuid4().hex[:6]}"
     docs = [
@@ -365,6 +372,18 @@ def test_admin_reindex_swaps_the_team_while_it_is_searched(client: httpx.Client)
     ]
     r = client.post("/ingest/documents", json={"documents": docs})
     assert r.status_code == 200 and r.json()["indexed"] == 6, r.text
+    notes = [
+        {
+            "team_id": team,
+            "doc_id": f"filler{i}",
+            "title": TOPICS[i % len(TOPICS)],
+            "text": f"Meeting {i}: {TOPICS[i % len(TOPICS)]}, item {i % 17} of the agenda.",
+        }
+        for i in range(FILLER_NOTES)
+    ]
+    for start in range(0, len(notes), 250):
+        r = client.post("/ingest/documents", json={"documents": notes[start : start + 250]})
+        assert r.status_code == 200 and r.json()["indexed"] == len(notes[start : start + 250])
     query = {"team_id": team, "query": "drip irrigation tomatoes", "top_k": 6}
     before = {m["source_ref"]["id"] for m in search(client, **query).json()["matches"]}
     assert len(before) == 6
@@ -388,7 +407,8 @@ def test_admin_reindex_swaps_the_team_while_it_is_searched(client: httpx.Client)
         time.sleep(1)
     assert job["status"] == "succeeded", job
     assert job["target_version"] == (job["source_version"] or 0) + 1
-    assert job["rows_in_target"] == job["expected_chunks"] > 0
+    assert job["rows_in_target"] == job["expected_chunks"] > FILLER_NOTES
+    assert job["total_docs"] == job["done_docs"] == FILLER_NOTES + 6
     assert searches > 1
     after = search(client, **query, explain=True).json()["matches"]
     assert {m["source_ref"]["id"] for m in after} == before
