@@ -4,9 +4,11 @@ acknowledged before the switch in the new version at the switch — with fakes f
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from batch_ingest.documents import DocumentAcl
 from batch_ingest.write_barrier import WriteBarrier
@@ -154,3 +156,31 @@ def test_a_changed_text_under_a_model_change_is_embedded_after_the_switch(env):
     assert len(live) == len(env.builder.build_chunks(changed))
     assert {c.embed_model for c in live} == {MODEL}
     assert result.job.expected_chunks == expected_chunks(env, [*docs[:3], changed])
+
+
+def test_a_pool_that_never_fits_fails_within_its_bound_naming_what_is_missing(monkeypatch):
+    from batch_ingest.reindex import engines
+    from batch_ingest.reindex.options import ReindexError, ReindexOptions
+
+    shortages = iter(["waiting for CPUs: the actor pool needs 0.5, 0.2 of 2 are free"] * 100)
+    monkeypatch.setattr(engines, "_shortage", lambda options: next(shortages))
+    notes: list[str | None] = []
+    opts = ReindexOptions(team_id=TEAM, resource_wait_s=0.3, log_every_s=0.1)
+    started = time.monotonic()
+    with pytest.raises(ReindexError, match="gave up waiting for CPUs: the actor pool needs 0.5"):
+        engines.wait_for_resources(opts, notes.append)
+    assert time.monotonic() - started < 2
+    assert notes == ["waiting for CPUs: the actor pool needs 0.5, 0.2 of 2 are free"]
+
+
+def test_a_pool_waits_until_it_fits_and_keeps_its_note_until_the_first_batch(monkeypatch):
+    from batch_ingest.reindex import engines
+    from batch_ingest.reindex.options import ReindexOptions
+
+    shortages = iter(["waiting for CPUs: busy", None])
+    monkeypatch.setattr(engines, "_shortage", lambda options: next(shortages))
+    notes: list[str | None] = []
+    engines.wait_for_resources(
+        ReindexOptions(team_id=TEAM, resource_wait_s=5, log_every_s=0.1), notes.append
+    )
+    assert notes == ["waiting for CPUs: busy"]

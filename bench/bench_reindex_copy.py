@@ -1,0 +1,182 @@
+"""Reindex speed by what changed (issue 33): an unchanged model copies vectors, a model change
+embeds; both against the raw model on the same texts and cores, in one run.
+
+    .venv/bin/python -m bench.bench_reindex_copy --chapters 150 --reps 2
+
+Data: the first ``--chapters`` King James chapters (Debian ``sword-text-kjv``, real text,
+several 200-token chunks each) as one team's documents in a scratch source registry, its
+live version ``v1`` written with the gateway's chunker and the default model's vectors
+(bench/realtext.py, cached). Then, each ``--reps`` times, on a local Ray of 2 CPUs (what
+scripts/start.sh gives Ray) with the shipped pool (1 actor, 0.5 CPU, batches of 16 documents):
+
+- ``copy``: ``v1`` tagged with the current model: the job copies every vector (index, schema
+  or metadata migration). Before issue 33 every reindex took the ``embed`` path.
+- ``embed``: ``v1`` tagged with another model: every chunk is embedded (a model change).
+- ``raw``: ``EmbedderCore.embed`` over the same chunk texts, batches of 32, model warm, 1 and
+  2 torch threads: the ceiling of the machine.
+
+Figures: end-to-end chunks/s of the job (new version, pool start, verification, switch,
+drop), medians; ``copy ÷ embed`` and ``embed ÷ raw``. Needs the Milvus Lite server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from batch_ingest.documents import SourceDocument
+from batch_ingest.reindex import Reindexer, ReindexOptions
+from batch_ingest.source_store import SourceStore
+from bench.common import markdown_table, setup_logging, write_result
+from bench.realtext import build_chunks, embed_chunks, kjv_chapters
+from serve_app.settings import GatewaySettings
+
+logger = logging.getLogger("bench.reindex_copy")
+TEAM = "bench_reindex_copy"
+
+
+def write_v1(store, chunks, tag: str) -> None:
+    """The team's live v1 (dropped first): ``chunks`` with their vectors under ``tag``."""
+    for version in store.versions.existing(TEAM):
+        if store.versions.current(TEAM) == version:
+            continue
+        store.versions.drop(TEAM, version)
+    store.drop()
+    store.start()
+    physical = store.versions.create(TEAM, 1)
+    rows = [replace(c, embed_model=tag) for c in chunks]
+    for start in range(0, len(rows), 256):
+        store.versions.upsert(physical, rows[start : start + 256])
+    store.versions.flush(physical)
+    store.versions.switch(TEAM, 1)
+
+
+def run_job(settings, store, sources) -> dict[str, Any]:
+    started = time.perf_counter()
+    result = Reindexer(settings, versions=store.versions, sources=sources).run(
+        ReindexOptions(team_id=TEAM, engine="ray", log_every_s=30)
+    )
+    wall = time.perf_counter() - started
+    job = result.job
+    assert job.status == "succeeded" and job.rows_in_target == job.expected_chunks
+    return {
+        "wall_s": round(wall, 2),
+        "chunks": job.expected_chunks,
+        "embedded": job.written_chunks,
+        "chunks_per_s": round(job.expected_chunks / wall, 1),
+    }
+
+
+def raw_rate(settings, texts: list[str], threads: int) -> float:
+    import torch
+
+    from deployments.embedding import EmbedderCore
+
+    core = EmbedderCore(settings.embedder.model_copy(update={"torch_threads": threads}))
+    core.start()
+    torch.set_num_threads(threads)
+    core.embed(texts[:32])
+    started = time.perf_counter()
+    for i in range(0, len(texts), 32):
+        core.embed(texts[i : i + 32])
+    return len(texts) / (time.perf_counter() - started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--chapters", type=int, default=150)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    setup_logging()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-reindex-copy-"))
+    settings = GatewaySettings(
+        milvus={"collection": "bench_reindex_copy"}, state={"url": f"sqlite:///{tmp}/state.db"}
+    )
+    from deployments.milvus_store import MilvusStore
+
+    docs = kjv_chapters(TEAM, args.chapters)
+    chunks = embed_chunks(build_chunks(docs, settings), settings, name="kjv-chapters")
+    texts = [c.text for c in chunks]
+    store = MilvusStore(settings.milvus, dim=384)
+    store.start()
+    sources = SourceStore(settings.state.url)
+    sources.put([SourceDocument.model_validate(d) for d in docs])
+    logger.info("corpus: %d chapters, %d chunks", len(docs), len(chunks))
+    tag = settings.embedder.embed_model_tag
+
+    results: dict[str, Any] = {
+        "data": f"KJV chapters 1-{len(docs)}",
+        "documents": len(docs),
+        "chunks": len(chunks),
+        "cpus": os.cpu_count(),
+        "loadavg_start": os.getloadavg(),
+    }
+    results["raw"] = {f"{t}_threads": round(raw_rate(settings, texts, t), 1) for t in (1, 2)}
+    logger.info("raw: %s chunks/s", results["raw"])
+
+    token = tmp / "ray_token"
+    token.write_text(secrets.token_hex(32))
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+    import ray
+
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        log_to_driver=False,
+        _temp_dir=str(tmp / "ray"),
+        num_cpus=2,
+    )
+    try:
+        for name, v1_tag in (("copy", tag), ("embed", "all-MiniLM-L6-v2@old")):
+            runs = []
+            for rep in range(args.reps):
+                write_v1(store, chunks, v1_tag)
+                runs.append(run_job(settings, store, sources))
+                logger.info("%s rep %d: %s", name, rep + 1, runs[-1])
+            results[name] = {
+                "runs": runs,
+                "median_chunks_per_s": statistics.median(r["chunks_per_s"] for r in runs),
+                "median_wall_s": statistics.median(r["wall_s"] for r in runs),
+            }
+    finally:
+        ray.shutdown()
+        store.drop()
+        store.close()
+    copy, embed = results["copy"], results["embed"]
+    raw_best = max(results["raw"].values())
+    results["copy_vs_embed"] = round(copy["median_chunks_per_s"] / embed["median_chunks_per_s"], 1)
+    results["embed_vs_raw_1_thread"] = round(
+        embed["median_chunks_per_s"] / results["raw"]["1_threads"], 3
+    )
+    results["embed_vs_raw_best"] = round(embed["median_chunks_per_s"] / raw_best, 3)
+    print(
+        markdown_table(
+            ["path", "median wall s", "median chunks/s"],
+            [
+                ["copy (model unchanged)", copy["median_wall_s"], copy["median_chunks_per_s"]],
+                ["embed (model change)", embed["median_wall_s"], embed["median_chunks_per_s"]],
+                ["raw model, 1 thread", "", results["raw"]["1_threads"]],
+                ["raw model, 2 threads", "", results["raw"]["2_threads"]],
+            ],
+        )
+    )
+    print(
+        f"copy ÷ embed = {results['copy_vs_embed']}×; embed ÷ raw (1 thread) = "
+        f"{results['embed_vs_raw_1_thread']}, ÷ best raw = {results['embed_vs_raw_best']}"
+    )
+    write_result("reindex_copy", results, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
