@@ -122,6 +122,9 @@ def shipped_settings(collection: str) -> dict[str, Any]:
         "audience": AUDIENCE,
     }
     settings["milvus"]["collection"] = collection
+    # A third app on the 2 CPUs start.sh gives Ray: its Embedder asks for none of its own (the
+    # suite's gateway holds 1.3 of them, and reindexes beside it).
+    settings["embedder"] = {**settings.get("embedder", {}), "num_cpus": 0}
     settings["rate_limit"] = {
         "per_credential_per_s": 10_000,
         "per_credential_burst": 10_000,
