@@ -48,7 +48,7 @@ def test_a_redeploy_under_traffic_drops_no_request(gateway: str, client: httpx.C
         settings = dict(RR_APP["settings"])  # type: ignore[arg-type]
         changed = {
             **settings,
-            "embedder": {"max_batch_size": 16},
+            "embedder": {**settings.get("embedder", {}), "max_batch_size": 16},
             "search": {"default_top_k": 4},
         }
         serve.run(
