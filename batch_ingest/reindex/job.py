@@ -250,6 +250,13 @@ class Reindexer:
 
     def _finish(self, job: ReindexJob, options: ReindexOptions, started: float) -> ReindexResult:
         team = job.team_id
+        # The record says what is live once the last catch-up is done (it deleted and added).
+        if job.target_version is not None:
+            physical = self.versions.name(team, job.target_version)
+            self.versions.flush(physical)
+            job.rows_in_target = self.versions.count(physical)
+        job.total_docs = self.sources.count(team)
+        job.done_docs = len(self.state.done(job.job_id))
         self.generations.bump([team])  # the catch-up after the switch changed it again
         dropped = []
         for version in self.versions.existing(team):

@@ -1,6 +1,6 @@
 """Honest reindex job states (issue 33): liveness from a heartbeat, ``stalled`` for a dead
 driver, no second driver on one job, an unknown team refused, half-built targets dropped
-(``--clean-up``).
+(``--clean-up``) and counts that match what is live.
 State on SQLite, versions in memory (``FakeVersions``), no Ray, no Milvus."""
 
 from __future__ import annotations
@@ -490,6 +490,42 @@ def test_clean_up_leaves_an_alive_or_switching_job_alone(env):
     age_row(state, alive.job_id, 300)
     report = clean_up(state, env.versions, TEAM, BOUND)
     assert report.superseded == [alive.job_id] and report.dropped_versions == [2]
+
+
+# --- counts that match what is live -----------------------------------------------------------
+
+
+def test_counts_after_catch_up_deletes_equal_what_is_live(env):
+    env.sources.put([doc(i) for i in range(8)])
+    with_live_v1(env)
+    reindexer = env.make()
+    real_process, real_flush = reindexer._process, env.versions.flush
+    bulk_done = [False]
+
+    def process_then_delete(*args, **kw):
+        real_process(*args, **kw)
+        if not bulk_done[0]:  # deleted while the bulk pass ran: the first catch-up
+            bulk_done[0] = True
+            env.sources.tombstone((TEAM, "doc", "d001"))
+
+    def flush_then_delete(physical):
+        real_flush(physical)
+        if bulk_done[0] and env.sources.count(TEAM) == 7:
+            # Deleted while the job verified its target (rows counted with these): the last
+            # catch-up, before the switch, takes them out.
+            env.sources.tombstone((TEAM, "doc", "d002"))
+            env.sources.tombstone((TEAM, "doc", "d003"))
+
+    reindexer._process = process_then_delete
+    env.versions.flush = flush_then_delete
+    job = reindexer.run(options()).job
+    live = [doc(i) for i in (0, 4, 5, 6, 7)]
+    assert job.rows_in_target == len(env.versions.live_rows()) == base.expected_chunks(env, live)
+    assert job.expected_chunks == job.rows_in_target
+    assert job.total_docs == job.done_docs == env.sources.count(TEAM) == 5
+    assert job.public()["progress"] == 1.0
+    row = state_of(env).get(job.job_id)
+    assert (row.rows_in_target, row.total_docs) == (job.rows_in_target, 5)
 
 
 # --- settings ---------------------------------------------------------------------------------
