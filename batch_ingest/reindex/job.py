@@ -94,7 +94,7 @@ class Reindexer:
         started = time.perf_counter()
         team = options.team_id
         if not (options.resume or options.job_id or options.allow_empty):
-            require_known_team(team, self.sources, self.versions)
+            require_known_team(team, self.sources, self.versions.current)
         job = claim_job(self.state, self.versions, options)
         tag = self.settings.embedder.embed_model_tag
         try:

@@ -114,7 +114,7 @@ class ReindexJobs:
                     hint=f"follow it at GET /admin/reindex/{job.job_id}",
                 )
         if not allow_empty:
-            require_known_team(team_id, self.sources, self.versions)
+            require_known_team(team_id, self.sources, lambda t: self.versions.current(t))
         runner = self.runner()
         options = {"runner": runner, "submitted_by": submitted_by, "allow_empty": allow_empty}
         job = self.state.create(team_id, options)

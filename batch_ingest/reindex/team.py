@@ -6,6 +6,7 @@ has its collection: it is not unknown."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from batch_ingest.reindex.options import ReindexError
@@ -15,10 +16,6 @@ class _Documents(Protocol):
     def count(self, team_id: str) -> int: ...
 
 
-class _Collections(Protocol):
-    def current(self, team_id: str) -> int | None: ...
-
-
 class UnknownTeam(ReindexError):
     """The team has no documents and no collection (answered 404 by the admin API)."""
 
@@ -26,14 +23,18 @@ class UnknownTeam(ReindexError):
     code = "unknown_team"
 
 
-def require_known_team(team_id: str, sources: _Documents, versions: _Collections) -> None:
+def require_known_team(
+    team_id: str, sources: _Documents, current: Callable[[str], int | None]
+) -> None:
     """Raise ``UnknownTeam`` unless ``team_id`` has a live document or a collection.
 
     Args:
-        sources: the source registry (``SourceStore``); ``versions``: the team's collection
-            versions (``CollectionVersions``), asked only when the registry has nothing.
+        sources: the source registry (``SourceStore``).
+        current: the team's live collection version or ``None``
+            (``CollectionVersions.current``); called only when the registry has nothing, so
+            a team with documents never needs Milvus here.
     """
-    if sources.count(team_id) > 0 or versions.current(team_id) is not None:
+    if sources.count(team_id) > 0 or current(team_id) is not None:
         return
     raise UnknownTeam(
         f"team {team_id!r} has no documents in the source registry and no collection: "

@@ -265,7 +265,12 @@ def test_a_stalled_job_does_not_block_a_new_submission(env, monkeypatch):
     env.sources.put([doc(1)])
     state = state_of(env)
     alive = running_job(state, heartbeat_s=2)
-    jobs = launcher.ReindexJobs(env.settings, state, versions=env.versions)
+
+    def no_milvus(self):
+        raise AssertionError("a team with documents is known without opening Milvus")
+
+    monkeypatch.setattr(launcher.ReindexJobs, "versions", property(no_milvus))
+    jobs = launcher.ReindexJobs(env.settings, state, sources=env.sources)
     with pytest.raises(launcher.Conflict, match=alive.job_id):
         jobs.submit(TEAM, "op")
     age_row(state, alive.job_id, 300)
