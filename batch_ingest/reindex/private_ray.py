@@ -2,11 +2,13 @@
 local instance whose files stay in the repository's ``var/ray/`` (``RAG_VAR_DIR``), not in
 ``/tmp/ray`` and ``~/.ray``.
 
-Ray 2.60 turns token authentication on for a new local instance and, finding no token,
-writes one to ``~/.ray/auth_token``; here the token is ``var/ray/auth_token`` (made once,
-mode 600) through ``RAY_AUTH_TOKEN_PATH``, and the session files go to ``var/ray/tmp``
-(``_temp_dir``). ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps the node on 127.0.0.1, as
-``scripts/ray_local.sh`` does. Variables already set in the environment are kept.
+Ray 2.60 turns token authentication on for a new local instance (``RAY_AUTH_MODE`` unset)
+and, finding no token, writes one to ``~/.ray/auth_token``; here the token is
+``var/ray/auth_token`` (made once, mode 600) through ``RAY_AUTH_TOKEN_PATH``, which Ray finds
+first, and the session files go to ``var/ray/tmp`` (``_temp_dir``). A ``RAY_AUTH_TOKEN`` or
+``RAY_AUTH_TOKEN_PATH`` already in the environment is kept. ``RAY_AUTH_MODE`` is left to Ray:
+the driver reads it when ``ray`` is imported, so setting it here would reach the GCS but not
+the driver (which then sends no token).
 """
 
 from __future__ import annotations
@@ -42,20 +44,18 @@ def temp_dir(base: Path) -> Path:
     return short
 
 
-def private_ray_env(base: Path) -> dict[str, str]:
-    """Set (where unset) the variables a private local Ray needs, make the token file, and
-    return the variables as now set."""
-    base.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
+def use_private_token(base: Path) -> Path | None:
+    """Point ``RAY_AUTH_TOKEN_PATH`` (where unset) at ``<base>/auth_token`` and make that
+    file once; returns the token file (``None`` when ``RAY_AUTH_TOKEN`` holds the token)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return None
     token = Path(os.environ.setdefault("RAY_AUTH_TOKEN_PATH", str(base / "auth_token")))
-    if not os.environ.get("RAY_AUTH_TOKEN") and not (token.exists() and token.stat().st_size):
+    if not (token.exists() and token.stat().st_size):
         token.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(secrets.token_hex(32))
-    names = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
-    return {name: os.environ[name] for name in names}
+    return token
 
 
 def init_ray(**kwargs: Any) -> None:
@@ -70,7 +70,7 @@ def init_ray(**kwargs: Any) -> None:
         ray.init(address=address, **options)
         return
     base = ray_dir()
-    private_ray_env(base)
+    use_private_token(base)
     tmp = temp_dir(base)
     tmp.mkdir(parents=True, exist_ok=True)
     ray.init(address="local", _temp_dir=str(tmp), **options)
