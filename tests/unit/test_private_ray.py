@@ -61,9 +61,10 @@ def test_a_private_ray_keeps_its_files_and_token_in_var_ray(
 def test_a_long_repository_path_gets_a_short_ray_temp_dir(fake_ray_init, monkeypatch, tmp_path):
     var = tmp_path / ("x" * 80)
     monkeypatch.setenv("RAG_VAR_DIR", str(var))
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path / "systmp"))
     private_ray.init_ray()
     [call] = fake_ray_init
-    assert call["_temp_dir"] == str(Path(tempfile.gettempdir()) / f"rag-ray-{os.getuid()}")
+    assert call["_temp_dir"] == str(tmp_path / "systmp" / f"rag-ray-{os.getuid()}")
     assert call["env"]["RAY_AUTH_TOKEN_PATH"] == str(var / "ray" / "auth_token")
 
 
