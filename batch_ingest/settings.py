@@ -62,6 +62,20 @@ class ReindexSettings(BaseModel):
     # How the admin API runs a job: "ray" (a Ray task on the Serve cluster), "subprocess"
     # (the CLI, for a gateway running without Ray), or "auto" (ray when Ray is initialised).
     runner: Literal["auto", "ray", "subprocess"] = "auto"
+    # A running job writes its row's heartbeat_at this often (a thread of its own, so model
+    # loading or a long batch still beats); readers take an active job whose heartbeat is
+    # older than stale_after_s as dead: shown "stalled", resumable, no longer blocking.
+    heartbeat_s: float = Field(5.0, gt=0, le=300)
+    stale_after_s: float = Field(30.0, gt=0, le=86400)
+
+    @model_validator(mode="after")
+    def _stale_after_several_beats(self) -> ReindexSettings:
+        if self.stale_after_s < 3 * self.heartbeat_s:
+            raise ValueError(
+                "reindex.stale_after_s must be at least 3 × reindex.heartbeat_s (one late "
+                "heartbeat must not make a live job look dead)"
+            )
+        return self
 
 
 class ConsumerSettings(BaseModel):

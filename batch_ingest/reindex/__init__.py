@@ -2,6 +2,7 @@
 swap its alias — searches never see a half-built index.
 
     python -m batch_ingest.reindex --team dao_greenfood [--resume] [--actors 2] [--batch-size 32]
+    python -m batch_ingest.reindex --team dao_greenfood --status | --clean-up
 
 Steps (a job row in the state database, ``batch_ingest.reindex.state``, records each one):
 
@@ -25,10 +26,17 @@ chunk ids in the target, and only those missing or different are embedded again.
 
 Without Ray (``--engine local``) the same worker runs in-process, batch after batch.
 
+While it runs the job's driver beats a heartbeat in its row; a job whose heartbeat stopped
+reads as ``stalled`` and can be resumed, one that is alive cannot be resumed twice. A team
+with no documents and no collection is refused (``--allow-empty`` builds it empty on
+purpose). ``--clean-up`` supersedes the team's dead jobs and drops their half-built versions.
+
 Modules: ``options`` (a run's options, result and error), ``state`` (job rows and their
 status machine), ``worker`` (re-chunk, embed and upsert one batch), ``engines`` (Ray Data or
-in-process), ``progress``, ``job`` (``Reindexer``: the steps above), ``launcher`` (the jobs
-the admin API starts) and ``cli`` (``python -m batch_ingest.reindex``).
+in-process), ``private_ray`` (the local Ray a driver starts), ``progress``, ``heartbeat`` and
+``liveness`` (alive, stalled), ``team`` (unknown teams), ``claim`` (which job a run works
+on), ``cleanup`` (half-built versions), ``job`` (``Reindexer``: the steps above),
+``launcher`` (the jobs the admin API starts) and ``cli`` (``python -m batch_ingest.reindex``).
 """
 
 from batch_ingest.reindex.job import Reindexer, reindex

@@ -1,16 +1,23 @@
-"""``python -m batch_ingest.reindex``: run (or resume) one team's reindex job."""
+"""``python -m batch_ingest.reindex``: run (or resume) one team's reindex job, show the
+team's latest job (``--status``), or clean up after jobs that will not finish
+(``--clean-up``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from typing import Any
 
 import batch_ingest.reindex as package
-from batch_ingest.reindex.job import reindex
+from batch_ingest.reindex.cleanup import clean_up
+from batch_ingest.reindex.job import Reindexer, reindex
+from batch_ingest.reindex.liveness import present
 from batch_ingest.reindex.options import ReindexError, ReindexOptions
+from batch_ingest.reindex.state import ReindexState
 from batch_ingest.settings import BatchSettings
+from batch_ingest.source_store import SourceStore
 from deployments.tracing import LOG_FORMATS, configure_logging
 
 
@@ -40,7 +47,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--team", required=True, help="team_id to reindex")
     parser.add_argument("--milvus-uri", help="overrides MILVUS__URI")
     parser.add_argument("--state-url", help="overrides STATE__URL (source registry + jobs)")
-    parser.add_argument("--resume", action="store_true", help="continue the unfinished job")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--resume", action="store_true", help="continue the unfinished job")
+    what.add_argument(
+        "--status",
+        action="store_true",
+        help="print the team's latest job (a dead driver's job shows as stalled) and exit",
+    )
+    what.add_argument(
+        "--clean-up",
+        action="store_true",
+        help="supersede the team's unfinished jobs whose driver is dead and drop their "
+        "half-built versions (never the live one); prints what it dropped",
+    )
+    parser.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="reindex a team with no documents and no collection (else refused as unknown)",
+    )
     parser.add_argument("--job-id", help="run this queued job (as submitted by the admin API)")
     parser.add_argument("--batch-size", type=int, help="documents per map_batches call")
     parser.add_argument("--actors", type=int, help="embedding actors in the Ray Data pool")
@@ -80,6 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.state_url:
         overrides["state"] = {**overrides.get("state", {}), "url": args.state_url}
     settings = BatchSettings(**overrides)
+    if args.status:
+        state = ReindexState(SourceStore(settings.state.url).engine)
+        job = state.latest(args.team)
+        shown = present(job, settings.reindex.stale_after_s).public() if job else None
+        print(json.dumps({"team_id": args.team, "job": shown}))
+        return 0
+    if args.clean_up:
+        reindexer = Reindexer(settings)
+        report = clean_up(
+            reindexer.state, reindexer.versions, args.team, settings.reindex.stale_after_s
+        )
+        print(json.dumps(asdict(report)))
+        return 0
     options = ReindexOptions.from_settings(
         args.team,
         settings.reindex,
@@ -92,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         engine=args.engine,
         keep_previous=args.keep_previous or None,
         log_every_s=args.log_every,
+        allow_empty=args.allow_empty or None,
     )
     try:
         result = reindex(settings, options)

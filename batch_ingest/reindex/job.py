@@ -11,7 +11,9 @@ from typing import Any
 from batch_ingest.documents import make_chunk_id
 from batch_ingest.generations import IndexGenerations
 from batch_ingest.reindex.claim import claim_job
+from batch_ingest.reindex.cleanup import drop_unusable_target, unresumable
 from batch_ingest.reindex.engines import BatchSink, run_local, run_ray
+from batch_ingest.reindex.heartbeat import Heartbeat
 from batch_ingest.reindex.options import (
     ReindexError,
     ReindexOptions,
@@ -19,6 +21,7 @@ from batch_ingest.reindex.options import (
 )
 from batch_ingest.reindex.progress import Progress
 from batch_ingest.reindex.state import JobStatus, ReindexJob, ReindexState
+from batch_ingest.reindex.team import require_known_team
 from batch_ingest.reindex.worker import ReindexWorker, worker_spec
 from batch_ingest.settings import BatchSettings
 from batch_ingest.source_store import SourceStore
@@ -90,13 +93,19 @@ class Reindexer:
             )
         started = time.perf_counter()
         team = options.team_id
+        if not (options.resume or options.job_id or options.allow_empty):
+            require_known_team(team, self.sources, self.versions.current)
         job = claim_job(self.state, self.versions, options)
         tag = self.settings.embedder.embed_model_tag
         try:
-            return self._run(job, options, tag, started)
+            with Heartbeat(self.state, job, options.heartbeat_s):
+                return self._run(job, options, tag, started)
         except BaseException as exc:
             if not job.finished:  # a failure after success was recorded changes nothing
                 job.move_to(JobStatus.FAILED, f"{type(exc).__name__}: {exc}")
+                job.eta_s = None
+                if unresumable(exc):  # a failed verification: --resume cannot use the target
+                    drop_unusable_target(self.state, self.versions, job)
                 job.finished_at = datetime.now(UTC)
                 self.state.save(job)
             logger.error("reindex %s (job %s) failed: %s", team, job.job_id, job.error)
@@ -241,6 +250,13 @@ class Reindexer:
 
     def _finish(self, job: ReindexJob, options: ReindexOptions, started: float) -> ReindexResult:
         team = job.team_id
+        # The record says what is live once the last catch-up is done (it deleted and added).
+        if job.target_version is not None:
+            physical = self.versions.name(team, job.target_version)
+            self.versions.flush(physical)
+            job.rows_in_target = self.versions.count(physical)
+        job.total_docs = self.sources.count(team)
+        job.done_docs = len(self.state.done(job.job_id))
         self.generations.bump([team])  # the catch-up after the switch changed it again
         dropped = []
         for version in self.versions.existing(team):

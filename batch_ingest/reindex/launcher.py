@@ -6,6 +6,11 @@ ingress replica is a Ray worker; the task drives the Ray Data job on the same cl
 actors take fractional CPUs beside the Serve replicas), else as a subprocess of the CLI
 (``python -m batch_ingest.reindex --job-id ... --settings-stdin``), which reads the settings
 sections from its standard input. Either way the job row in the state database is the record.
+
+Reading a job back is honest about its driver: a runner this launcher started that died (the
+Ray task raised, the process exited) before recording the end makes the job ``failed`` in
+its row; an active job whose heartbeat is older than ``reindex.stale_after_s`` is shown as
+``stalled`` (``batch_ingest.reindex.liveness``), whichever replica asks.
 """
 
 from __future__ import annotations
@@ -18,31 +23,68 @@ from pathlib import Path
 from typing import Any
 
 from batch_ingest.reindex.job import run_job
-from batch_ingest.reindex.options import STALE_AFTER_S
+from batch_ingest.reindex.liveness import present
 from batch_ingest.reindex.state import ACTIVE, JobStatus, ReindexJob, ReindexState
+from batch_ingest.reindex.team import require_known_team
 from batch_ingest.settings import BatchSettings
+from batch_ingest.source_store import SourceStore
 from deployments.errors import BackendUnavailable, Conflict
+from deployments.milvus_versions import CollectionVersions
 
 ROOT = Path(__file__).resolve().parents[2]
 # The settings sections a job takes from the process that starts it.
 JOB_SECTIONS = ("embedder", "milvus", "chunking", "state", "reindex")
+# The longest error text of a crashed runner kept in the job row.
+MAX_ERROR_CHARS = 2000
 
 
 class ReindexJobs:
-    """Creates job rows and starts their runner; reads them back."""
+    """Creates job rows and starts their runner; reads them back.
 
-    def __init__(self, settings: BatchSettings, state: ReindexState | None = None) -> None:
+    Args:
+        settings: the gateway's (state database, Milvus, reindex options).
+        state, sources: job rows and the source registry (default: ``settings.state.url``).
+        versions: the team collections, asked whether an unknown team has one (default: a
+            ``MilvusStore`` of ``settings.milvus``, opened on first need).
+    """
+
+    def __init__(
+        self,
+        settings: BatchSettings,
+        state: ReindexState | None = None,
+        *,
+        sources: SourceStore | None = None,
+        versions: CollectionVersions | None = None,
+    ) -> None:
         self.settings = settings
         self._state = state
+        self._sources = sources
+        self._versions = versions
         self._tasks: dict[str, Any] = {}  # job_id → Ray ObjectRef or Popen
+
+    @property
+    def sources(self) -> SourceStore:
+        if self._sources is None:
+            self._sources = SourceStore(self.settings.state.url)
+        return self._sources
 
     @property
     def state(self) -> ReindexState:
         if self._state is None:
-            from batch_ingest.source_store import SourceStore
-
-            self._state = ReindexState(SourceStore(self.settings.state.url).engine)
+            self._state = ReindexState(self.sources.engine)
         return self._state
+
+    @property
+    def versions(self) -> CollectionVersions:
+        if self._versions is None:
+            from deployments.embedding import embedding_dim
+            from deployments.milvus_store import MilvusStore
+
+            s = self.settings
+            store = MilvusStore(s.milvus, dim=embedding_dim(s.embedder), lexical=s.embedder.lexical)
+            store.start()
+            self._versions = store.versions
+        return self._versions
 
     def runner(self) -> str:
         choice = self.settings.reindex.runner
@@ -55,17 +97,27 @@ class ReindexJobs:
         except ImportError:
             return "subprocess"
 
-    def submit(self, team_id: str, submitted_by: str) -> ReindexJob:
-        now = datetime.now(UTC)
-        for job in self.state.unfinished(team_id):
-            fresh = job.updated_at and (now - job.updated_at).total_seconds() < STALE_AFTER_S
-            if job.status in ACTIVE and fresh:
+    def submit(self, team_id: str, submitted_by: str, allow_empty: bool = False) -> ReindexJob:
+        """Create the team's job and start its runner.
+
+        Raises:
+            Conflict: a job of the team is alive (a stalled one does not count).
+            UnknownTeam: the team has no documents and no collection (unless
+                ``allow_empty``); no job row is created.
+            BackendUnavailable: the runner could not be started (the row says failed).
+        """
+        for unfinished in self.state.unfinished(team_id):
+            job = self.get(unfinished.job_id) or unfinished
+            if job.status in ACTIVE:  # alive: a stalled job reads as "stalled"
                 raise Conflict(
                     f"reindex job {job.job_id} of this team is {job.status}",
                     hint=f"follow it at GET /admin/reindex/{job.job_id}",
                 )
+        if not allow_empty:
+            require_known_team(team_id, self.sources, lambda t: self.versions.current(t))
         runner = self.runner()
-        job = self.state.create(team_id, {"runner": runner, "submitted_by": submitted_by})
+        options = {"runner": runner, "submitted_by": submitted_by, "allow_empty": allow_empty}
+        job = self.state.create(team_id, options)
         try:
             self._tasks[job.job_id] = self._start(runner, job)
         except Exception as exc:
@@ -98,25 +150,40 @@ class ReindexJobs:
         return process
 
     def get(self, job_id: str) -> ReindexJob | None:
+        """The job as it stands: failed (and so recorded) if the runner this launcher started
+        ended without recording it, ``stalled`` if its heartbeat is too old."""
         job = self.state.get(job_id)
         if job is None or job.status not in ACTIVE:
             return job
-        # A runner that died before it could record its failure.
-        task = self._tasks.get(job_id)
-        error = None
-        if isinstance(task, subprocess.Popen) and task.poll() not in (None, 0):
-            error = f"the reindex process exited with status {task.returncode}"
-        elif task is not None and not isinstance(task, subprocess.Popen):
-            import ray
-
-            ready, _ = ray.wait([task], timeout=0)
-            if ready:
-                try:
-                    ray.get(ready[0])
-                except Exception as exc:
-                    error = f"the reindex task failed: {type(exc).__name__}: {exc}"
-        if error:
+        error = self._runner_ended(job_id)
+        if error is not None:
+            # Read again after the runner ended: it may have recorded its end just before.
             job = self.state.get(job_id) or job
             if job.status in ACTIVE:
-                job.error = job.error or error
-        return job
+                job.move_to(JobStatus.FAILED, error[:MAX_ERROR_CHARS])
+                job.eta_s = None
+                job.finished_at = datetime.now(UTC)
+                self.state.save(job)
+            self._tasks.pop(job_id, None)
+        return present(job, self.settings.reindex.stale_after_s)
+
+    def _runner_ended(self, job_id: str) -> str | None:
+        """Why the runner of ``job_id`` (if this launcher started it) is over, or ``None``
+        while it runs (or is not ours)."""
+        task = self._tasks.get(job_id)
+        if task is None:
+            return None
+        if isinstance(task, subprocess.Popen):
+            if task.poll() is None:
+                return None
+            return f"the reindex process exited with status {task.returncode}"
+        import ray
+
+        ready, _ = ray.wait([task], timeout=0)
+        if not ready:
+            return None
+        try:
+            ray.get(ready[0])
+        except Exception as exc:  # noqa: BLE001 (any failure of the task is the job's)
+            return f"the reindex task failed: {type(exc).__name__}: {exc}"
+        return "the reindex task returned without finishing the job"

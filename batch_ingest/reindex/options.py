@@ -10,15 +10,16 @@ from batch_ingest.reindex.state import ReindexJob
 from batch_ingest.settings import ReindexSettings
 from deployments.errors import GatewayError
 
-# An active job whose row was not updated for this long is taken as dead (its process gone):
-# it no longer blocks a new job of its team.
-STALE_AFTER_S = 120.0
-
 
 class ReindexError(GatewayError):
     """The job cannot start, or its verification failed (the alias was not switched)."""
 
     code = "reindex_failed"
+
+
+class VerificationFailed(ReindexError):
+    """The target's rows do not match what the job wrote: ``--resume`` would skip the
+    recorded documents and fail the same way, so the target is dropped."""
 
 
 _DEFAULTS = ReindexSettings()
@@ -52,6 +53,12 @@ class ReindexOptions:
     # How long the Ray job waits for the CPUs (or custom resources) of its actor pool before
     # it fails, naming what is missing (its note says so meanwhile).
     resource_wait_s: float = _DEFAULTS.resource_wait_s
+    # Build a team that has no documents and no collection (else refused as unknown: a typo).
+    allow_empty: bool = False
+    # The job's heartbeat period, and how old a heartbeat makes an active job dead
+    # (``ReindexSettings.heartbeat_s`` / ``stale_after_s``).
+    heartbeat_s: float = _DEFAULTS.heartbeat_s
+    stale_after_s: float = _DEFAULTS.stale_after_s
 
     @classmethod
     def from_settings(cls, team_id: str, cfg: ReindexSettings, **given: Any) -> ReindexOptions:
@@ -64,6 +71,8 @@ class ReindexOptions:
             "actor_resources": dict(cfg.actor_resources),
             "keep_previous": cfg.keep_previous,
             "resource_wait_s": cfg.resource_wait_s,
+            "heartbeat_s": cfg.heartbeat_s,
+            "stale_after_s": cfg.stale_after_s,
         }
         return cls(team_id=team_id, **{**base, **{k: v for k, v in given.items() if v is not None}})
 

@@ -4,7 +4,8 @@ Two tables beside ``source_documents`` (``state.url``: SQLite by default, Postgr
 cluster, so the admin API on any Serve replica reads what a Ray task on any node writes):
 
 - ``reindex_jobs``: one row per job: team, status, the version it builds and the one it
-  replaces, counts, progress (rate, ETA) and the error of a failed run.
+  replaces, counts, progress (rate, ETA), the error of a failed run and the heartbeat of
+  its driver (``heartbeat_at``, written by ``batch_ingest.reindex.heartbeat`` alone).
 - ``reindex_docs``: the documents a job has written into its target version, with their chunk
   counts (the expected row count is their sum). ``--resume`` skips them without re-reading
   Milvus; documents written but not yet recorded (a crash in between) are found by primary-key
@@ -28,7 +29,10 @@ from deployments.errors import GatewayError
 
 class JobStatus(StrEnum):
     """queued → running → switching → succeeded; failed from any of them (resumable);
-    superseded when a newer job of the team replaces an unfinished one."""
+    superseded when a newer job of the team replaces an unfinished one.
+
+    ``stalled`` is never stored: readers show it for a queued, running or switching row whose
+    driver stopped beating (``batch_ingest.reindex.liveness``)."""
 
     QUEUED = "queued"
     RUNNING = "running"
@@ -36,6 +40,7 @@ class JobStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SUPERSEDED = "superseded"
+    STALLED = "stalled"
 
 
 # The moves a job may make. A resumed job runs again (from failed, or from a status its dead
@@ -60,6 +65,9 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     ),
     JobStatus.SUCCEEDED: frozenset(),
     JobStatus.SUPERSEDED: frozenset(),
+    # What a stalled job (its row still says queued/running/switching) may become: resumed,
+    # failed or superseded. Such a row is never saved as "stalled".
+    JobStatus.STALLED: frozenset({JobStatus.RUNNING, JobStatus.FAILED, JobStatus.SUPERSEDED}),
 }
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.SWITCHING)
 STATUSES = tuple(JobStatus)
@@ -96,6 +104,8 @@ class ReindexJob:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     finished_at: datetime | None = None
+    # The driver's last sign of life (``None``: never started, or written before heartbeats).
+    heartbeat_at: datetime | None = None
 
     def __post_init__(self) -> None:
         self.status = JobStatus(self.status)
@@ -145,6 +155,7 @@ def _tables(metadata: sa.MetaData) -> tuple[sa.Table, sa.Table]:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=True),
     )
     docs = sa.Table(
         "reindex_docs",
@@ -174,8 +185,8 @@ class ReindexState:
         self._add_missing_columns()
 
     def _add_missing_columns(self) -> None:
-        """Columns added after a database was created (``note``) are added to it: nullable,
-        so the rows already there stay valid."""
+        """Columns added after a database was created (``note``, ``heartbeat_at``) are added
+        to it: nullable, so the rows already there stay valid."""
         present = {c["name"] for c in sa.inspect(self.engine).get_columns(self.jobs.name)}
         with self.engine.begin() as conn:
             for column in self.jobs.columns:
@@ -217,15 +228,39 @@ class ReindexState:
             ).all()
         return [self._job(r) for r in rows]
 
+    def latest(self, team_id: str) -> ReindexJob | None:
+        """The team's newest job, whatever its status."""
+        t = self.jobs
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(t).where(t.c.team_id == team_id).order_by(t.c.created_at.desc())
+            ).first()
+        return self._job(row) if row is not None else None
+
     def save(self, job: ReindexJob) -> None:
+        """Write the row (all but ``heartbeat_at``, which only ``beat`` writes)."""
         job.updated_at = datetime.now(UTC)
         values = self._values(job)
         values.pop("job_id")
         values.pop("created_at")
+        values.pop("heartbeat_at")
         with self.engine.begin() as conn:
             conn.execute(
                 sa.update(self.jobs).where(self.jobs.c.job_id == job.job_id).values(**values)
             )
+
+    def beat(self, job_id: str, seen: datetime | None) -> datetime | None:
+        """Set the job's ``heartbeat_at`` to now if it still is ``seen`` (compare-and-set:
+        of two drivers claiming one job, or a driver taken over, one wins). Returns the time
+        written, or ``None`` when the heartbeat had changed (another driver has the job)."""
+        t = self.jobs
+        now = datetime.now(UTC)
+        same = t.c.heartbeat_at.is_(None) if seen is None else t.c.heartbeat_at == seen
+        with self.engine.begin() as conn:
+            changed = conn.execute(
+                sa.update(t).where(t.c.job_id == job_id, same).values(heartbeat_at=now)
+            ).rowcount
+        return now if changed else None
 
     # --- done documents ----------------------------------------------------------------------
     def done(self, job_id: str) -> dict[tuple[str, str], int]:
@@ -277,6 +312,8 @@ class ReindexState:
 
     # --- rows ------------------------------------------------------------------------------
     def _values(self, job: ReindexJob) -> dict[str, Any]:
+        if job.status is JobStatus.STALLED:
+            raise IllegalTransition(f"job {job.job_id}: 'stalled' is shown, never stored")
         values = asdict(job)
         values["options"] = json.dumps(job.options, sort_keys=True)
         return values
@@ -284,6 +321,6 @@ class ReindexState:
     def _job(self, row: Any) -> ReindexJob:
         data = dict(row._mapping)
         data["options"] = json.loads(data.get("options") or "{}")
-        for key in ("snapshot_at", "created_at", "updated_at", "finished_at"):
+        for key in ("snapshot_at", "created_at", "updated_at", "finished_at", "heartbeat_at"):
             data[key] = _aware(data.get(key))
         return ReindexJob(**data)

@@ -3,6 +3,11 @@
     POST /admin/reindex {"team_id": "dao_x"}  → 202 {"job_id": ..., "status": "queued", ...}
     GET  /admin/reindex/{job_id}              → the job: status, progress, counts, error
 
+A team with no documents and no collection (a typo) is 404 ``unknown_team`` and no job is
+created, unless the body says ``"allow_empty": true``. A job whose driver stopped beating
+reads as ``stalled`` (with a note saying since when and how to continue); one whose runner
+crashed reads as ``failed``.
+
 Only callers with the permission ``reindex.admin_permission`` (``admin:reindex``, every team)
 or one of ``reindex.admin_roles`` (``owner``) in the job's team may call them; every decision
 is audited (actions ``admin.reindex`` and ``admin.reindex.status``).
@@ -42,6 +47,8 @@ class ReindexRequest(BaseModel):
         pattern=r"^[^\x00-\x1f]+$",
         validation_alias=AliasChoices("team_id", "dao_id", "microdao_id"),
     )
+    # Build a team with no documents and no collection on purpose (else 404 unknown_team).
+    allow_empty: bool = False
 
 
 def reindex_scope(service: GatewayService, principal: Principal, team_id: str) -> str:
@@ -80,7 +87,10 @@ async def start_reindex(
     with service.recorder.audited(caller, fields) as allowed:
         allowed.reason = reindex_scope(service, principal, body.team_id)
         job = await asyncio.to_thread(
-            _jobs(request, service).submit, body.team_id, principal.sub or "dev"
+            _jobs(request, service).submit,
+            body.team_id,
+            principal.sub or "dev",
+            allow_empty=body.allow_empty,
         )
         allowed.http_status, allowed.fields = 202, {"resource": f"reindex:{job.job_id}"}
     return {**job.public(), "trace_id": trace_id}

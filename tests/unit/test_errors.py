@@ -8,7 +8,9 @@ import pickle
 import pytest
 
 from batch_ingest.reindex import ReindexError
+from batch_ingest.reindex.options import VerificationFailed
 from batch_ingest.reindex.state import IllegalTransition
+from batch_ingest.reindex.team import UnknownTeam
 from deployments.cypher_guard import CypherRejected
 from deployments.errors import (
     BackendUnavailable,
@@ -38,6 +40,8 @@ SAMPLES: list[GatewayError] = [
     CypherRejected("operator Create is not allowed", "write"),
     ReindexError("team 'dao_a' has no unfinished reindex job to resume"),
     IllegalTransition("job j1: succeeded → running is not allowed"),
+    VerificationFailed("verification failed for c__v2: 9 rows, expected 8"),
+    UnknownTeam("team 'dao_typo' has no documents", hint="check the id", field="team_id"),
     AccessFileError("notes/_access.yaml: field 'team_id' is 'x'"),
     RateLimited("rate limit reached", retry_after_s=1.5, reason="team_rate_limit"),
 ]

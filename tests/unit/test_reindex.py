@@ -384,7 +384,7 @@ class FakeJobs:
         self.state = ReindexState(SourceStore(f"sqlite:///{tmp_path}/jobs.db").engine)
         self.submitted: list[str] = []
 
-    def submit(self, team_id: str, submitted_by: str):
+    def submit(self, team_id: str, submitted_by: str, allow_empty: bool = False):
         self.submitted.append(team_id)
         return self.state.create(team_id, {"submitted_by": submitted_by})
 
@@ -471,10 +471,10 @@ def test_jobs_start_the_cli_as_a_subprocess_and_refuse_a_second_active_job(tmp_p
             super().close()
 
     class FakePopen:
-        returncode = 3
+        returncode: int | None = None  # running
 
         def __init__(self, cmd, **kw):
-            started.append({"cmd": cmd, **kw})
+            started.append({"cmd": cmd, **kw, "process": self})
             self.stdin = Stdin()
 
         def poll(self):
@@ -485,6 +485,7 @@ def test_jobs_start_the_cli_as_a_subprocess_and_refuse_a_second_active_job(tmp_p
     settings = GatewaySettings(
         state={"url": f"sqlite:///{tmp_path}/s.db"}, reindex={"runner": "subprocess"}
     )
+    SourceStore(settings.state.url).put([doc(1).model_copy(update={"team_id": "dao_a"})])
     jobs = launcher.ReindexJobs(settings)
     job = jobs.submit("dao_a", "op")
     [run] = started
@@ -496,8 +497,12 @@ def test_jobs_start_the_cli_as_a_subprocess_and_refuse_a_second_active_job(tmp_p
     assert "env" not in run and "s.db" not in " ".join(run["cmd"])
     with pytest.raises(launcher.Conflict):
         jobs.submit("dao_a", "op")
-    # The process died before it wrote anything: the status says so.
-    assert "exited with status 3" in jobs.get(job.job_id).error
+    # The process died before it wrote anything: the job is failed, in its row too.
+    run["process"].returncode = 3
+    seen = jobs.get(job.job_id)
+    assert seen.status == "failed" and "exited with status 3" in seen.error
+    assert jobs.state.get(job.job_id).status == "failed"
+    assert jobs.submit("dao_a", "op").job_id != job.job_id  # no longer in the way
 
 
 def test_the_cli_reads_its_settings_from_standard_input(monkeypatch, capsys):
