@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from batch_ingest.reindex.liveness import is_alive
-from batch_ingest.reindex.options import ReindexError, VerificationFailed
+from batch_ingest.reindex.options import VerificationFailed
 from batch_ingest.reindex.state import JobStatus, ReindexJob, ReindexState
 from deployments.milvus_versions import CollectionVersions
 
@@ -45,10 +45,8 @@ def retire(
 
 def unresumable(error: BaseException) -> bool:
     """Whether a job that failed with ``error`` left a target ``--resume`` cannot use: a
-    failed verification (``VerificationFailed``, or a plain ``ReindexError`` saying so)."""
-    if isinstance(error, VerificationFailed):
-        return True
-    return type(error) is ReindexError and str(error).startswith("verification failed")
+    failed verification (``VerificationFailed``)."""
+    return isinstance(error, VerificationFailed)
 
 
 def drop_unusable_target(

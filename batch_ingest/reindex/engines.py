@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from batch_ingest.reindex.options import ReindexError, ReindexOptions
+from batch_ingest.reindex.private_ray import init_ray
 from batch_ingest.reindex.worker import ReindexWorker
 
 logger = logging.getLogger("batch_ingest.reindex")
@@ -126,12 +126,9 @@ def run_ray(
     from ray.data import ActorPoolStrategy, DataContext
 
     if not ray.is_initialized():
-        # On a cluster RAY_ADDRESS names it; on a laptop a local instance starts.
-        ray.init(
-            address=os.environ.get("RAY_ADDRESS") or "local",
-            include_dashboard=False,
-            log_to_driver=False,
-        )
+        # On a cluster RAY_ADDRESS names it; on a laptop a private local instance starts,
+        # its files under var/ray/ (batch_ingest/reindex/private_ray.py).
+        init_ray()
     wait_for_resources(options, on_note)
     first = threading.Event()
     started = time.perf_counter()

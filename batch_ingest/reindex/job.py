@@ -18,6 +18,7 @@ from batch_ingest.reindex.options import (
     ReindexError,
     ReindexOptions,
     ReindexResult,
+    VerificationFailed,
 )
 from batch_ingest.reindex.progress import Progress
 from batch_ingest.reindex.state import JobStatus, ReindexJob, ReindexState
@@ -180,7 +181,7 @@ class Reindexer:
 
         other = versions.count(physical, f"embed_model != {milvus_literal(tag)}")
         if job.rows_in_target != job.expected_chunks or other:
-            raise ReindexError(
+            raise VerificationFailed(
                 f"verification failed for {physical}: {job.rows_in_target} rows, expected "
                 f"{job.expected_chunks}; {other} rows not embedded with {tag}"
             )
