@@ -1,8 +1,9 @@
 """The shipped serve_config.yaml, deployed the way `serve deploy` does it (the controller's
 ``apply_config``, which the dashboard's ``PUT /api/serve/applications/`` calls), as a third
 application on the suite's cluster: its own name and route prefix, the suite's collection,
-the semantic cache off (one Retriever call per search) and its JSON logs in a folder of the
-test's own; nothing else changed.
+the semantic cache off (one Retriever call per search), its JSON logs in a folder of the
+test's own and its Embedder asking for no CPU (the suite runs on the 2 CPUs start.sh gives
+Ray, beside its own gateway); nothing else changed.
 
 - Retriever 1 -> 2 replicas, asked the way the config says (``min_replicas`` inside its
   ``autoscaling_config``), while a client searches every 0.2 s: no replica of the other
@@ -51,6 +52,9 @@ def shipped_config(collection: str, logs: Path) -> dict[str, Any]:
     settings["milvus"]["collection"] = collection
     settings["cache"] = {"enabled": False}
     app["logging_config"]["logs_dir"] = str(logs)
+    # A third app on the suite's 2 CPUs (as start.sh gives Ray): its Embedder asks for none.
+    (embedder,) = [d for d in app["deployments"] if d["name"] == "Embedder"]
+    embedder["ray_actor_options"] = {**embedder.get("ray_actor_options", {}), "num_cpus": 0}
     return {"applications": [app]}
 
 
