@@ -29,7 +29,7 @@ from deployments.milvus_rows import (
 )
 from deployments.milvus_versions import CollectionVersions, check_vectors
 from deployments.protocols import ChunkRecord, SearchFilter, SearchHit
-from deployments.search_filter import compile_filter, milvus_list, milvus_literal
+from deployments.search_filter import CompiledFilter, compile_filter, milvus_list, milvus_literal
 
 logger = logging.getLogger(__name__)
 BM25_PARAMS: dict[str, Any] = {"metric_type": "BM25"}
@@ -300,7 +300,9 @@ class MilvusStore:
             raise InvalidInput("mode 'dense' needs a query vector")
         if mode == "lexical" and query_lexical is None:
             raise InvalidInput("mode 'lexical' needs the query's learned sparse weights")
-        args = (query_text, query_vector, flt, limit, mode, query_lexical)
+        # The team term stays in the expression even inside a per-team collection.
+        compiled = compile_filter(flt)
+        args = (query_text, query_vector, compiled, limit, mode, query_lexical)
         name = self._collection(flt.team_id, create=False)
         if name is None:
             return []
@@ -323,13 +325,11 @@ class MilvusStore:
         name: str,
         query_text: str,
         query_vector: list[float] | None,
-        flt: SearchFilter,
+        compiled: CompiledFilter,
         limit: int,
         mode: str,
         query_lexical: Mapping[int, float] | None,
     ) -> list[SearchHit]:
-        # The team term stays in the expression even inside a per-team collection.
-        compiled = compile_filter(flt)
         acl = self.versions.has_acl(name)
         expr = compiled.milvus_expr(acl=acl)
         data: list[Any]

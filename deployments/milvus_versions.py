@@ -72,10 +72,9 @@ class CollectionVersions:
     def current(self, team_id: str) -> int | None:
         """The version the team's alias points to; ``None`` when the team has no collection."""
         alias = self.alias_for(team_id)
-        if not self.conn.call("has collection", "has_collection", alias):
+        target = self._alias_target(alias)
+        if target is None:
             return None
-        info = self.conn.call("describe alias", "describe_alias", alias)
-        target = info.get("collection_name", "") if isinstance(info, dict) else ""
         match = re.fullmatch(re.escape(alias) + r"__v(\d+)", target)
         if match is None:
             raise BackendUnavailable(
@@ -218,11 +217,12 @@ class CollectionVersions:
             self.changes.record(alias, chunk_ids, name=physical)
 
     def _alias_target(self, alias: str) -> str | None:
-        """The collection ``alias`` names now; ``None`` without the alias."""
+        """The collection ``alias`` names now; ``None`` without the alias (``""``: not an
+        alias)."""
         if not self.conn.call("has collection", "has_collection", alias):
             return None
         info = self.conn.call("describe alias", "describe_alias", alias)
-        return info.get("collection_name") if isinstance(info, dict) else None
+        return str(info.get("collection_name", "")) if isinstance(info, dict) else ""
 
     def count(self, physical: str, expr: str = "") -> int:
         """Rows of one physical collection matching ``expr`` (all rows when empty)."""
@@ -316,6 +316,9 @@ class CollectionVersions:
                 batch_size=batch,
                 filter=f"team_id == {milvus_literal(team_id)}",
                 output_fields=output_fields(acl=self.has_acl(physical), dense=True),
+                # Every write acknowledged before the read began (those into an announced
+                # version before it was announced are in no change log).
+                consistency_level="Strong",
             )
             while rows := iterator.next():
                 yield [chunk_with_vector(row) for row in rows]

@@ -184,7 +184,10 @@ class Staging:
         started = time.perf_counter()
         copy = self._read(team_id, physical)
         staged = Staged(**vars(copy), token=token)
-        replay(staged, self.source, (physical,), self.lookback_ms)  # written while reading
+        # What was written while reading, and the alias's rows of the lookback (a swap
+        # would replay them onto this copy otherwise, in a search).
+        alias = self.source.collection_for(team_id)
+        replay(staged, self.source, (alias, physical), self.lookback_ms)
         with self._lock:
             if self._wanted.get(team_id) != (physical, token):
                 return  # withdrawn (or replaced, or the team evicted) meanwhile
