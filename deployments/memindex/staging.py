@@ -11,9 +11,11 @@ alias now names, replays what is left (rows under that physical's name and under
 and answers from it at once: no eviction, no search in Milvus.
 
 An abandoned announcement breaks nothing: a withdrawn or replaced one (``withdraw``, or the
-version dropped) drops the staged copy; one older than the change log keeps rows is dropped
-too (it could not be replayed) and not loaded again for that announcement; a version that
-cannot be read (dropped) is simply not staged.
+version dropped through ``CollectionVersions.drop``) drops the staged copy; so does a replay
+that fails (the collection dropped some other way); one older than the change log keeps rows
+is dropped too (it could not be replayed) and not loaded again for that announcement; a
+version that cannot be read is simply not staged. Whatever was dropped, the swap behaves as
+without staging: the team is loaded again while Milvus answers.
 """
 
 from __future__ import annotations
@@ -218,8 +220,8 @@ class Staging:
                 replay(staged, self.source, (alias, staged.physical), self.lookback_ms)
         except TooManyChanges:
             self.drop(team_id, "too many changes to replay")
-        except Exception as exc:  # the swap replays again, or the team reloads
-            logger.warning("memory index: replay onto the staged copy failed: %s", exc)
+        except Exception as exc:  # its collection dropped, most likely: the swap reloads
+            self.drop(team_id, f"replay failed: {exc}")
         finally:
             with self._lock:
                 self._busy.discard(team_id)

@@ -473,3 +473,15 @@ def test_a_search_pinned_before_a_reload_reads_its_version_after_it(hot, source)
     assert hot.candidates("x", None, FLT, 10, ("bm25",), "r1") is None
     assert hot.pins.resolve(TEAM, "r1") == "rag__t1__v1"
     assert hot.pins.resolve(TEAM, "r3") == "rag__t1__v2"
+
+
+def test_a_staged_copy_whose_collection_vanished_is_dropped_at_its_next_replay(hot, source):
+    physical = staged_after_announcement(hot, source, [chunk(i) for i in range(100, 105)])
+    del source.collections[physical]  # dropped behind the announcement's back
+    source.write([chunk(61)])  # a new head: the staged copy replays, and fails
+    assert f"{TEAM}-c61" in search(hot)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and hot.status()["staged"]:
+        time.sleep(0.02)
+    assert hot.status()["staged"] == {}
+    assert len(search(hot)) == 11
