@@ -29,7 +29,7 @@ from deployments.milvus_rows import (
 )
 from deployments.milvus_versions import CollectionVersions, check_vectors
 from deployments.protocols import ChunkRecord, SearchFilter, SearchHit
-from deployments.search_filter import compile_filter, milvus_list, milvus_literal
+from deployments.search_filter import CompiledFilter, compile_filter, milvus_list, milvus_literal
 
 logger = logging.getLogger(__name__)
 BM25_PARAMS: dict[str, Any] = {"metric_type": "BM25"}
@@ -278,6 +278,8 @@ class MilvusStore:
         limit: int,
         mode: str = "dense",
         query_lexical: Mapping[int, float] | None = None,
+        *,
+        physical: str | None = None,
     ) -> list[SearchHit]:
         """Top ``limit`` chunks inside ``flt``, searched in the filter's team collection only.
 
@@ -286,6 +288,11 @@ class MilvusStore:
         built without them). Scores are "higher is better". The gateway fuses the lists
         itself (serve_app/ranking.py); Milvus's own RRF fusion is
         ``milvus_baseline.hybrid_search``, a benchmark baseline.
+
+        ``physical``: search this version of the team's collection (by its physical name)
+        rather than whatever the alias names when the call arrives, so that the calls of one
+        search read one version across a reindex swap (``memindex.pins``). If that version
+        is gone (dropped after the swap), the alias answers.
         """
         if mode not in SEARCH_METHODS:
             raise InvalidInput(f"mode must be one of {', '.join(SEARCH_METHODS)}, got {mode!r}")
@@ -295,9 +302,34 @@ class MilvusStore:
             raise InvalidInput("mode 'lexical' needs the query's learned sparse weights")
         # The team term stays in the expression even inside a per-team collection.
         compiled = compile_filter(flt)
+        args = (query_text, query_vector, compiled, limit, mode, query_lexical)
         name = self._collection(flt.team_id, create=False)
         if name is None:
             return []
+        if physical is not None:
+            try:
+                self._load_physical(physical)
+                return self._search_in(physical, *args)
+            except BackendUnavailable as exc:
+                logger.info("search of %s failed (%s); searching the alias", physical, exc)
+        return self._search_in(name, *args)
+
+    def _load_physical(self, physical: str) -> None:
+        """Load one physical version once per connection (a server restart unloads it)."""
+        if physical not in self._open:
+            self.conn.call("load", "load_collection", physical)
+            self._open.add(physical)
+
+    def _search_in(
+        self,
+        name: str,
+        query_text: str,
+        query_vector: list[float] | None,
+        compiled: CompiledFilter,
+        limit: int,
+        mode: str,
+        query_lexical: Mapping[int, float] | None,
+    ) -> list[SearchHit]:
         acl = self.versions.has_acl(name)
         expr = compiled.milvus_expr(acl=acl)
         data: list[Any]

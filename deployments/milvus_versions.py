@@ -1,7 +1,8 @@
 """The versioned collections behind a team's alias: a reindex builds ``<alias>__v<n+1>`` beside
-the live ``__v<n>``, writes into it by physical name, verifies it, then swaps the alias in one
-call; the in-memory index loads and replays a team from its live version by physical name
-too. ``MilvusStore.versions`` is one of these."""
+the live ``__v<n>``, writes into it by physical name, announces it once it holds the bulk of its
+rows (the Retrievers stage an in-memory copy of it), catches up, verifies it, then swaps the
+alias in one call; the in-memory index loads and replays a team from its live version by
+physical name too. ``MilvusStore.versions`` is one of these."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ class CollectionVersions:
         lexical: new versions get the learned sparse ``lexical`` field (the embedder makes
             those weights).
         alias_for: a team's logical collection name (its alias).
-        changes: the change log; a write reaches it only when it lands in the live version.
+        changes: the change log; a write reaches it only when it lands in the live version
+            (under the alias) or in the announced one (under the physical name).
         on_switch: called with the alias after it was pointed elsewhere (the store forgets
             what it had opened under that name).
     """
@@ -70,10 +72,9 @@ class CollectionVersions:
     def current(self, team_id: str) -> int | None:
         """The version the team's alias points to; ``None`` when the team has no collection."""
         alias = self.alias_for(team_id)
-        if not self.conn.call("has collection", "has_collection", alias):
+        target = self._alias_target(alias)
+        if target is None:
             return None
-        info = self.conn.call("describe alias", "describe_alias", alias)
-        target = info.get("collection_name", "") if isinstance(info, dict) else ""
         match = re.fullmatch(re.escape(alias) + r"__v(\d+)", target)
         if match is None:
             raise BackendUnavailable(
@@ -172,7 +173,7 @@ class CollectionVersions:
         acl, lexical = self.has_acl(physical), self.has_lexical(physical)
         rows = [chunk_to_row(c, acl=acl, lexical=lexical) for c in chunks]
         self.conn.call("upsert", "upsert", physical, rows)
-        self._record_if_live(physical, [c.chunk_id for c in chunks])
+        self._record(physical, [c.chunk_id for c in chunks])
         return len(chunks)
 
     def lookup(self, physical: str, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
@@ -194,18 +195,34 @@ class CollectionVersions:
         if not chunk_ids:
             return 0
         self.conn.call("delete", "delete", physical, ids=list(chunk_ids))
-        self._record_if_live(physical, list(chunk_ids))
+        self._record(physical, list(chunk_ids))
         return len(chunk_ids)
 
-    def _record_if_live(self, physical: str, chunk_ids: list[str]) -> None:
-        """Record a write of one physical version in the change log when its alias names it
-        (a reindex catching up after the swap); a version being built is nobody's to see."""
+    def _record(self, physical: str, chunk_ids: list[str]) -> None:
+        """Record a write of one physical version in the change log: under the alias when
+        the alias names it (a reindex catching up after the swap), under the physical name
+        when it is the announced version (the staged copies replay it at the swap); a
+        version being built and not announced is nobody's to see.
+
+        The announcement is read before the alias: ``switch`` points the alias first and
+        clears the announcement after, so a write that finds no announcement finds the
+        alias pointing at its version, and is recorded either way."""
         alias, _, version = physical.rpartition("__v")
-        if not version.isdigit() or not self.conn.call("has collection", "has_collection", alias):
+        if not version.isdigit():
             return
-        info = self.conn.call("describe alias", "describe_alias", alias)
-        if isinstance(info, dict) and info.get("collection_name") == physical:
+        announced = self.changes.announced(alias)
+        if self._alias_target(alias) == physical:
             self.changes.record(alias, chunk_ids)
+        elif announced == physical:
+            self.changes.record(alias, chunk_ids, name=physical)
+
+    def _alias_target(self, alias: str) -> str | None:
+        """The collection ``alias`` names now; ``None`` without the alias (``""``: not an
+        alias)."""
+        if not self.conn.call("has collection", "has_collection", alias):
+            return None
+        info = self.conn.call("describe alias", "describe_alias", alias)
+        return str(info.get("collection_name", "")) if isinstance(info, dict) else ""
 
     def count(self, physical: str, expr: str = "") -> int:
         """Rows of one physical collection matching ``expr`` (all rows when empty)."""
@@ -228,9 +245,41 @@ class CollectionVersions:
         else:
             self.conn.call("create alias", "create_alias", physical, alias)
         self.on_switch(alias)
-        self.changes.record_swap(alias)
+        self.changes.record_swap(alias)  # clears the announcement too
         logger.info("alias %s now points to %s", alias, physical)
         return physical
+
+    def announce(self, team_id: str, version: int) -> str:
+        """Announce ``<alias>__v<version>`` as the version the team's alias will be switched
+        to: every Retriever replica holding the team loads an in-memory copy of it in the
+        background, and from now on writes into it are recorded in the change log (under its
+        physical name), so at the switch that copy replays them and answers at once.
+
+        Call it once the version holds the bulk of its rows (after the bulk pass, before the
+        final catch-up and the switch); again after a resume (a fresh token restarts the
+        staging). ``switch`` clears it; ``withdraw`` when the job fails; ``drop`` of the
+        announced version clears it too. Returns the physical name.
+
+        Raises:
+            InvalidInput: the version does not exist, or the alias names it already.
+        """
+        alias = self.alias_for(team_id)
+        physical = self.name(team_id, version)
+        if not self.conn.call("has collection", "has_collection", physical):
+            raise InvalidInput(f"collection {physical!r} does not exist")
+        if self._alias_target(alias) == physical:
+            raise InvalidInput(f"version {version} is live already; nothing to announce")
+        self.changes.announce(alias, physical)
+        logger.info("alias %s announced to switch to %s", alias, physical)
+        return physical
+
+    def withdraw(self, team_id: str) -> None:
+        """Clear the team's announcement (a failed reindex): the Retrievers drop their staged
+        copies, and writes into that version are no longer recorded. Harmless without one."""
+        alias = self.alias_for(team_id)
+        if self.changes.announced(alias):
+            self.changes.withdraw(alias)
+            logger.info("alias %s: announcement withdrawn", alias)
 
     def drop(self, team_id: str, version: int) -> bool:
         """Drop one physical version; refuses the one the alias points to."""
@@ -239,6 +288,8 @@ class CollectionVersions:
         physical = self.name(team_id, version)
         if not self.conn.call("has collection", "has_collection", physical):
             return False
+        if self.changes.announced(self.alias_for(team_id)) == physical:
+            self.withdraw(team_id)
         self.conn.call("drop", "drop_collection", physical)
         logger.info("dropped Milvus collection %s", physical)
         return True
@@ -265,6 +316,9 @@ class CollectionVersions:
                 batch_size=batch,
                 filter=f"team_id == {milvus_literal(team_id)}",
                 output_fields=output_fields(acl=self.has_acl(physical), dense=True),
+                # Every write acknowledged before the read began (those into an announced
+                # version before it was announced are in no change log).
+                consistency_level="Strong",
             )
             while rows := iterator.next():
                 yield [chunk_with_vector(row) for row in rows]

@@ -11,6 +11,7 @@ from typing import Any
 from deployments.config import MilvusSettings
 from deployments.health import BackendHealth
 from deployments.memindex.cache import HotIndex
+from deployments.memindex.pins import VersionPins
 from deployments.milvus_store import MilvusStore
 from deployments.protocols import (
     ChunkRecord,
@@ -33,10 +34,22 @@ def deployment_options(settings: MilvusSettings) -> dict[str, Any]:
 class RetrieverDeployment:
     """Serve shell over ``MilvusStore`` and its in-memory ``HotIndex`` (when enabled): a
     search is answered from memory when the team is loaded and in sync, else by Milvus.
-    Every blocking call runs in a thread."""
+    Every blocking call runs in a thread.
 
-    def __init__(self, settings: MilvusSettings, dim: int, lexical: bool = False) -> None:
-        self.store = MilvusStore(settings, dim=dim, lexical=lexical)
+    Args:
+        settings, dim, lexical: the store's (``MilvusStore``).
+        store: the store itself (unit tests pass a stand-in); built from the above if unset.
+    """
+
+    def __init__(
+        self,
+        settings: MilvusSettings,
+        dim: int,
+        lexical: bool = False,
+        *,
+        store: MilvusStore | None = None,
+    ) -> None:
+        self.store = store if store is not None else MilvusStore(settings, dim=dim, lexical=lexical)
         mem = settings.memory_index
         self.hot = (
             HotIndex(
@@ -50,6 +63,8 @@ class RetrieverDeployment:
             if mem.enabled
             else None
         )
+        # The version each search reads (shared with the in-memory index when it is on).
+        self.pins = self.hot.pins if self.hot is not None else VersionPins(self.store.versions)
         self.health = BackendHealth("milvus", self.status)
 
     async def check_health(self) -> None:
@@ -93,29 +108,31 @@ class RetrieverDeployment:
         read_id: str = "",
         query_lexical: Mapping[int, float] | None = None,
     ) -> dict[str, list[SearchHit]]:
+        """Each method's candidates, all of one physical version of the team's collection:
+        from memory when the team is loaded, in sync and of the version this search
+        (``read_id``) reads; else from Milvus, by that version's physical name
+        (``VersionPins``), never from whatever the alias names when each call arrives."""
         # The in-memory index holds dense vectors and BM25 postings; the learned sparse
-        # weights (``lexical``) are always searched in Milvus, beside it.
-        lexical_task = None
-        if "lexical" in methods:
-            methods = tuple(m for m in methods if m != "lexical")
-            lexical_task = asyncio.create_task(
-                self._search(query_text, None, flt, limit, ("lexical",), query_lexical)
-            )
+        # weights (``lexical``) are always searched in Milvus, in the version memory answered.
+        in_memory = tuple(m for m in methods if m != "lexical")
         found: dict[str, list[SearchHit]] | None = None
-        try:
-            if self.hot is not None and methods:
-                compiled = compile_filter(flt)
-                args = (query_text, query_vector, compiled, limit, methods, read_id)
-                # The second call of a search needs no I/O: answer it on the loop.
-                found = self.hot.synced_candidates(*args)
-                if found is None:
-                    found = await asyncio.to_thread(self.hot.candidates, *args)
+        if self.hot is not None and in_memory:
+            compiled = compile_filter(flt)
+            args = (query_text, query_vector, compiled, limit, in_memory, read_id)
+            # The second call of a search needs no I/O: answer it on the loop.
+            found = self.hot.synced_candidates(*args)
             if found is None:
-                found = await self._search(query_text, query_vector, flt, limit, methods)
-            return found | (await lexical_task if lexical_task is not None else {})
-        finally:
-            if lexical_task is not None and not lexical_task.done():
-                lexical_task.cancel()
+                found = await asyncio.to_thread(self.hot.candidates, *args)
+        rest = tuple(m for m in methods if found is None or m not in found)
+        if not rest:
+            return found or {}
+        physical = self.pins.get(flt.team_id, read_id) or await asyncio.to_thread(
+            self.pins.resolve, flt.team_id, read_id
+        )
+        more = await self._search(
+            query_text, query_vector, flt, limit, rest, query_lexical, physical
+        )
+        return (found or {}) | more
 
     async def _search(
         self,
@@ -125,12 +142,21 @@ class RetrieverDeployment:
         limit: int,
         methods: tuple[str, ...],
         query_lexical: Mapping[int, float] | None = None,
+        physical: str | None = None,
     ) -> dict[str, list[SearchHit]]:
-        """The single-method searches in Milvus, run concurrently (the ingress fuses)."""
+        """The single-method searches in Milvus, run concurrently (the ingress fuses), all in
+        ``physical`` when given."""
         results = await asyncio.gather(
             *(
                 asyncio.to_thread(
-                    self.store.search, query_text, query_vector, flt, limit, m, query_lexical
+                    self.store.search,
+                    query_text,
+                    query_vector,
+                    flt,
+                    limit,
+                    m,
+                    query_lexical,
+                    physical=physical,
                 )
                 for m in methods
             )

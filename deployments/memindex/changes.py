@@ -7,8 +7,14 @@ records its writes where every reader sees them, and Milvus stays the only syste
 * A write of a team's live collection (upsert or delete) records a *change row*
   ``{name: <alias>, at_ms, chunk_ids}`` and, in the same upsert, bumps the alias's *head row*
   (``head:<alias>``, a fresh random token). The writer acknowledges only after that.
-* A reindex swap (``switch_alias``) bumps the alias's *swap row* (``swap:<alias>``).
-* A reader checks both rows of its team with one primary-key ``get`` per search. An unchanged
+* A reindex swap (``switch_alias``) bumps the alias's *swap row* (``swap:<alias>``) and, in
+  the same upsert, clears the alias's *announcement* (``next:<alias>``).
+* A reindex job about to swap *announces* the physical version it will swap to
+  (``next:<alias>``, naming that collection, a fresh token): readers load a staged copy of it
+  before the swap. From then on its writes into that version are recorded as change rows
+  named after the *physical* collection (bumping the alias's head), so the staged copy can
+  replay them. A failed job withdraws the announcement (the row names nothing).
+* A reader checks the three rows of its team with one primary-key ``get`` per search. An unchanged
   head means nothing was written since it last looked; a new head means: read the change rows
   from ``at_ms >= watermark - lookback`` and re-read those chunk ids from Milvus (present →
   upsert, absent → remove: state-based, so applying one twice or late is harmless). A new swap
@@ -30,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployments.milvus_client import import_pymilvus
-from deployments.search_filter import milvus_literal
+from deployments.search_filter import milvus_list
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +47,14 @@ CHANGES_SUFFIX = "__changes"
 
 @dataclass(frozen=True)
 class Heads:
-    """The tokens of an alias's head row (any write) and swap row (reindex swap); ``""``
-    when never written."""
+    """The tokens of an alias's head row (any write) and swap row (reindex swap), and its
+    announcement: the physical version a reindex will swap to (``next``, ``""`` when none)
+    and that row's token. ``""`` when never written."""
 
     rows: str
     swap: str
+    next: str = ""
+    next_token: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,14 +109,19 @@ class ChangeLog:
             self._call("load", "load_collection", self.name)
             self._ready = True
 
-    def record(self, alias: str, chunk_ids: list[str]) -> None:
-        """Record that ``chunk_ids`` of ``alias`` were written or deleted, and bump its head."""
+    def record(self, alias: str, chunk_ids: list[str], *, name: str = "") -> None:
+        """Record that ``chunk_ids`` of ``alias`` were written or deleted, and bump its head.
+
+        ``name``: the name the change rows carry when it is not the alias (an announced
+        physical version, written before its swap); the head bumped is the alias's still."""
         if not chunk_ids:
             return
         self.ensure()
         at = now_ms()
         rows = [
-            _row(f"chg:{uuid.uuid4().hex}", alias, "rows", at, chunk_ids[i : i + IDS_PER_ROW])
+            _row(
+                f"chg:{uuid.uuid4().hex}", name or alias, "rows", at, chunk_ids[i : i + IDS_PER_ROW]
+            )
             for i in range(0, len(chunk_ids), IDS_PER_ROW)
         ]
         rows.append(_row(f"head:{alias}", alias, "head", at))
@@ -115,34 +129,64 @@ class ChangeLog:
         self._maybe_prune()
 
     def record_swap(self, alias: str) -> None:
-        """Record that ``alias`` now names another physical collection."""
+        """Record that ``alias`` now names another physical collection; its announcement is
+        cleared in the same upsert (the swap ends it, whichever version it named)."""
+        self.ensure()
+        at = now_ms()
+        rows = [_row(f"swap:{alias}", alias, "swap", at), _row(f"next:{alias}", "", "next", at)]
+        self._call("record swap", "upsert", self.name, rows)
+
+    def announce(self, alias: str, physical: str) -> None:
+        """Announce that ``alias`` will be swapped to ``physical`` (a fresh token each time)."""
         self.ensure()
         self._call(
-            "record swap", "upsert", self.name, [_row(f"swap:{alias}", alias, "swap", now_ms())]
+            "announce", "upsert", self.name, [_row(f"next:{alias}", physical, "next", now_ms())]
         )
 
+    def withdraw(self, alias: str) -> None:
+        """Clear ``alias``'s announcement (the reindex failed or its version was dropped)."""
+        self.ensure()
+        self._call("withdraw", "upsert", self.name, [_row(f"next:{alias}", "", "next", now_ms())])
+
+    def announced(self, alias: str) -> str:
+        """The physical version ``alias`` is announced to swap to; ``""`` when none."""
+        return self.heads(alias).next
+
     def heads(self, alias: str) -> Heads:
-        """Both tokens of ``alias`` in one primary-key read."""
+        """The tokens and the announcement of ``alias`` in one primary-key read."""
         self.ensure()
         found = self._call(
             "read heads",
             "get",
             self.name,
-            ids=[f"head:{alias}", f"swap:{alias}"],
-            output_fields=["id", "token"],
+            ids=[f"head:{alias}", f"swap:{alias}", f"next:{alias}"],
+            output_fields=["id", "token", "name"],
             consistency_level="Strong",
         )
-        tokens = {row["id"].split(":", 1)[0]: row["token"] for row in found}
-        return Heads(rows=tokens.get("head", ""), swap=tokens.get("swap", ""))
+        rows = {row["id"].split(":", 1)[0]: row for row in found}
 
-    def since(self, alias: str, at_ms: int) -> list[Change]:
-        """Change rows of ``alias`` with ``at_ms`` at or after the given time, oldest first."""
+        def token(kind: str) -> str:
+            return str(rows[kind]["token"]) if kind in rows else ""
+
+        announced = rows.get("next")
+        return Heads(
+            rows=token("head"),
+            swap=token("swap"),
+            next=str(announced["name"]) if announced else "",
+            next_token=token("next"),
+        )
+
+    def since(self, names: str | tuple[str, ...], at_ms: int) -> list[Change]:
+        """Change rows named ``names`` (an alias, or it and a physical version) with
+        ``at_ms`` at or after the given time, oldest first."""
         self.ensure()
+        wanted = (names,) if isinstance(names, str) else names
         found = self._call(
             "read changes",
             "query",
             self.name,
-            filter=f'name == {milvus_literal(alias)} and kind == "rows" and at_ms >= {int(at_ms)}',
+            filter=f'name in {milvus_list(list(wanted))} and kind == "rows" '
+            f"and at_ms >= {int(at_ms)}",
             output_fields=["id", "at_ms", "chunk_ids"],
             consistency_level="Strong",
         )

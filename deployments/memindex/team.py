@@ -93,6 +93,13 @@ class TeamIndex:
                 self._append(chunk, vector)
             self._changed()
 
+    def apply(self, rows: Iterable[ChunkRecord], removed: Iterable[str]) -> None:
+        """Upsert ``rows`` and remove ``removed`` in one step: a search sees neither or both
+        (a replay of the change log)."""
+        with self._lock:
+            self.upsert(rows)
+            self.remove(removed)
+
     def remove(self, chunk_ids: Iterable[str]) -> int:
         with self._lock:
             removed = sum(self._drop(cid) for cid in chunk_ids)
@@ -260,6 +267,24 @@ class TeamIndex:
                 score = float(scores[slot])
                 hits.append(SearchHit(chunk=record, score=score, scores={method: score}))
             return hits
+
+    def search_methods(
+        self,
+        methods: tuple[str, ...],
+        flt: CompiledFilter,
+        limit: int,
+        *,
+        query_text: str = "",
+        query_vector: list[float] | None = None,
+    ) -> dict[str, list[SearchHit]]:
+        """``search`` of each method over one state of the index (no write between them)."""
+        with self._lock:
+            return {
+                method: self.search(
+                    method, flt, limit, query_text=query_text, query_vector=query_vector
+                )
+                for method in methods
+            }
 
     def _dense_scores(self, query: np.ndarray) -> np.ndarray:
         vectors = self._vectors[: self._size]

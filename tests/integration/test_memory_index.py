@@ -272,3 +272,141 @@ def test_memory_index_applies_document_acls_like_milvus(stores, team):
     found = hot.candidates("open notes", vec("open notes"), compile_filter(outsider), 10, ("bm25",))
     assert rows[0].chunk_id not in ids(found, "bm25")
     hot.close()
+
+
+def team_rows(reader: MilvusStore, physical: str, team: str) -> dict[str, tuple[str, tuple]]:
+    """``chunk_id → (text, acl_allow)`` of every row of ``team`` in ``physical`` (Milvus)."""
+    return {
+        c.chunk_id: (c.text, tuple(c.acl_allow))
+        for batch in reader.versions.iter_rows(physical, team)
+        for c in batch
+    }
+
+
+def memory_rows(hot: HotIndex, team: str, principals: tuple[str, ...]) -> dict[str, tuple]:
+    flt = compile_filter(SearchFilter(team_id=team, acl_principals=principals))
+    found = hot.candidates("x", vec("x"), flt, 10_000, ("dense",))
+    assert found is not None
+    return {h.chunk.chunk_id: (h.chunk.text, tuple(h.chunk.acl_allow)) for h in found["dense"]}
+
+
+def test_announced_version_answers_the_first_search_after_the_switch(stores, team):
+    """Issue 33: a team in memory; a reindex builds v2, announces it; its final catch-up
+    writes into v2 (an upsert, a delete, an ACL change) before the switch, live writes land
+    in the alias after it. The very next search after ``switch`` is answered from memory
+    (a hit, no miss, no reload) with exactly v2's content, those writes included."""
+    from dataclasses import replace
+
+    from deployments.acl import OPEN, principal_tokens
+
+    writer, reader = stores
+    old = corpus(team, 20)
+    writer.upsert(old)
+    hot = hot_over(reader)
+    assert hot.wait_loaded(team, timeout_s=60)
+    flt = compile_filter(SearchFilter(team_id=team))
+
+    physical = writer.versions.create(team, 2)
+    rebuilt = [replace(c, text=c.text + " rebuilt", vector=vec(c.text + " rebuilt")) for c in old]
+    writer.versions.upsert(physical, rebuilt)
+    writer.versions.flush(physical)
+    writer.versions.announce(team, 2)
+    assert hot.candidates("milvus", vec("milvus"), flt, 10, ("dense", "bm25")) is not None
+    assert hot.staging.wait(team, physical, timeout_s=60)
+
+    # The final catch-up, into the target before the switch.
+    added = chunk(team, "added", 0, text="added during the catch up")
+    hr_only = replace(rebuilt[1], acl_allow=("group:hr",))
+    writer.versions.upsert(physical, [added, hr_only])
+    writer.versions.delete(physical, [rebuilt[2].chunk_id])
+    writer.upsert([chunk(team, "live_before", 0, text="live write to the old version")])
+    writer.versions.switch(team, 2)
+    # After the switch: live writes through the alias, and the job's last catch-up.
+    after = chunk(team, "after", 0, text="written after the switch")
+    writer.upsert([after])
+    writer.delete_chunks(team, [rebuilt[3].chunk_id])
+    late = chunk(team, "late", 0, text="caught up after the switch")
+    writer.versions.upsert(physical, [late])
+
+    stats = dict(hot.stats)
+    everyone = principal_tokens("alice", ["hr"])
+    in_memory = memory_rows(hot, team, everyone)
+    assert hot.stats["hits"] == stats["hits"] + 1
+    assert hot.stats["misses"] == stats["misses"] and hot.stats["loads"] == stats["loads"]
+    assert hot.stats["adoptions"] == 1 and hot.status()["loading"] == []
+    assert in_memory == team_rows(reader, physical, team)
+    assert added.chunk_id in in_memory and late.chunk_id in in_memory
+    assert after.chunk_id in in_memory
+    assert rebuilt[2].chunk_id not in in_memory and rebuilt[3].chunk_id not in in_memory
+    assert in_memory[hr_only.chunk_id][1] == ("group:hr",)
+    assert hr_only.chunk_id not in memory_rows(hot, team, (OPEN,))
+    assert not any(text.endswith("item0") for text, _ in in_memory.values())  # no v1 text
+    hot.close()
+
+
+def test_withdrawn_announcement_drops_the_staged_copy(stores, team):
+    writer, reader = stores
+    writer.upsert(corpus(team, 5))
+    hot = hot_over(reader)
+    assert hot.wait_loaded(team, timeout_s=60)
+    flt = compile_filter(SearchFilter(team_id=team))
+    physical = writer.versions.create(team, 2)
+    writer.versions.upsert(physical, [chunk(team, "v2", 0, text="version two")])
+    writer.versions.announce(team, 2)
+    hot.candidates("x", vec("x"), flt, 10, ("dense",))
+    assert hot.staging.wait(team, physical, timeout_s=60)
+    writer.versions.drop(team, 2)  # the failed job cleans up: withdraws it too
+    assert writer.changes.announced(writer.collection_for(team)) == ""
+    assert len(ids(hot.candidates("x", vec("x"), flt, 10, ("dense",)))) == 5
+    assert hot.status()["staged"] == {}
+    # Writes into a version nobody announced are not recorded.
+    other = writer.versions.create(team, 3)
+    before = writer.changes.since((writer.collection_for(team), other), 0)
+    writer.versions.upsert(other, [chunk(team, "v3", 0)])
+    assert writer.changes.since((writer.collection_for(team), other), 0) == before
+    hot.close()
+
+
+async def test_one_search_reads_one_version_when_the_swap_lands_between_its_calls(stores, team):
+    """Item 7 of issue 33: the Milvus path searches each method in its own call. A switch
+    that lands after the dense call read the collection and before the BM25 call does made
+    one search fuse v1's dense list with v2's BM25 list (documents neither version gives)."""
+    writer, _ = stores
+    v1 = corpus(team, 10)
+    writer.upsert(v1)
+    physical = writer.versions.create(team, 2)
+    v2 = [chunk(team, f"new{i}", 0, text=f"milvus graph version two {i}") for i in range(10)]
+    writer.versions.upsert(physical, v2)
+    writer.versions.flush(physical)
+    off = writer.settings.memory_index.model_copy(update={"enabled": False})
+    retriever = RetrieverDeployment(writer.settings.model_copy(update={"memory_index": off}), 384)
+    store = retriever.store
+    dense_done = threading.Event()
+    search = store.search
+
+    def racing_search(*args, **kw):
+        mode = args[4] if len(args) > 4 else kw.get("mode", "dense")
+        if mode == "bm25":  # the swap lands while the dense call runs
+            dense_done.wait(10)
+            writer.versions.switch(team, 2)
+        try:
+            return search(*args, **kw)
+        finally:
+            if mode == "dense":
+                dense_done.set()
+
+    store.search = racing_search  # type: ignore[method-assign]
+    found = await retriever.candidates(
+        "milvus graph", vec("milvus graph"), SearchFilter(team_id=team), 20, ("dense", "bm25"), "r1"
+    )
+    read = {h.chunk.chunk_id for hits in found.values() for h in hits}
+    versions = [
+        name for name, rows in (("v1", v1), ("v2", v2)) if read & {c.chunk_id for c in rows}
+    ]
+    assert versions == ["v1"], found
+    store.search = search  # type: ignore[method-assign]
+    found = await retriever.candidates(
+        "milvus graph", vec("milvus graph"), SearchFilter(team_id=team), 20, ("dense", "bm25"), "r2"
+    )
+    assert {h.chunk.chunk_id for hits in found.values() for h in hits} <= {c.chunk_id for c in v2}
+    retriever.store.close()

@@ -5,6 +5,7 @@ The real Milvus change log is exercised in tests/integration/test_memory_index.p
 from __future__ import annotations
 
 import itertools
+import time
 import uuid
 
 import pytest
@@ -26,6 +27,7 @@ class FakeChanges:
         self.rows: dict[str, list[Change]] = {}
         self.head: dict[str, str] = {}
         self.swap: dict[str, str] = {}
+        self.next: dict[str, tuple[str, str]] = {}  # alias → (physical, token)
         self.fail = False
         self.clock = itertools.count(now_ms())
 
@@ -33,30 +35,41 @@ class FakeChanges:
         if self.fail:
             raise ConnectionError("milvus down")
 
-    def record(self, alias: str, chunk_ids: list[str], at_ms: int | None = None) -> None:
+    def record(
+        self, alias: str, chunk_ids: list[str], at_ms: int | None = None, name: str = ""
+    ) -> None:
         change = Change(uuid.uuid4().hex, at_ms or next(self.clock), tuple(chunk_ids))
-        self.rows.setdefault(alias, []).append(change)
+        self.rows.setdefault(name or alias, []).append(change)
         self.head[alias] = uuid.uuid4().hex
 
     def record_swap(self, alias: str) -> None:
         self.swap[alias] = uuid.uuid4().hex
+        self.next[alias] = ("", uuid.uuid4().hex)
+
+    def announce(self, alias: str, physical: str) -> None:
+        self.next[alias] = (physical, uuid.uuid4().hex)
+
+    def withdraw(self, alias: str) -> None:
+        self.next[alias] = ("", uuid.uuid4().hex)
 
     def heads(self, alias: str) -> Heads:
         self._check()
-        return Heads(self.head.get(alias, ""), self.swap.get(alias, ""))
+        nxt, token = self.next.get(alias, ("", ""))
+        return Heads(self.head.get(alias, ""), self.swap.get(alias, ""), nxt, token)
 
-    def since(self, alias: str, at_ms: int) -> list[Change]:
+    def since(self, names: str | tuple[str, ...], at_ms: int) -> list[Change]:
         self._check()
-        return sorted(
-            (c for c in self.rows.get(alias, []) if c.at_ms >= at_ms), key=lambda c: c.at_ms
-        )
+        wanted = (names,) if isinstance(names, str) else names
+        found = [c for n in wanted for c in self.rows.get(n, []) if c.at_ms >= at_ms]
+        return sorted(found, key=lambda c: c.at_ms)
 
     def reset(self) -> None:
         pass
 
 
 class FakeSource:
-    """Physical collections, aliases and a change log, written the way MilvusStore does."""
+    """Physical collections, aliases and a change log, written the way MilvusStore and
+    CollectionVersions do."""
 
     dim = 4
 
@@ -65,6 +78,7 @@ class FakeSource:
         self.collections: dict[str, dict[str, ChunkRecord]] = {}
         self.alias: dict[str, str] = {}
         self.reads = 0
+        self.read_physicals: list[str] = []
         self.fetched: list[list[str]] = []
 
     def collection_for(self, team_id: str) -> str:
@@ -78,6 +92,7 @@ class FakeSource:
 
     def iter_rows(self, physical: str, team_id: str):
         self.reads += 1
+        self.read_physicals.append(physical)
         rows = [r for r in self.collections[physical].values() if r.team_id == team_id]
         for start in range(0, len(rows), 3):
             yield rows[start : start + 3]
@@ -104,6 +119,34 @@ class FakeSource:
         alias = self.collection_for(team)
         physical = f"{alias}__v{version}"
         self.collections[physical] = {c.chunk_id: c for c in chunks}
+        self.alias[alias] = physical
+        self.changes.record_swap(alias)
+
+    # --- a reindex job, as CollectionVersions records it ---
+    def build(self, chunks: list[ChunkRecord], version: int, team: str = TEAM) -> str:
+        physical = f"{self.collection_for(team)}__v{version}"
+        self.collections[physical] = {c.chunk_id: c for c in chunks}
+        return physical
+
+    def write_physical(
+        self, physical: str, chunks: list[ChunkRecord] = (), deleted: list[str] = ()
+    ) -> None:
+        alias = physical.rpartition("__v")[0]
+        rows = self.collections[physical]
+        rows.update({c.chunk_id: c for c in chunks})
+        for cid in deleted:
+            rows.pop(cid, None)
+        ids = [c.chunk_id for c in chunks] + list(deleted)
+        if self.alias.get(alias) == physical:
+            self.changes.record(alias, ids)
+        elif self.changes.next.get(alias, ("", ""))[0] == physical:
+            self.changes.record(alias, ids, name=physical)
+
+    def announce(self, physical: str) -> None:
+        self.changes.announce(physical.rpartition("__v")[0], physical)
+
+    def switch(self, physical: str) -> None:
+        alias = physical.rpartition("__v")[0]
         self.alias[alias] = physical
         self.changes.record_swap(alias)
 
@@ -241,12 +284,12 @@ def test_the_least_recently_searched_team_is_evicted_first(source):
     hot = HotIndex(source, max_mb=64)
     for team in (TEAM, "t2"):
         assert hot.wait_loaded(team, timeout_s=10)
-    one_team = max(t.index.nbytes for t in hot._teams.values())
+    one_team = max(t.index.nbytes for t in hot._teams.teams())
     hot.budget = int(2.5 * one_team)
     search(hot)  # TEAM is now more recent than t2
     assert hot.wait_loaded("t3", timeout_s=10)
     assert set(hot._teams) == {TEAM, "t3"}
-    assert hot.stats["evictions"] == 1
+    assert hot.status()["evictions"] == 1
     hot.close()
 
 
@@ -269,3 +312,176 @@ def test_synced_candidates_answer_only_a_search_already_checked(hot, source):
     assert hot.synced_candidates(*args, "r9") is not None
     assert hot.synced_candidates(*args, "") is None
     assert f"{TEAM}-c77" in search(hot, read_id="r10")
+
+
+# --- a reindex that announces its version: staged before the swap, adopted at it ---------
+V2 = "rag__t1__v2"
+
+
+def staged_after_announcement(hot: HotIndex, source: FakeSource, chunks) -> str:
+    """Load the team, build v2 from ``chunks``, announce it and let a search notice it."""
+    assert hot.wait_loaded(TEAM, timeout_s=10)
+    physical = source.build(chunks, version=2)
+    source.announce(physical)
+    assert search(hot) is not None  # the live copy answers; the announcement is noticed
+    assert hot.staging.wait(TEAM, physical, timeout_s=10)
+    return physical
+
+
+def test_an_announced_version_is_staged_and_answers_right_after_the_swap(hot, source):
+    physical = staged_after_announcement(hot, source, [chunk(i) for i in range(100, 110)])
+    # The job's final catch-up writes into the target before the switch: a new chunk, a
+    # delete, an ACL change; a live write reaches the old version meanwhile.
+    source.write_physical(
+        physical,
+        [chunk(110), chunk(101, acl_allow=("group:hr",))],
+        deleted=[f"{TEAM}-c102"],
+    )
+    source.write([chunk(55)])
+    assert search(hot) == {f"{TEAM}-c{i}" for i in [*range(10), 55]}  # still the old version
+    source.switch(physical)
+    source.write_physical(physical, [chunk(111)])  # caught up after the switch (live: alias)
+    hits, misses, reads = hot.stats["hits"], hot.stats["misses"], source.reads
+    # The ACL change came with it: chunk 101 is hr's only now.
+    assert search(hot) == {f"{TEAM}-c{i}" for i in (100, *range(103, 112))}
+    assert hot.stats["hits"] == hits + 1 and hot.stats["misses"] == misses
+    assert source.reads == reads  # adopted, not read again
+    assert hot.stats["adoptions"] == 1 and hot.status()["staged"] == {}
+    hr = compile_filter(SearchFilter(team_id=TEAM, acl_principals=("*", "group:hr")))
+    assert f"{TEAM}-c101" in search(hot, flt=hr)
+
+
+def test_a_write_recorded_under_the_physical_after_the_adoption_is_still_seen(hot, source):
+    """A slow writer that saw the announcement records under the physical's name after the
+    swap: the adopted copy follows that name too."""
+    physical = staged_after_announcement(hot, source, [chunk(i) for i in range(100, 105)])
+    source.switch(physical)
+    assert search(hot) == {f"{TEAM}-c{i}" for i in range(100, 105)}
+    source.collections[physical][f"{TEAM}-c120"] = chunk(120)
+    source.changes.record("rag__t1", [f"{TEAM}-c120"], name=physical)
+    assert f"{TEAM}-c120" in search(hot)
+
+
+def test_a_withdrawn_announcement_drops_the_staged_copy_and_the_swap_reloads(hot, source):
+    physical = staged_after_announcement(hot, source, [chunk(i) for i in range(100, 105)])
+    source.changes.withdraw("rag__t1")
+    assert search(hot) is not None
+    assert hot.status()["staged"] == {} and hot.staging.stats["stage_drops"] == 1
+    source.switch(physical)  # a later run switched anyway: behave as without staging
+    assert search(hot) is None
+    assert hot.wait_loaded(TEAM, timeout_s=10)
+    assert search(hot) == {f"{TEAM}-c{i}" for i in range(100, 105)}
+    assert hot.stats["adoptions"] == 0
+
+
+def test_a_staged_copy_of_another_version_is_not_adopted(hot, source):
+    staged_after_announcement(hot, source, [chunk(i) for i in range(100, 105)])
+    source.swap([chunk(300)], version=3)  # another job swapped to v3
+    assert search(hot) is None
+    assert hot.wait_loaded(TEAM, timeout_s=10)
+    assert search(hot) == {f"{TEAM}-c300"}
+    assert hot.stats["adoptions"] == 0 and hot.status()["staged"] == {}
+
+
+def test_an_announced_version_that_was_dropped_is_not_staged_and_breaks_nothing(hot, source):
+    assert hot.wait_loaded(TEAM, timeout_s=10)
+    source.announce("rag__t1__v9")  # the job failed and its version is gone
+    for _ in range(3):
+        assert len(search(hot)) == 10
+    time.sleep(0.3)  # the failed staging ran in the background
+    assert hot.status()["staged"] == {} and hot.status()["staging"] == []
+    source.write([chunk(60)])
+    assert f"{TEAM}-c60" in search(hot)
+
+
+def test_a_team_loaded_after_the_announcement_stages_it_too(hot, source):
+    physical = source.build([chunk(200)], version=2)
+    source.announce(physical)
+    assert hot.wait_loaded(TEAM, timeout_s=10)
+    assert hot.staging.wait(TEAM, physical, timeout_s=10)
+    source.switch(physical)
+    assert search(hot) == {f"{TEAM}-c200"}
+
+
+def test_a_staged_copy_is_replayed_in_the_background_before_the_swap(hot, source):
+    physical = staged_after_announcement(hot, source, [chunk(i) for i in range(100, 105)])
+    source.write_physical(physical, [chunk(130)])
+    assert search(hot) is not None  # a new head: the staged copy replays in the background
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any(f"{TEAM}-c130" in f for f in source.fetched):
+        time.sleep(0.02)
+    assert any(f"{TEAM}-c130" in f for f in source.fetched)
+    fetched = len(source.fetched)
+    source.switch(physical)
+    assert f"{TEAM}-c130" in search(hot)
+    assert len(source.fetched) == fetched  # nothing left to fetch at the swap
+
+
+def test_the_staged_copy_counts_toward_the_budget(source):
+    source.write([chunk(i, team="t2") for i in range(10)], team="t2")
+    hot = HotIndex(source, max_mb=64)
+    for team in ("t2", TEAM):
+        assert hot.wait_loaded(team, timeout_s=10)
+    one_team = max(t.index.nbytes for t in hot._teams.teams())
+    hot.budget = int(2.5 * one_team)  # two teams fit, not three copies
+    physical = staged_after_announcement(hot, source, [chunk(i) for i in range(100, 110)])
+    assert set(hot._teams) == {TEAM}  # t2, searched least recently, made room
+    team = hot._teams.get(TEAM)
+    assert team is not None
+    assert hot._teams.used() == team.index.nbytes + hot.staging.nbytes(TEAM)
+    hot.budget = int(1.5 * one_team)  # now the staged copy does not fit beside the team
+    source.announce(physical)  # a fresh announcement (a resumed job)
+    assert search(hot) is not None
+    time.sleep(0.3)
+    assert hot.status()["staged"] == {}
+    hot.close()
+
+
+def test_a_staged_copy_older_than_the_change_log_keeps_is_dropped(hot, source):
+    staged_after_announcement(hot, source, [chunk(i) for i in range(100, 105)])
+    hot.staging._staged[TEAM].loaded_at -= 10 * source.changes.retention_s
+    assert search(hot) is not None
+    assert hot.status()["staged"] == {}
+    assert search(hot) is not None  # not staged again for the same announcement
+    time.sleep(0.2)
+    assert hot.status()["staged"] == {}
+
+
+# --- item 7: every call of one search reads one version ----------------------------------
+def test_a_search_that_read_the_old_version_is_not_answered_from_the_adopted_copy(hot, source):
+    """The second call of a search (same read id) after a swap another search noticed: the
+    adopted copy holds the new version, so memory declines and the search's pin names the old
+    version for Milvus."""
+    physical = staged_after_announcement(hot, source, [chunk(i) for i in range(100, 105)])
+    assert search(hot, read_id="r1") == {f"{TEAM}-c{i}" for i in range(10)}
+    source.switch(physical)
+    assert search(hot, read_id="r2") == {f"{TEAM}-c{i}" for i in range(100, 105)}
+    assert hot.candidates("milvus", None, FLT, 10, ("bm25",), "r1") is None
+    assert hot.synced_candidates("milvus", None, FLT, 10, ("bm25",), "r1") is None
+    assert hot.pins.get(TEAM, "r1") == "rag__t1__v1"
+    assert hot.pins.get(TEAM, "r2") == physical
+
+
+def test_a_search_pinned_before_a_reload_reads_its_version_after_it(hot, source):
+    """Without staging: the swap evicts the team and a reload makes a new copy; a call of a
+    search that read the old copy must not be answered from the new one."""
+    assert hot.wait_loaded(TEAM, timeout_s=10)
+    assert search(hot, read_id="r1") is not None
+    source.swap([chunk(100)], version=2)
+    assert search(hot, read_id="r2") is None
+    assert hot.wait_loaded(TEAM, timeout_s=10)
+    assert hot.candidates("x", None, FLT, 10, ("bm25",), "r1") is None
+    assert hot.pins.resolve(TEAM, "r1") == "rag__t1__v1"
+    assert hot.pins.resolve(TEAM, "r3") == "rag__t1__v2"
+
+
+def test_a_staged_copy_whose_collection_vanished_is_dropped_at_its_next_replay(hot, source):
+    physical = staged_after_announcement(hot, source, [chunk(i) for i in range(100, 105)])
+    del source.collections[physical]  # dropped behind the announcement's back
+    source.write([chunk(61)])  # a new head: the staged copy replays, and fails
+    assert f"{TEAM}-c61" in search(hot)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and hot.status()["staged"]:
+        time.sleep(0.02)
+    assert hot.status()["staged"] == {}
+    assert len(search(hot)) == 11
