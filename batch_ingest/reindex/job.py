@@ -5,14 +5,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from batch_ingest.documents import make_chunk_id
 from batch_ingest.generations import IndexGenerations
 from batch_ingest.reindex.claim import claim_job
 from batch_ingest.reindex.cleanup import drop_unusable_target, unresumable
-from batch_ingest.reindex.engines import BatchSink, run_local, run_ray
+from batch_ingest.reindex.engines import BatchSink
 from batch_ingest.reindex.heartbeat import Heartbeat
 from batch_ingest.reindex.options import (
     ReindexError,
@@ -24,6 +25,7 @@ from batch_ingest.reindex.progress import Progress
 from batch_ingest.reindex.state import JobStatus, ReindexJob, ReindexState
 from batch_ingest.reindex.team import require_known_team
 from batch_ingest.reindex.worker import ReindexWorker, worker_spec
+from batch_ingest.reindex.writer import TargetWriter
 from batch_ingest.settings import BatchSettings
 from batch_ingest.source_store import SourceStore
 from batch_ingest.write_barrier import WriteBarrier
@@ -75,13 +77,13 @@ class Reindexer:
             versions = store.versions
         self.versions = versions
         self.spec = worker_spec(settings)
-        self.worker_factory = worker_factory or (
-            lambda physical, check: ReindexWorker(self.spec, physical, check)
+        self.writer = TargetWriter(
+            self.spec,
+            versions,
+            self.sources,
+            self.state,
+            worker_factory or (lambda physical, check: ReindexWorker(self.spec, physical, check)),
         )
-        # The local engine's worker (it holds the model), kept while the target is the same.
-        self._local_worker: ReindexWorker | None = None
-        # The version being replaced, whose vectors the workers copy (set per run).
-        self._source_physical: str | None = None
         # Pauses the team's writes for the last catch-up and the switch.
         self.barrier = WriteBarrier(self.sources.engine)
 
@@ -109,8 +111,19 @@ class Reindexer:
                     drop_unusable_target(self.state, self.versions, job)
                 job.finished_at = datetime.now(UTC)
                 self.state.save(job)
+                self._withdraw(team)
             logger.error("reindex %s (job %s) failed: %s", team, job.job_id, job.error)
             raise
+
+    def _withdraw(self, team: str) -> None:
+        """Replicas stop holding a copy of a version that will not go live."""
+        withdraw = getattr(self.versions, "withdraw", None)
+        if withdraw is None:
+            return
+        try:
+            withdraw(team)
+        except Exception as exc:  # the job failed already; a stale announcement is harmless
+            logger.warning("reindex %s: announcement not withdrawn: %s", team, exc)
 
     def _run(
         self, job: ReindexJob, options: ReindexOptions, tag: str, started: float
@@ -125,7 +138,7 @@ class Reindexer:
             physical = versions.name(team, target)
             done = self.state.done(job.job_id)
             sink = self._sink(job, done, None, options)
-            self._source_physical = None  # replaced already
+            self.writer.source = None  # replaced already
             self._switch(job, done, physical, job.snapshot_at, options, sink)
             job.expected_chunks = sum(done.values())
             return self._finish(job, options, started)
@@ -135,7 +148,7 @@ class Reindexer:
             job.target_version = target = max([*existing, current or 0]) + 1
             job.snapshot_at = datetime.now(UTC)
         job.embed_model = tag
-        self._source_physical = self._source(job)
+        self.writer.source = self.writer.source_of(job)
         job.move_to(JobStatus.RUNNING)
         job.finished_at = None
         physical = versions.create(team, target)
@@ -159,15 +172,24 @@ class Reindexer:
         progress = Progress(job, self.state, options.log_every_s)
         progress.report()
         sink = self._sink(job, done, progress, options)
+        bulk = options
+        if options.engine == "ray" and self.writer.copies_only(tag):
+            # Same model: the vectors are copied, no model loads; an actor pool would only
+            # add its start-up to Milvus I/O.
+            logger.info("reindex %s: the model is unchanged: copying vectors in-process", team)
+            bulk = replace(options, engine="local")
         self._process(
             [d.model_dump_json() for d in pending],
             physical,
             resuming,
-            options,
+            bulk,
             sink,
             self._noter(job),
         )
         progress.report()
+        # Replicas that search the team load the new version beside the old from here on,
+        # so the switch finds it in memory (deployments/memindex/staging.py).
+        announced = self._announce(job)
 
         # Documents written or deleted while the bulk pass ran.
         catchup_from = datetime.now(UTC)
@@ -187,6 +209,9 @@ class Reindexer:
             )
         job.move_to(JobStatus.SWITCHING)
         self.state.save(job)
+        # Time for the replicas to load it (about 1 s per 500 rows measured on 2 cores).
+        ready_at = announced + min(options.stage_max_s, job.rows_in_target / 500)
+        time.sleep(max(0.0, ready_at - time.monotonic()))
         self._switch(job, done, physical, catchup_from, options, sink)
         return self._finish(job, options, started)
 
@@ -207,9 +232,6 @@ class Reindexer:
         change) is taken out of the new version under the barrier and embedded after the
         switch (absent meanwhile, never stale)."""
         team = job.team_id
-        announce = getattr(self.versions, "announce", None)
-        if announce is not None and job.target_version is not None:
-            announce(team, job.target_version)  # replicas load the new version beforehand
         with self.barrier.switching(team, options.switch_wait_s):
             paused = time.perf_counter()
             deferred = self._catch_up(job, done, physical, since, options, sink, final=True)
@@ -226,28 +248,20 @@ class Reindexer:
             f" ({len(deferred)} documents to embed after it)" if deferred else "",
         )
         if deferred:
-            self._embed_deferred(job, done, physical, deferred, options, sink)
+            # Outside the pause the model loads, then the documents' newest states are
+            # written with the writes paused again (a newer write is never overwritten).
+            worker = self.writer.worker(physical, False)
+            worker.embed([""])
+            with self.barrier.switching(team, options.switch_wait_s):
+                self.writer.write_current(team, deferred, worker, sink)
+            job.expected_chunks = sum(done.values())
 
-    def _embed_deferred(
-        self,
-        job: ReindexJob,
-        done: dict[tuple[str, str], int],
-        physical: str,
-        keys: list[tuple[str, str]],
-        options: ReindexOptions,
-        sink: BatchSink,
-    ) -> None:
-        """Embed documents the last catch-up took out (the model loads first, writes run
-        meanwhile); their newest registry state is written with the writes paused again,
-        so a newer write of the same document is never overwritten."""
-        worker = self._worker(physical, False)
-        worker.embed([""])  # load the model outside the pause
-        with self.barrier.switching(job.team_id, options.switch_wait_s):
-            rows = [self.sources.get((job.team_id, *key)) for key in keys]
-            live = [r.document for r in rows if r and not r.deleted and r.document is not None]
-            if live:
-                sink(worker.process([d.model_dump_json() for d in live]))
-        job.expected_chunks = sum(done.values())
+    def _announce(self, job: ReindexJob) -> float:
+        """Announce the target to the replicas' in-memory indexes; when (monotonic)."""
+        announce = getattr(self.versions, "announce", None)
+        if announce is not None and job.target_version is not None:
+            announce(job.team_id, job.target_version)
+        return time.monotonic()
 
     def _finish(self, job: ReindexJob, options: ReindexOptions, started: float) -> ReindexResult:
         team = job.team_id
@@ -329,23 +343,6 @@ class Reindexer:
 
         return note
 
-    def _source(self, job: ReindexJob) -> str | None:
-        """The physical version the job replaces (vectors to copy), if it still exists."""
-        version = job.source_version
-        if version is None or version == job.target_version:
-            return None
-        return self.versions.name(job.team_id, version)
-
-    def _worker(self, physical: str, check_existing: bool) -> ReindexWorker:
-        """The in-process worker (kept while the target is the same; its model loads on
-        first need)."""
-        worker = self._local_worker
-        if worker is None or worker.physical != physical:
-            worker = self._local_worker = self.worker_factory(physical, check_existing)
-        worker.check_existing = check_existing
-        worker.source = self._source_physical
-        return worker
-
     def _process(
         self,
         documents: list[str],
@@ -355,19 +352,7 @@ class Reindexer:
         sink: BatchSink,
         on_note: Callable[[str | None], None] | None = None,
     ) -> None:
-        if not documents:
-            return
-        if options.engine == "ray":
-            run_ray(
-                self.spec,
-                (physical, check_existing, self._source_physical),
-                documents,
-                options,
-                sink,
-                on_note,
-            )
-            return
-        run_local(self._worker(physical, check_existing), documents, options.batch_size, sink)
+        self.writer.process(documents, physical, check_existing, options, sink, on_note)
 
     def _catch_up(
         self,
@@ -380,50 +365,9 @@ class Reindexer:
         *,
         final: bool = False,
     ) -> list[tuple[str, str]]:
-        """Apply the documents written or deleted since ``since`` to the target. ``final``
-        (the writes are paused): in-process, without loading the model; returns the keys
-        of documents that need it (taken out of the target meanwhile)."""
-        if since is None:
-            return []
-        rows = self.sources.changed_since(
-            job.team_id, since - timedelta(seconds=options.clock_skew_s)
+        return self.writer.catch_up(
+            job, done, physical, since, options, sink, self._process, self._noter(job), final
         )
-        live = [r.document for r in rows if not r.deleted and r.document is not None]
-        gone = [
-            (r.doc_type, r.doc_id) for r in rows if r.deleted and (r.doc_type, r.doc_id) in done
-        ]
-        if gone:
-            ids = [make_chunk_id(job.team_id, k[0], k[1], i) for k in gone for i in range(done[k])]
-            self.versions.delete(physical, ids)
-            self.state.unmark(job.job_id, gone)
-            for key in gone:
-                done.pop(key)
-        deferred: list[tuple[str, str]] = []
-        if live:
-            job.total_docs = job.total_docs + sum(
-                1 for d in live if (d.doc_type, d.doc_id) not in done
-            )
-            texts = [d.model_dump_json() for d in live]
-            if final:
-                worker = self._worker(physical, False)
-                for start in range(0, len(texts), options.batch_size):
-                    sink(
-                        worker.process(texts[start : start + options.batch_size], allow_embed=False)
-                    )
-                    deferred += worker.deferred
-            else:
-                # Every changed document is written again (its metadata may have changed);
-                # its vectors are reused where its text is stored already.
-                self._process(texts, physical, False, options, sink, self._noter(job))
-        if rows:
-            logger.info(
-                "reindex %s: caught up on %d changed and %d deleted documents%s",
-                job.team_id,
-                len(live),
-                len(gone),
-                " (writes paused)" if final else "",
-            )
-        return deferred
 
 
 def reindex(settings: BatchSettings, options: ReindexOptions, **kwargs: Any) -> ReindexResult:

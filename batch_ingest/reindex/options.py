@@ -50,6 +50,9 @@ class ReindexOptions:
     # The last catch-up and the switch wait at most this long for the team's writes in flight
     # to finish (batch_ingest.write_barrier); the job fails (resumable) if they do not.
     switch_wait_s: float = 60.0
+    # After announcing the new version the job gives the replicas up to this long (1 s per
+    # 500 rows) to load it into memory before the switch.
+    stage_max_s: float = 30.0
     # How long the Ray job waits for the CPUs (or custom resources) of its actor pool before
     # it fails, naming what is missing (its note says so meanwhile).
     resource_wait_s: float = _DEFAULTS.resource_wait_s

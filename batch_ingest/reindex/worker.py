@@ -158,11 +158,14 @@ class ReindexWorker:
             self.versions.delete(self.physical, drop)
         return out
 
-    def _stored_vectors(self, chunks: list[ChunkRecord]) -> dict[str, tuple[Any, Any]]:
+    def _stored_vectors(
+        self, chunks: list[ChunkRecord], from_target: bool = True
+    ) -> dict[str, tuple[Any, Any]]:
         """``chunk_id → (vector, lexical)`` of ``chunks`` stored with the same text hash and
-        model in the target, else in the source version (primary-key reads)."""
+        model in the target (``from_target``), else in the source version (primary-key
+        reads)."""
         out: dict[str, tuple[Any, Any]] = {}
-        for physical in (self.physical, self.source):
+        for physical in (self.physical if from_target else None, self.source):
             left = {c.chunk_id: c for c in chunks if c.chunk_id not in out}
             if physical is None or not left:
                 continue

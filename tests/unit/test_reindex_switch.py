@@ -32,6 +32,21 @@ def stored_v1(env, docs, model: str = MODEL) -> None:
     env.sources.put(docs)
 
 
+def before_the_pause(env, hook) -> None:
+    """Run ``hook`` once, when the job verifies its target (its first flush): after the
+    bulk pass and the first catch-up, right before the last catch-up and the switch."""
+    original = env.versions.flush
+    fired: list[bool] = []
+
+    def flush(physical: str) -> None:
+        if not fired:
+            fired.append(True)
+            hook()
+        original(physical)
+
+    env.versions.flush = flush
+
+
 def write(env, document) -> None:
     """What the ingestion pipeline does for an acknowledged write (fake store)."""
     live = env.versions.live
@@ -80,7 +95,7 @@ def test_writes_acknowledged_before_the_switch_are_in_the_new_version_at_it(env)
     tightened = doc(1, acl=DocumentAcl(allowed_groups=["hr"]))
     seen: dict[str, object] = {}
 
-    def announce(team: str, version: int) -> None:
+    def last_writes() -> None:
         # The last writes before the pause: the bulk pass and first catch-up are over.
         write(env, tightened)
         delete(env, docs[2])
@@ -93,7 +108,7 @@ def test_writes_acknowledged_before_the_switch_are_in_the_new_version_at_it(env)
         seen["deleted"] = [c for c in target.values() if c.doc_id == "d002"]
         return original_switch(team, version)
 
-    env.versions.announce = announce
+    before_the_pause(env, last_writes)
     env.versions.switch = switch
     result = env.make().run(options())
     assert seen == {"acl": {tightened.acl_allow}, "deleted": []}
@@ -137,7 +152,7 @@ def test_a_changed_text_under_a_model_change_is_embedded_after_the_switch(env):
     changed = doc(3, words=40)
     at_switch: dict[str, int] = {}
 
-    def announce(team: str, version: int) -> None:
+    def last_write() -> None:
         env.sources.put([changed])  # the gateway wrote it (with the old model) just now
 
     original_switch = env.versions.switch
@@ -147,7 +162,7 @@ def test_a_changed_text_under_a_model_change_is_embedded_after_the_switch(env):
         at_switch["d003"] = sum(1 for c in target.values() if c.doc_id == "d003")
         return original_switch(team, version)
 
-    env.versions.announce = announce
+    before_the_pause(env, last_write)
     env.versions.switch = switch
     result = env.make().run(options())
     # Absent at the switch (never stale), embedded with the new model right after it.
@@ -184,3 +199,20 @@ def test_a_pool_waits_until_it_fits_and_keeps_its_note_until_the_first_batch(mon
         ReindexOptions(team_id=TEAM, resource_wait_s=5, log_every_s=0.1), notes.append
     )
     assert notes == ["waiting for CPUs: busy"]
+
+
+def test_the_job_announces_its_target_before_the_switch_and_withdraws_it_on_failure(env):
+    from tests.faults import InjectedFailure, failing_after
+
+    stored_v1(env, [doc(i) for i in range(4)])
+    calls: list[tuple[str, int | None]] = []
+    env.versions.announce = lambda team, version: calls.append(("announce", version))
+    env.versions.withdraw = lambda team: calls.append(("withdraw", None))
+    original_switch = env.versions.switch
+    env.versions.switch = lambda team, v: calls.append(("switch", v)) or original_switch(team, v)
+    env.make().run(options())
+    assert calls == [("announce", 2), ("switch", 2)]
+    calls.clear()
+    with pytest.raises(InjectedFailure):
+        env.make(wrap_sink=failing_after(2)).run(options())
+    assert calls == [("withdraw", None)]
