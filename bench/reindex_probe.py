@@ -103,9 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port, collection="bench_reindex_probe", graph_enabled=False, num_cpus=2
     ) as h:
         client = httpx.Client(base_url=h.url(""), timeout=300)
-        for start in range(0, len(docs), 50):
-            r = client.post("/ingest/documents", json={"documents": docs[start : start + 50]})
+        # Small requests: each is indexed before it is answered (a request over
+        # ingest.sync_max_chars would become a background job, still running when the idle
+        # phase starts).
+        for start in range(0, len(docs), 10):
+            r = client.post("/ingest/documents", json={"documents": docs[start : start + 10]})
             r.raise_for_status()
+            assert r.status_code == 200, r.text
         logger.info("ingested %d chapters", len(docs))
         searcher = Searcher(h.url(""), queries)
         searcher.start()
