@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import secrets
 import tempfile
 import time
 from dataclasses import replace
@@ -34,7 +33,7 @@ from typing import Any
 from batch_ingest.documents import SourceDocument
 from batch_ingest.reindex import Reindexer, ReindexOptions
 from batch_ingest.source_store import SourceStore
-from bench.common import markdown_table, rate_summary, setup_logging, write_result
+from bench.common import markdown_table, rate_summary, setup_logging, start_local_ray, write_result
 from bench.corpus import generate_corpus
 from bench.filler import chunk_builder
 from serve_app.settings import GatewaySettings
@@ -220,19 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     results["raw"] = [raw_rates(settings, texts, t, args.reps) for t in sorted({1, max(actors)})]
     results["sequential"] = sequential_rates(settings, store, sources, args.reps)
 
-    token = tmp / "ray_token"
-    token.write_text(secrets.token_hex(32))
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+    start_local_ray(tmp, os.cpu_count())
     import ray
 
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        log_to_driver=False,
-        _temp_dir=str(tmp / "ray"),
-        num_cpus=os.cpu_count(),
-    )
     try:
         results["reindex"] = [
             reindex_rates(settings, store, sources, a, args.reps, args.batch_size) for a in actors

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import secrets
 import statistics
 import tempfile
 import time
@@ -35,7 +34,7 @@ from typing import Any
 from batch_ingest.documents import SourceDocument
 from batch_ingest.reindex import Reindexer, ReindexOptions
 from batch_ingest.source_store import SourceStore
-from bench.common import markdown_table, setup_logging, write_result
+from bench.common import markdown_table, setup_logging, start_local_ray, write_result
 from bench.realtext import build_chunks, embed_chunks, kjv_chapters
 from serve_app.settings import GatewaySettings
 
@@ -123,19 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     results["raw"] = {f"{t}_threads": round(raw_rate(settings, texts, t), 1) for t in (1, 2)}
     logger.info("raw: %s chunks/s", results["raw"])
 
-    token = tmp / "ray_token"
-    token.write_text(secrets.token_hex(32))
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+    start_local_ray(tmp, 2)
     import ray
 
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        log_to_driver=False,
-        _temp_dir=str(tmp / "ray"),
-        num_cpus=2,
-    )
     try:
         for name, v1_tag in (("copy", tag), ("embed", "all-MiniLM-L6-v2@old")):
             runs = []

@@ -287,3 +287,23 @@ async def http_ingest(
         "request_latency": latency_summary(latencies),
         **totals,
     }
+
+
+def start_local_ray(tmp: Path, num_cpus: int | None) -> None:
+    """A private local Ray for a benchmark: its files and a fresh auth token under ``tmp``
+    (nothing in ~/.ray), loopback only."""
+    import secrets
+
+    token = tmp / "ray_token"
+    token.write_text(secrets.token_hex(32))
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+    import ray
+
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        log_to_driver=False,
+        _temp_dir=str(tmp / "ray"),
+        num_cpus=num_cpus,
+    )

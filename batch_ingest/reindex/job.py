@@ -251,7 +251,7 @@ class Reindexer:
             # Outside the pause the model loads, then the documents' newest states are
             # written with the writes paused again (a newer write is never overwritten).
             worker = self.writer.worker(physical, False)
-            worker.embed([""])
+            worker.load_model()
             with self.barrier.switching(team, options.switch_wait_s):
                 self.writer.write_current(team, deferred, worker, sink)
             job.expected_chunks = sum(done.values())

@@ -101,14 +101,18 @@ class ReindexWorker:
         # Chunks of the last call that needed the model when ``embed`` was not allowed.
         self.deferred: list[tuple[str, str]] = []
 
-    def embed(self, texts: list[str]) -> Any:
+    def load_model(self) -> Callable[[list[str]], Any]:
+        """The embedding function, the model loaded on the first call."""
         if self._embed is None:
             from deployments.embedding import EmbedderCore
 
             core = EmbedderCore(self.settings)
             core.start()
             self._embed = lambda texts: core.encode(texts, "passage")
-        return self._embed(texts)
+        return self._embed
+
+    def embed(self, texts: list[str]) -> Any:
+        return self.load_model()(texts)
 
     @property
     def model_loaded(self) -> bool:
