@@ -34,12 +34,8 @@ logger = logging.getLogger(__name__)
 INLINE_QUERY_CHARS = 4096
 
 
-# One request in a batch queue: when it was queued (``time.perf_counter``) and its texts.
-Queued = tuple[float, list[str]]
-
-
-def _count_texts(requests: list[Queued]) -> int:
-    return sum(len(texts) for _, texts in requests)
+# One request in a batch queue: when it was queued (``time.perf_counter``) and its text.
+Queued = tuple[float, str]
 
 
 def deployment_options(settings: EmbedderSettings) -> dict[str, Any]:
@@ -63,13 +59,14 @@ class EmbedderDeployment:
     """Serve shell: loads the model in the background and batches texts across callers.
 
     Queries and passages have separate batch queues, so a search never waits behind a large
-    ingestion batch, and a batch is bounded by texts (``batch_size_fn``), not by requests:
-    a request with many texts is split into slices of at most ``max_batch_size`` first.
+    ingestion batch. Each text is queued on its own, so a batch of ``max_batch_size``
+    requests is ``max_batch_size`` texts. (A ``batch_size_fn`` counting texts per request
+    would do the same, but Ray 2.60 re-evaluates it over the whole batch for each arrival:
+    quadratic, ~16 ms per batch of 128 on an H200's host; bench/README.md "GPU check".)
     """
 
     def __init__(self, settings: EmbedderSettings) -> None:
         self.core = EmbedderCore(settings)
-        self._max_texts = settings.max_batch_size
         # In-replica time per call and per model batch (status(), so /readyz shows it).
         self._timing = MeanTimes()
         self._loading = BackgroundLoad(self.core.start, "embedder")
@@ -85,8 +82,7 @@ class EmbedderDeployment:
         }
         for queue, wait in waits.items():
             if "max_batch_size" in user_config:
-                self._max_texts = int(user_config["max_batch_size"])
-                queue.set_max_batch_size(self._max_texts)
+                queue.set_max_batch_size(int(user_config["max_batch_size"]))
             if wait is not None:
                 queue.set_batch_wait_timeout_s(float(wait))
 
@@ -121,11 +117,11 @@ class EmbedderDeployment:
         if not texts:
             return self.core.encode([], kind)
         queue = self._embed_queries if kind == "query" else self._embed_passages
-        step = self._max_texts
         started = time.perf_counter()
-        parts: list[Encoded] = await asyncio.gather(
-            *(queue((started, list(texts[i : i + step]))) for i in range(0, len(texts), step))
-        )
+        if len(texts) == 1:
+            parts: list[Encoded] = [await queue((started, texts[0]))]
+        else:
+            parts = await asyncio.gather(*(queue((started, text)) for text in texts))
         self._timing.add(f"{kind}_call", started)
         return Encoded.join(parts)
 
@@ -134,7 +130,7 @@ class EmbedderDeployment:
         # on the event loop itself: handing a ~10 ms forward pass to a worker thread made it
         # ~20 % slower and cut query throughput to a third (GIL hand-offs; bench/README.md).
         # Anything larger runs off the loop, so the replica keeps answering meanwhile.
-        flat = [text for _, texts in requests for text in texts]
+        flat = [text for _, text in requests]
         started = time.perf_counter()
         EMBEDDER_BATCH_SIZE.observe(len(flat), kind=kind)
         for queued, _ in requests:
@@ -145,20 +141,15 @@ class EmbedderDeployment:
             loop = asyncio.get_running_loop()
             encoded = await loop.run_in_executor(None, self.core.encode, flat, kind)
         self._timing.add(f"{kind}_batch", started, len(requests))
-        out, offset = [], 0
-        for _, texts in requests:
-            out.append(encoded.part(offset, offset + len(texts)))
-            offset += len(texts)
-        return out
+        return [encoded.part(i, i + 1) for i in range(len(requests))]
 
-    @serve.batch(max_batch_size=EMBED_BATCH, batch_wait_timeout_s=0.0, batch_size_fn=_count_texts)
+    @serve.batch(max_batch_size=EMBED_BATCH, batch_wait_timeout_s=0.0)
     async def _embed_queries(self, requests: list[Queued]) -> list[Encoded]:
         return await self._run(requests, "query")
 
     @serve.batch(
         max_batch_size=EMBED_BATCH,
         batch_wait_timeout_s=EMBED_BATCH_WAIT_S,
-        batch_size_fn=_count_texts,
     )
     async def _embed_passages(self, requests: list[Queued]) -> list[Encoded]:
         return await self._run(requests, "passage")

@@ -83,9 +83,25 @@ def test_m3_batches_across_requests_and_splits_back(m3_settings, m3_core):
         parts = await asyncio.gather(*(shell.encode([t], "passage") for t in TEXTS))
         together = await shell.encode(TEXTS, "passage")
         status = await shell.status()
-        return parts, together, status
+        # Each text is queued on its own: 11 texts with max_batch_size 4 run as batches of
+        # at most 4 texts. (Ray keeps one queue per decorated method and process, bound to
+        # the loop that first used it, so this runs in the same loop.)
+        shell.reconfigure({"max_batch_size": 4})
+        encode = shell.core.encode
 
-    parts, together, status = asyncio.run(run())
+        def counting(flat, kind):
+            sizes.append(len(flat))
+            return encode(flat, kind)
+
+        shell.core.encode = counting
+        many = await shell.encode(eleven, "passage")
+        return parts, together, status, many
+
+    sizes: list[int] = []
+    eleven = [f"{TEXTS[i % len(TEXTS)]} ({i})" for i in range(11)]
+    parts, together, status, many = asyncio.run(run())
+    assert sum(sizes) == 11 and max(sizes) <= 4 and len(sizes) >= 3
+    assert np.allclose(many.dense, m3_core.encode(eleven, "passage").dense, atol=1e-5)
     for i, part in enumerate(parts):
         assert part.dense.shape == (1, 32)
         assert np.allclose(part.dense[0], expected.dense[i], atol=1e-5)

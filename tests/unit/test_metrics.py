@@ -17,7 +17,6 @@ from batch_ingest.chunking import Chunker, whitespace_tokens
 from batch_ingest.documents import SourceDocument
 from batch_ingest.pipeline import IngestPipeline
 from deployments import metrics as dm
-from deployments.embedder import _count_texts
 from deployments.testing import FakeEmbedder, FakeVectorStore
 from serve_app import metrics as sm
 
@@ -243,10 +242,6 @@ def test_denials_and_cache_results_are_counted_by_code(live):
         (1.0, {"status": "401", "reason": "unknown"}),
     ]
     assert cache.calls == [(1.0, {"result": "unavailable"})]
-
-
-def test_the_embedder_batches_count_texts_of_queued_requests():
-    assert _count_texts([(0.0, ["a", "b"]), (1.0, ["c"])]) == 3
 
 
 async def test_ingestion_meters_the_embedded_tokens_per_team(live):
