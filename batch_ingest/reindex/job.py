@@ -191,9 +191,11 @@ class Reindexer:
         # so the switch finds it in memory (deployments/memindex/staging.py).
         announced = self._announce(job)
 
-        # Documents written or deleted while the bulk pass ran.
+        # Documents written or deleted while the bulk pass ran (in-process too when the
+        # model is unchanged: their vectors are reused, and an actor pool asked for here
+        # could wait for CPUs the Serve replicas hold).
         catchup_from = datetime.now(UTC)
-        self._catch_up(job, done, physical, job.snapshot_at, options, sink)
+        self._catch_up(job, done, physical, job.snapshot_at, bulk, sink)
 
         # Verify before anything is visible.
         versions.flush(physical)

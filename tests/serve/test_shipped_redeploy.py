@@ -13,6 +13,9 @@ Ray, beside its own gateway); nothing else changed.
   the replica that served it, both replicas among them; and the Ingress, Embedder and Graph
   files have their calls too (issue 32: a Retriever replica used to write only its start
   lines).
+- No ACL tightening or delete is undone by a reindex, with 1 Retriever replica and then with
+  2: 55 of them each, fired over HTTP at random phases of back-to-back ``POST
+  /admin/reindex`` jobs (tests/serve/revocations.py; issue 33).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+
+from tests.serve.revocations import revocations_during_reindexes
 
 pytestmark = pytest.mark.serve
 
@@ -142,6 +147,26 @@ def shipped(gateway: str, run_id: str, tmp_path_factory: pytest.TempPathFactory)
     _client().delete_apps([APP])
 
 
+def assert_no_revocation_undone(base: str, retrievers: int, seed: int) -> None:
+    app = wait_settled(0, retrievers=None)
+    running = sum(r["deployment"] == "Retriever" for r in replicas(app).values())
+    assert running == retrievers
+    out = revocations_during_reindexes(base, docs=64, writes=55, jobs=2, seed=seed)
+    print(
+        f"{retrievers} Retriever(s): {out.writes} writes ({len(out.tightened)} tightenings), "
+        f"{out.checks} checks, {len(out.jobs)} jobs, {len(out.leaks)} leaks"
+    )
+    assert out.errors == [], out.errors
+    assert out.leaks == [], out.leaks[:5]
+    assert out.writes >= 55 and out.checks > out.writes, (out.writes, out.checks)
+    assert len(out.jobs) >= 2 and {j["status"] for j in out.jobs} == {"succeeded"}, out.jobs
+    assert out.found_by_keeper == out.tightened
+
+
+def test_no_revocation_is_undone_by_a_reindex_with_one_retriever(shipped):
+    assert_no_revocation_undone(shipped["base"], retrievers=1, seed=331)
+
+
 def test_more_retriever_replicas_replace_no_other_replica(shipped):
     kept = replicas(wait_settled(0, retrievers=None))
     count = sum(r["deployment"] == "Retriever" for r in kept.values())  # 1 when run first
@@ -248,3 +273,8 @@ def test_two_retriever_replicas_log_every_call_in_their_own_files(shipped):
             if line.get("request_id") == ingest
         ]
         assert any(line["message"].startswith(method) for line in lines), (deployment, lines)
+
+
+def test_no_revocation_is_undone_by_a_reindex_with_two_retrievers(shipped):
+    wait_settled(deploy(with_retrievers(shipped["config"], 2, 2)), retrievers=2)
+    assert_no_revocation_undone(shipped["base"], retrievers=2, seed=332)

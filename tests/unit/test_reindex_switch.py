@@ -121,6 +121,37 @@ def test_writes_acknowledged_before_the_switch_are_in_the_new_version_at_it(env)
     )
 
 
+def test_an_unchanged_model_catches_up_in_process_too(env, monkeypatch):
+    """With the Ray engine and the same model, neither the bulk pass nor the first catch-up
+    starts an actor pool: on the shipped setup a pool waited 300 s for CPUs the Serve
+    replicas hold, and the job failed, for one access-list change made during the bulk pass."""
+    import batch_ingest.reindex.writer as writer
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("an actor pool was started")
+
+    monkeypatch.setattr(writer, "run_ray", no_pool)
+    docs = [doc(i) for i in range(6)]
+    stored_v1(env, docs)
+    tightened = doc(1, acl=DocumentAcl(allowed_groups=["hr"]))
+    original_upsert, fired = env.versions.upsert, []
+
+    def upsert(physical, rows):
+        # The first rows the bulk pass writes: a write lands while it runs.
+        if not fired and physical != env.versions.live:
+            fired.append(True)
+            write(env, tightened)
+        return original_upsert(physical, rows)
+
+    env.versions.upsert = upsert
+    result = env.make().run(replace(options(), engine="ray"))
+    assert fired and result.job.status == "succeeded"
+    assert {c.acl_allow for c in env.versions.live_rows().values() if c.doc_id == "d001"} == {
+        tightened.acl_allow
+    }
+    assert env.embed.texts == 0
+
+
 def test_a_write_during_the_switch_waits_and_lands_after_it(env):
     stored_v1(env, [doc(i) for i in range(3)])
     barrier = WriteBarrier(env.sources.engine, wait_s=10)
