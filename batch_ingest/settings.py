@@ -50,6 +50,13 @@ class ReindexSettings(BaseModel):
     # job off the head and the Serve replicas' nodes (REINDEX__ACTOR_RESOURCES as JSON).
     actor_resources: dict[str, float] = Field(default_factory=dict)
     batch_size: int = Field(16, ge=1, le=4096)
+    # Torch threads of each embedding actor when the model changes (0: the node's cores; a
+    # reindex is a bulk job, and one thread left the second core of a 2-core machine idle:
+    # 0.53x the raw model; bench/README.md "Reindex"). Set 1 to leave cores to searches.
+    torch_threads: int = Field(0, ge=0, le=64)
+    # How much lower the embedding actors' CPU priority is (Unix nice, 0-19): with every
+    # core theirs, searches still get a core as soon as they need one.
+    nice: int = Field(10, ge=0, le=19)
     # Seconds a job waits for the CPUs of its actor pool (Serve replicas or another job hold
     # them) before it fails naming what is missing.
     resource_wait_s: float = Field(300.0, ge=0)

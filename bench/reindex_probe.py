@@ -12,6 +12,11 @@ not contain word for word), top 5 (graph off: the app has no Graph):
 2. ``POST /admin/reindex`` (model unchanged: the job copies vectors), searching on until the
    job succeeded and ``--after-s`` more.
 
+``--model-change``: before the idle phase the team's live rows are tagged as another model's
+(their vectors stay those of the current model, so searches stay meaningful), and the job
+embeds every chunk again, as after a change of model, with ``reindex.torch_threads``
+(``--threads``; 0, the default, is every core).
+
 Reported: the job's wall time and chunks/s (its own figures), errors, search p50/p95/max idle
 vs during the job (and the ratio), and answers that are neither the old version's settled
 answer to the same query (its last idle answer) nor the new one's (its last answer after the
@@ -83,6 +88,27 @@ class Searcher(threading.Thread):
             time.sleep(0.2)
 
 
+def retag(h: ServeHarness, tag: str) -> int:
+    """Tag the team's live rows with ``tag`` (vectors kept): the next reindex embeds them."""
+    from dataclasses import replace
+
+    store = h.milvus_store()
+    versions = store.versions
+    physical = versions.name(TEAM, versions.current(TEAM))
+    ids = [
+        row["chunk_id"]
+        for row in store.conn.client.query(
+            physical, filter="", output_fields=["chunk_id"], limit=16_000
+        )
+    ]
+    rows = [replace(c, embed_model=tag) for c in versions.fetch_rows(physical, ids)]
+    for start in range(0, len(rows), 256):
+        versions.upsert(physical, rows[start : start + 256])
+    versions.flush(physical)
+    store.close()
+    return len(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--chapters", type=int, default=150)
@@ -90,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-s", type=float, default=30.0)
     parser.add_argument("--after-s", type=float, default=10.0)
     parser.add_argument("--port", type=int, default=8300)
+    parser.add_argument("--model-change", action="store_true")
+    parser.add_argument("--threads", type=int, default=0, help="reindex.torch_threads")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     setup_logging()
@@ -99,8 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "data": f"KJV chapters 1-{len(docs)}; {len(queries)} later verses as queries",
     }
+    result["model_change"] = args.model_change
+    result["torch_threads"] = args.threads
     with ServeHarness(
-        port=args.port, collection="bench_reindex_probe", graph_enabled=False, num_cpus=2
+        port=args.port,
+        collection="bench_reindex_probe",
+        graph_enabled=False,
+        num_cpus=2,
+        settings={"reindex": {"torch_threads": args.threads}},
     ) as h:
         client = httpx.Client(base_url=h.url(""), timeout=300)
         # Small requests: each is indexed before it is answered (a request over
@@ -111,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             r.raise_for_status()
             assert r.status_code == 200, r.text
         logger.info("ingested %d chapters", len(docs))
+        if args.model_change:
+            logger.info("tagged %d rows as another model's", retag(h, "all-MiniLM-L6-v2@old"))
         searcher = Searcher(h.url(""), queries)
         searcher.start()
         time.sleep(args.idle_s)

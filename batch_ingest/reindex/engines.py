@@ -13,7 +13,7 @@ from typing import Any
 
 from batch_ingest.reindex.options import ReindexError, ReindexOptions
 from batch_ingest.reindex.private_ray import init_ray
-from batch_ingest.reindex.worker import ReindexWorker
+from batch_ingest.reindex.worker import PoolWorker, ReindexWorker
 
 logger = logging.getLogger("batch_ingest.reindex")
 
@@ -154,7 +154,7 @@ def run_ray(
     ds = ray.data.from_items(
         [{"document": d} for d in documents], override_num_blocks=blocks
     ).map_batches(
-        ReindexWorker,
+        PoolWorker,
         fn_constructor_args=(spec, *worker_args),
         batch_size=options.batch_size,
         batch_format="numpy",

@@ -4,6 +4,7 @@ an in-memory versioned store, the job records, and the admin API's access rules.
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -584,3 +585,45 @@ def test_reindex_records_its_embedded_tokens_in_the_ledger(env):
     (row,) = EmbeddingUsage(env.sources.engine).rows(TEAM)
     assert (row.source, row.chunks) == ("reindex", len(chunks))
     assert row.tokens == sum(whitespace_tokens(c.text) for c in chunks)
+
+
+@pytest.mark.parametrize(("configured", "expected"), [(0, os.cpu_count() or 1), (1, 1), (3, 3)])
+def test_the_embedding_workers_use_the_configured_torch_threads(configured, expected):
+    """reindex.torch_threads: 0 (the default) is every core of the worker's node."""
+    settings = GatewaySettings(reindex={"torch_threads": configured})
+    worker = ReindexWorker(
+        worker_spec(settings),
+        "p",
+        False,
+        versions=FakeVersions(),
+        embed=CountingEmbed(),
+        builder=ChunkBuilder(Chunker(whitespace_tokens, 50, 5), MODEL),
+    )
+    assert worker.settings.torch_threads == expected
+
+
+def test_a_pool_worker_runs_at_a_lower_cpu_priority():
+    """reindex.nice: the pool's worker process (here a child process) lowers the priority
+    of all its threads, searches keep theirs."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        before, after = pool.apply(_priority_after, (5,))
+    assert after == min(19, before + 5)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before  # this process untouched
+
+
+def _priority_after(nice: int) -> tuple[int, int]:
+    import threading
+
+    from batch_ingest.reindex.worker import lower_priority
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    started = threading.Event()
+    threading.Thread(target=started.wait, daemon=True).start()  # a thread that exists already
+    reached = lower_priority(nice)
+    tids = [int(t) for t in os.listdir("/proc/self/task")]
+    assert {os.getpriority(os.PRIO_PROCESS, t) for t in tids} == {reached}
+    started.set()
+    return before, reached
