@@ -192,3 +192,77 @@ def test_without_a_change_a_write_never_asks_the_store_for_its_model():
     assert not asyncio.run(pipeline.ingest([doc])).failed
     assert {c.embed_model for c in store.rows.values()} == {OLD.embed_model_tag}
     assert [model for _, _, model in embedder.calls] == [None]
+
+
+# --- the Retriever: the vector of the version each search reads ----------------------------
+class Changes:
+    """The change log's heads of one alias: its swap token changes at each switch."""
+
+    def __init__(self) -> None:
+        self.swap = "s1"
+
+    def heads(self, alias: str) -> Any:
+        from deployments.memindex.changes import Heads
+
+        return Heads(rows="r", swap=self.swap)
+
+
+class TwoVersions:
+    """A team's alias over v1 (old model) and, after ``swap``, v2 (the next model)."""
+
+    def __init__(self) -> None:
+        self.live = "rag__t__v1"
+        self.changes = Changes()
+        self.models = {"rag__t__v1": OLD.embed_model_tag, "rag__t__v2": NEW.embed_model_tag}
+
+    def collection_for(self, team_id: str) -> str:
+        return "rag__t"
+
+    def live_physical(self, team_id: str) -> str | None:
+        return self.live
+
+    def model_of(self, physical: str) -> str | None:
+        return self.models.get(physical)
+
+    def swap(self) -> None:
+        self.live, self.changes.swap = "rag__t__v2", "s2"
+
+
+class StoreOfTwoVersions:
+    def __init__(self) -> None:
+        self.versions = TwoVersions()
+        self.searches: list[tuple[str | None, list[float] | None, bool]] = []
+
+    def search(self, text, vector, flt, limit, mode, lexical=None, *, physical=None, strict=False):
+        self.searches.append((physical, vector, strict))
+        return []
+
+
+def test_the_retriever_searches_each_version_with_its_models_vector():
+    from deployments.config import MilvusSettings
+    from deployments.protocols import SearchFilter
+    from deployments.retriever import RetrieverDeployment
+
+    store = StoreOfTwoVersions()
+    settings = MilvusSettings(memory_index={"enabled": False})
+    retriever = RetrieverDeployment(settings, 384, store=store)  # type: ignore[arg-type]
+    vectors = {OLD.embed_model_tag: [1.0, 1.0, 1.0], NEW.embed_model_tag: [2.0, 2.0]}
+    flt = SearchFilter(team_id="t")
+
+    def dense(read_id: str) -> None:
+        asyncio.run(
+            retriever.candidates("q", None, flt, 5, ("dense",), read_id, query_vectors=vectors)
+        )
+
+    dense("before")
+    store.versions.swap()
+    dense("after")
+    dense("before")  # a later call of a search that read v1 before the switch
+    assert store.searches == [
+        ("rag__t__v1", [1.0, 1.0, 1.0], True),
+        ("rag__t__v2", [2.0, 2.0], True),
+        ("rag__t__v1", [1.0, 1.0, 1.0], True),
+    ]
+    # Without ``query_vectors`` (one model served) nothing changes: the vector as given.
+    asyncio.run(retriever.candidates("q", [0.5], flt, 5, ("dense",), "plain"))
+    assert store.searches[-1] == ("rag__t__v2", [0.5], False)
