@@ -266,3 +266,20 @@ def test_the_retriever_searches_each_version_with_its_models_vector():
     # Without ``query_vectors`` (one model served) nothing changes: the vector as given.
     asyncio.run(retriever.candidates("q", [0.5], flt, 5, ("dense",), "plain"))
     assert store.searches[-1] == ("rag__t__v2", [0.5], False)
+
+
+def test_a_job_started_by_the_gateway_embeds_with_the_model_it_was_deployed_with(monkeypatch):
+    import json
+
+    from batch_ingest.reindex.launcher import JOB_SECTIONS, _dump
+
+    def job_settings(gateway: BatchSettings) -> BatchSettings:
+        # What run_job rebuilds from the sections the launcher sends (as JSON to a process).
+        overrides = {name: _dump(getattr(gateway, name)) for name in JOB_SECTIONS}
+        return BatchSettings(**json.loads(json.dumps(overrides)))
+
+    monkeypatch.setenv("EMBEDDER_NEXT__MODEL_NAME", "stale-env-model")
+    changing = job_settings(BatchSettings(embedder=OLD, embedder_next=NEW))
+    assert changing.reindex_embedder.embed_model_tag == NEW.embed_model_tag
+    settled = job_settings(BatchSettings(embedder=OLD, embedder_next=None))
+    assert settled.reindex_embedder.embed_model_tag == OLD.embed_model_tag
