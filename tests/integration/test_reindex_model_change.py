@@ -156,10 +156,11 @@ async def test_a_model_change_searches_old_then_new_and_keeps_every_write(setup,
     i = 0
     ended: float | None = None
     took = 0.0
+    during = 0  # writes acknowledged while the job ran
     while ended is None or time.monotonic() - ended < AFTER_S:
         if ended is None and not thread.is_alive():
             ended = time.monotonic()
-            took = ended - started
+            took, during = ended - started, len(written)
         p = probes[i % len(probes)]
         try:
             physical, model = await search(searcher, team, p)
@@ -196,6 +197,10 @@ async def test_a_model_change_searches_old_then_new_and_keeps_every_write(setup,
     assert versions.model_of(v2) == new_tag and versions.dim_of(v2) == 64
     stored = writer.store.get_chunks(team, "doc", "after")
     assert stored and {c.embed_model for c in stored} == {new_tag}
+    # Not one row of another model: the job's catch-ups re-embedded the writes made during
+    # it, the pipeline embedded those after the switch with the new model.
+    assert versions.count(v2, f'embed_model != "{new_tag}"') == 0
+    assert 0 < during < len(written)
 
     # Every document, those written during the job and after it included, is found with
     # new-model query vectors (its own neighbour at cosine ~1) and by its marker word.
@@ -212,6 +217,7 @@ async def test_a_model_change_searches_old_then_new_and_keeps_every_write(setup,
     print(
         f"\nmodel change: job {took:.1f}s, {len(seen)} searches during it and {AFTER_S}s after "
         f"({physicals.count(v1)} on v1/{old_tag}, {physicals.count(v2)} on v2/{new_tag}), "
-        f"{len(written) - 1} writes during it, 0 errors; memory index {status['hits']} hits, "
+        f"{during} writes during it and {len(written) - during} after, 0 errors; "
+        f"memory index {status['hits']} hits, "
         f"{status['adoptions']} adoptions, {status['loads']} loads"
     )
