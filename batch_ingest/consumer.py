@@ -424,18 +424,23 @@ def build_pipeline(settings: Any = None) -> IngestPipeline:
     all configured by ``BatchSettings`` (the same environment variables as the gateway)."""
     from batch_ingest import pipeline
     from batch_ingest.source_store import SourceStore
-    from deployments.embedding import LocalEmbedder, embedding_dim
+    from deployments.embedder_models import LocalModels
+    from deployments.embedding import embedding_dim
     from deployments.graph_store import Neo4jGraph
     from deployments.protocols import Backends
     from deployments.retriever import RetrieverDeployment
 
     settings = settings or BatchSettings()
-    embedder = LocalEmbedder(settings.embedder)
-    embedder.core.start()
+    # During a change of model (``embedder_next``) both models, picked per team.
+    embedder = LocalModels(*settings.embedders)
+    embedder.models.start()
     backends = Backends(
         embedder=embedder,
         store=RetrieverDeployment(
-            settings.milvus, embedding_dim(settings.embedder), settings.embedder.lexical
+            settings.milvus,
+            embedding_dim(settings.embedder),
+            settings.embedder.lexical,
+            models={e.embed_model_tag: embedding_dim(e) for e in settings.embedders},
         ),
         graph=Neo4jGraph(settings.neo4j),
     )

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -96,6 +96,7 @@ def build_pipeline(
         sources=sources,
         usage_source=usage_source,
         lexical=settings.embedder.lexical,
+        other_models=[e.embed_model_tag for e in settings.embedders[1:]],
     )
 
 
@@ -110,6 +111,10 @@ class IngestPipeline:
         embed_model: tag stored in every chunk (``name@version``).
         lexical: the embedder makes learned sparse weights too (BGE-M3): passages are
             ``encode``d and the weights stored beside the vectors.
+        other_models: tags of the other models the embedder serves (the next one during a
+            change of model): a team whose live version holds one of them
+            (``store.embed_model``) has its chunks embedded with that model (``model=``), so
+            what is written after a reindex switched the team matches its new version.
     """
 
     def __init__(
@@ -123,8 +128,11 @@ class IngestPipeline:
         sources: SourceStore | None = None,
         usage_source: str = "api",
         lexical: bool = False,
+        other_models: Sequence[str] = (),
     ) -> None:
         self.lexical = lexical
+        self.embed_model = embed_model
+        self.other_models = tuple(m for m in other_models if m != embed_model)
         self.embedder = embedder
         self.store = store
         self.graph = graph
@@ -169,6 +177,7 @@ class IngestPipeline:
         unchanged: list[SourceDocument] = []
         # Off the event loop: a long document takes seconds to tokenize.
         built = await asyncio.to_thread(lambda: [(d, self.build_chunks(d)) for d in docs])
+        built = await self._for_live_models(built)
         # Primary-key lookups only (filtered scans are slow in Milvus Lite): chunk ids are
         # deterministic, so the new ids find whatever of the document is already stored.
         by_team: dict[str, list[str]] = {}
@@ -273,17 +282,57 @@ class IngestPipeline:
         report.took_ms = round((time.perf_counter() - started) * 1000, 1)
         return report
 
+    async def _for_live_models(
+        self, built: list[tuple[SourceDocument, list[ChunkRecord]]]
+    ) -> list[tuple[SourceDocument, list[ChunkRecord]]]:
+        """During a change of model: the chunks of a team whose live version holds another
+        served model's vectors, tagged with that model (read under the write barrier, so a
+        reindex cannot switch the team before this call is recorded)."""
+        # A store that cannot say (a test double) holds the primary model's vectors.
+        model_of = getattr(self.store, "embed_model", None)
+        if not self.other_models or model_of is None:
+            return built
+        live: dict[str, str | None] = {}
+        for team_id in dict.fromkeys(d.team_id for d, _ in built):
+            live[team_id] = await model_of(team_id)
+        out = []
+        for doc, chunks in built:
+            tag = live.get(doc.team_id)
+            if tag in self.other_models:
+                chunks = [replace(c, embed_model=tag) for c in chunks]
+            out.append((doc, chunks))
+        return out
+
     async def _embed(self, chunks: list[ChunkRecord]) -> list[Embedding]:
-        """Each chunk's vector (and learned sparse weights, from a BGE-M3 embedder)."""
-        texts = [c.text for c in chunks]
+        """Each chunk's vector (and learned sparse weights, from a BGE-M3 embedder), by the
+        model its ``embed_model`` names."""
+        by_model: dict[str, list[int]] = {}
+        for i, c in enumerate(chunks):
+            by_model.setdefault(c.embed_model, []).append(i)
+        out: list[Embedding | None] = [None] * len(chunks)
+        for tag, positions in by_model.items():
+            # The primary model is asked for without naming it (any Embedder answers).
+            more = {} if tag == self.embed_model else {"model": tag}
+            rows = await self._embed_texts([chunks[i].text for i in positions], more)
+            for i, row in zip(positions, rows, strict=True):
+                out[i] = row
+        return [row for row in out if row is not None]
+
+    async def _embed_texts(self, texts: list[str], more: dict[str, str]) -> list[Embedding]:
         slices = range(0, len(texts), CALL_MAX_CHUNKS)
         if not self.lexical:
             parts = await asyncio.gather(
-                *(self.embedder.embed(texts[i : i + CALL_MAX_CHUNKS], "passage") for i in slices)
+                *(
+                    self.embedder.embed(texts[i : i + CALL_MAX_CHUNKS], "passage", **more)
+                    for i in slices
+                )
             )
             return [(v, None) for part in parts for v in part]
         encoded = await asyncio.gather(
-            *(self.embedder.encode(texts[i : i + CALL_MAX_CHUNKS], "passage") for i in slices)
+            *(
+                self.embedder.encode(texts[i : i + CALL_MAX_CHUNKS], "passage", **more)
+                for i in slices
+            )
         )
         return [row for part in encoded for row in part.rows()]
 
@@ -426,8 +475,6 @@ class IngestPipeline:
 
 
 def _with_vector(chunk: ChunkRecord, embedding: Embedding) -> ChunkRecord:
-    from dataclasses import replace
-
     vector, lexical = embedding
     return replace(chunk, vector=[float(x) for x in vector], lexical=lexical)
 

@@ -139,12 +139,30 @@ class BatchSettings(BaseSettings):
 
     environment: Literal["development", "test", "production"] = "development"
     embedder: EmbedderSettings = EmbedderSettings()
+    # The model a change of embedding model moves to (docs/operations.md, "Changing the
+    # embedding model"): while set, the Embedder also serves it, a reindex embeds with it, and
+    # a search or write of a team is embedded with the model of the version it reaches.
+    # ``None``: no change under way.
+    embedder_next: EmbedderSettings | None = None
     milvus: MilvusSettings = MilvusSettings()
     neo4j: Neo4jSettings = Neo4jSettings()
     state: StateSettings = StateSettings()
     chunking: ChunkingSettings = ChunkingSettings()
     reindex: ReindexSettings = ReindexSettings()
     nats: ConsumerSettings = ConsumerSettings()
+
+    @property
+    def embedders(self) -> list[EmbedderSettings]:
+        """The models served: the primary, then the next one during a model change."""
+        nxt = self.embedder_next
+        if nxt is None or nxt.embed_model_tag == self.embedder.embed_model_tag:
+            return [self.embedder]
+        return [self.embedder, nxt]
+
+    @property
+    def reindex_embedder(self) -> EmbedderSettings:
+        """The model a reindex embeds with: the next one while a model change is under way."""
+        return self.embedders[-1]
 
     @model_validator(mode="after")
     def _no_placeholder_secrets_in_production(self) -> BatchSettings:

@@ -25,7 +25,7 @@ from deployments.timing import MeanTimes
 if TYPE_CHECKING:
     pass
 
-from deployments.embedding import EmbedderCore
+from deployments.embedder_models import EmbedderModels
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +34,10 @@ logger = logging.getLogger(__name__)
 INLINE_QUERY_CHARS = 4096
 
 
-# One request in a batch queue: when it was queued (``time.perf_counter``) and its text.
-Queued = tuple[float, str]
+# One request in a batch queue: when it was queued (``time.perf_counter``), its text and the
+# tag of the model to embed it with (one queue serves every model: Ray keeps one queue per
+# decorated method and process).
+Queued = tuple[float, str, str]
 
 
 def deployment_options(settings: EmbedderSettings) -> dict[str, Any]:
@@ -63,13 +65,19 @@ class EmbedderDeployment:
     requests is ``max_batch_size`` texts. (A ``batch_size_fn`` counting texts per request
     would do the same, but Ray 2.60 re-evaluates it over the whole batch for each arrival:
     quadratic, ~16 ms per batch of 128 on an H200's host; bench/README.md "GPU check".)
+
+    During a change of model (``next_settings``) it loads the next model too; a caller names
+    it with ``model=<tag>``, and a batch holding texts of both models runs each model once.
     """
 
-    def __init__(self, settings: EmbedderSettings) -> None:
-        self.core = EmbedderCore(settings)
+    def __init__(
+        self, settings: EmbedderSettings, next_settings: EmbedderSettings | None = None
+    ) -> None:
+        self.models = EmbedderModels(settings, next_settings)
+        self.core = self.models.primary
         # In-replica time per call and per model batch (status(), so /readyz shows it).
         self._timing = MeanTimes()
-        self._loading = BackgroundLoad(self.core.start, "embedder")
+        self._loading = BackgroundLoad(self.models.start, "embedder")
         self._loading.begin()
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
@@ -90,12 +98,15 @@ class EmbedderDeployment:
         """Serve's health check: fails the replica whose model failed to load. It runs
         every few seconds, so it also hands an idle replica's freed memory back."""
         check_model(self._loading)
-        if self.core.loaded:
-            self.core.release_memory()
+        for core in self.models.cores.values():
+            if core.loaded:
+                core.release_memory()
 
     async def status(self) -> dict[str, Any]:
+        more = {"models": self.models.status()} if len(self.models.cores) > 1 else {}
         return {
-            "ready": self.core.loaded,
+            **more,
+            "ready": self.models.loaded,
             "model": self.core.settings.embed_model_tag,
             "path": self.core.model_path,
             "dim": self.core.dim,
@@ -105,23 +116,30 @@ class EmbedderDeployment:
             "timing": self._timing.snapshot(),
         }
 
-    async def embed(self, texts: list[str], kind: str = "passage") -> np.ndarray:
-        return (await self.encode(texts, kind)).dense
+    async def embed(
+        self, texts: list[str], kind: str = "passage", *, model: str | None = None
+    ) -> np.ndarray:
+        return (await self.encode(texts, kind, model=model)).dense
 
-    async def encode(self, texts: list[str], kind: str = "passage") -> Encoded:
-        """Dense vectors and, with a BGE-M3 model, learned sparse weights (``Encoded``)."""
+    async def encode(
+        self, texts: list[str], kind: str = "passage", *, model: str | None = None
+    ) -> Encoded:
+        """Dense vectors and, with a BGE-M3 model, learned sparse weights (``Encoded``), by
+        the model tagged ``model`` (``None``: the primary; one not served: ``InvalidInput``)."""
         if kind not in ("query", "passage"):
             raise InvalidInput(f"kind must be 'query' or 'passage', got {kind!r}")
-        if not self.core.loaded:
+        core = self.models.core(model)
+        if not self.models.loaded:
             await self._loading.wait()
         if not texts:
-            return self.core.encode([], kind)
+            return core.encode([], kind)
+        tag = core.settings.embed_model_tag
         queue = self._embed_queries if kind == "query" else self._embed_passages
         started = time.perf_counter()
         if len(texts) == 1:
-            parts: list[Encoded] = [await queue((started, texts[0]))]
+            parts: list[Encoded] = [await queue((started, texts[0], tag))]
         else:
-            parts = await asyncio.gather(*(queue((started, text)) for text in texts))
+            parts = await asyncio.gather(*(queue((started, text, tag)) for text in texts))
         self._timing.add(f"{kind}_call", started)
         return Encoded.join(parts)
 
@@ -130,18 +148,23 @@ class EmbedderDeployment:
         # on the event loop itself: handing a ~10 ms forward pass to a worker thread made it
         # ~20 % slower and cut query throughput to a third (GIL hand-offs; bench/README.md).
         # Anything larger runs off the loop, so the replica keeps answering meanwhile.
-        flat = [text for _, text in requests]
         started = time.perf_counter()
-        EMBEDDER_BATCH_SIZE.observe(len(flat), kind=kind)
-        for queued, _ in requests:
+        EMBEDDER_BATCH_SIZE.observe(len(requests), kind=kind)
+        for queued, _, _ in requests:
             EMBEDDER_QUEUE_WAIT.observe(started - queued, kind=kind)
-        if kind == "query" and sum(len(t) for t in flat) <= INLINE_QUERY_CHARS:
-            encoded = self.core.encode(flat, kind)
-        else:
-            loop = asyncio.get_running_loop()
-            encoded = await loop.run_in_executor(None, self.core.encode, flat, kind)
+        out: list[Encoded | None] = [None] * len(requests)
+        for tag, positions in _by_model(requests).items():
+            flat = [requests[i][1] for i in positions]
+            core = self.models.core(tag)
+            if kind == "query" and sum(len(t) for t in flat) <= INLINE_QUERY_CHARS:
+                encoded = core.encode(flat, kind)
+            else:
+                loop = asyncio.get_running_loop()
+                encoded = await loop.run_in_executor(None, core.encode, flat, kind)
+            for j, i in enumerate(positions):
+                out[i] = encoded.part(j, j + 1)
         self._timing.add(f"{kind}_batch", started, len(requests))
-        return [encoded.part(i, i + 1) for i in range(len(requests))]
+        return [part for part in out if part is not None]
 
     @serve.batch(max_batch_size=EMBED_BATCH, batch_wait_timeout_s=0.0)
     async def _embed_queries(self, requests: list[Queued]) -> list[Encoded]:
@@ -156,3 +179,11 @@ class EmbedderDeployment:
 
     async def count_tokens(self, text: str) -> int:
         return self.core.count_tokens(text)
+
+
+def _by_model(requests: list[Queued]) -> dict[str, list[int]]:
+    """Positions of a batch's requests per model tag (one forward loop per model)."""
+    out: dict[str, list[int]] = {}
+    for i, (_, _, tag) in enumerate(requests):
+        out.setdefault(tag, []).append(i)
+    return out

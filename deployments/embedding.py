@@ -349,13 +349,20 @@ class SplitEmbedder:
         self._local = 0
         self._spilled = 0
 
-    async def embed(self, texts: list[str], kind: str = "passage") -> Any:
-        return await self._call("embed", texts, kind)
+    async def embed(
+        self, texts: list[str], kind: str = "passage", *, model: str | None = None
+    ) -> Any:
+        return await self._call("embed", texts, kind, model)
 
-    async def encode(self, texts: list[str], kind: str = "passage") -> Any:
-        return await self._call("encode", texts, kind)
+    async def encode(
+        self, texts: list[str], kind: str = "passage", *, model: str | None = None
+    ) -> Any:
+        return await self._call("encode", texts, kind, model)
 
-    async def _call(self, method: str, texts: list[str], kind: str) -> Any:
+    async def _call(self, method: str, texts: list[str], kind: str, model: str | None) -> Any:
+        # Another model than the local one (a change of model): the shared embedder.
+        if model is not None and model != self.queries.core.settings.embed_model_tag:
+            return await getattr(self.passages, method)(texts, kind, model=model)
         if kind != "query":
             return await getattr(self.passages, method)(texts, kind)
         local = self._in_flight < self.local_slots and not self.busy()

@@ -18,12 +18,16 @@ ACL_TOKEN_LENGTH = MAX_ID + 8
 LEXICAL_FIELD = "lexical"
 
 
+# The collection property naming the embedding model of every vector a version holds.
+EMBED_MODEL_PROPERTY = "rag.embed_model"
+
+
 def collection_definition(
-    settings: MilvusSettings, dim: int, *, lexical: bool = False
+    settings: MilvusSettings, dim: int, *, lexical: bool = False, embed_model: str = ""
 ) -> dict[str, Any]:
     """``create_collection`` keyword arguments: schema (with the BM25 function over
-    ``text``, and the ``lexical`` sparse field when ``lexical``), index parameters and the
-    partition count."""
+    ``text``, and the ``lexical`` sparse field when ``lexical``), index parameters, the
+    partition count and, with ``embed_model``, the model tag as a collection property."""
     import_pymilvus()
     from pymilvus import DataType, Function, FunctionType, MilvusClient
 
@@ -101,7 +105,16 @@ def collection_definition(
     # One team per collection needs no partition-key buckets (a Milvus cluster honours
     # this; Milvus Lite ignores it).
     partitions = 1 if settings.layout == "collection_per_team" else 16
-    return {"schema": schema, "index_params": index, "num_partitions": partitions}
+    out: dict[str, Any] = {"schema": schema, "index_params": index, "num_partitions": partitions}
+    if embed_model:
+        out["properties"] = {EMBED_MODEL_PROPERTY: embed_model}
+    return out
+
+
+def embed_model_property(description: dict[str, Any]) -> str | None:
+    """The model tag a collection was created for (``None``: created before it was noted)."""
+    properties = description.get("properties") or {}
+    return str(properties[EMBED_MODEL_PROPERTY]) if EMBED_MODEL_PROPERTY in properties else None
 
 
 def dense_dim(description: dict[str, Any]) -> int | None:

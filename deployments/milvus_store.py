@@ -49,9 +49,20 @@ class MilvusStore:
         lexical: the embedder makes learned sparse weights (BGE-M3): collections created
             from now on get the ``lexical`` field, and the ``lexical`` method searches it
             (in a collection without the field it finds nothing).
+        embed_model: the tag of the model making ``dim``-d vectors, noted on the collections
+            it creates (``CollectionVersions.model_of``).
+        dims: other vector sizes a collection may hold (during a change of model).
     """
 
-    def __init__(self, settings: MilvusSettings, *, dim: int, lexical: bool = False) -> None:
+    def __init__(
+        self,
+        settings: MilvusSettings,
+        *,
+        dim: int,
+        lexical: bool = False,
+        embed_model: str = "",
+        dims: tuple[int, ...] = (),
+    ) -> None:
         self.settings = settings
         self.dim = dim
         self.lexical = lexical
@@ -73,6 +84,8 @@ class MilvusStore:
             changes=self.changes,
             on_switch=self._switched,
             lexical=lexical,
+            embed_model=embed_model,
+            dims=dims,
         )
 
     def _switched(self, alias: str) -> None:
@@ -135,7 +148,8 @@ class MilvusStore:
     def upsert(self, chunks: list[ChunkRecord]) -> int:
         if not chunks:
             return 0
-        check_vectors(chunks, self.dim)
+        # Each collection checks its own size (a change of model has two).
+        check_vectors(chunks, self.versions.dims)
         by_team: dict[str, list[ChunkRecord]] = {}
         for chunk in chunks:
             by_team.setdefault(chunk.team_id, []).append(chunk)
@@ -249,6 +263,11 @@ class MilvusStore:
                 out[key].append((row["chunk_id"], row["content_hash"], row["embed_model"]))
         return out
 
+    def live_model(self, team_id: str) -> str | None:
+        """The model tag of the version the team's alias names now (``None``: none yet)."""
+        physical = self.versions.live_physical(team_id)
+        return None if physical is None else self.versions.model_of(physical)
+
     def count(self, team_id: str) -> int:
         name = self._collection(team_id, create=False)
         if name is None:
@@ -280,6 +299,7 @@ class MilvusStore:
         query_lexical: Mapping[int, float] | None = None,
         *,
         physical: str | None = None,
+        strict: bool = False,
     ) -> list[SearchHit]:
         """Top ``limit`` chunks inside ``flt``, searched in the filter's team collection only.
 
@@ -292,7 +312,8 @@ class MilvusStore:
         ``physical``: search this version of the team's collection (by its physical name)
         rather than whatever the alias names when the call arrives, so that the calls of one
         search read one version across a reindex swap (``memindex.pins``). If that version
-        is gone (dropped after the swap), the alias answers.
+        is gone (dropped after the swap), the alias answers, unless ``strict`` (the query
+        vector was chosen for that version's model: the alias may name another model's).
         """
         if mode not in SEARCH_METHODS:
             raise InvalidInput(f"mode must be one of {', '.join(SEARCH_METHODS)}, got {mode!r}")
@@ -311,6 +332,8 @@ class MilvusStore:
                 self._load_physical(physical)
                 return self._search_in(physical, *args)
             except BackendUnavailable as exc:
+                if strict:
+                    raise
                 logger.info("search of %s failed (%s); searching the alias", physical, exc)
         return self._search_in(name, *args)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 from deployments.config import MilvusSettings
 from deployments.errors import BackendUnavailable, InvalidInput
@@ -19,6 +19,7 @@ from deployments.milvus_rows import chunk_to_row, chunk_with_vector, output_fiel
 from deployments.milvus_schema import (
     collection_definition,
     dense_dim,
+    embed_model_property,
     has_acl_fields,
     has_lexical_field,
 )
@@ -42,6 +43,10 @@ class CollectionVersions:
             (under the alias) or in the announced one (under the physical name).
         on_switch: called with the alias after it was pointed elsewhere (the store forgets
             what it had opened under that name).
+        embed_model: the tag of the model making ``dim``-d vectors, noted on each version
+            created without another one (``model_of``).
+        dims: other vector sizes a collection may have (the models a change of model moves
+            between, docs/operations.md "Changing the embedding model").
     """
 
     def __init__(
@@ -54,16 +59,22 @@ class CollectionVersions:
         changes: ChangeLog,
         on_switch: Callable[[str], None],
         lexical: bool = False,
+        embed_model: str = "",
+        dims: Collection[int] = (),
     ) -> None:
         self.conn = conn
         self.settings = settings
         self.dim = dim
+        self.embed_model = embed_model
+        self.dims = frozenset({dim, *dims})
         self.lexical = lexical
         self.alias_for = alias_for
         self.changes = changes
         self.on_switch = on_switch
         # name -> (has the ACL fields, has the lexical field, when it was described)
         self._seen: dict[str, tuple[bool, bool, float]] = {}
+        # name -> (vector size, model tag, when it was described)
+        self._shape: dict[str, tuple[int | None, str | None, float]] = {}
 
     def name(self, team_id: str, version: int) -> str:
         """The physical collection ``<alias>__v<version>``."""
@@ -92,21 +103,33 @@ class CollectionVersions:
                 found.append(int(match.group(1)))
         return sorted(found)
 
-    def create_physical(self, physical: str) -> None:
-        """Create ``physical`` with the chunk schema and indexes; "already exists" (another
-        replica was first) is fine."""
+    def create_physical(
+        self,
+        physical: str,
+        *,
+        dim: int | None = None,
+        embed_model: str | None = None,
+        lexical: bool | None = None,
+    ) -> None:
+        """Create ``physical`` with the chunk schema and indexes, for ``dim``-d vectors of
+        ``embed_model`` (default: the store's model); "already exists" (another replica was
+        first) is fine."""
+        dim = dim or self.dim
+        tag = self.embed_model if embed_model is None else embed_model
+        lexical = self.lexical if lexical is None else lexical
         try:
             self.conn.call(
                 "create collection",
                 "create_collection",
                 physical,
-                **collection_definition(self.settings, self.dim, lexical=self.lexical),
+                **collection_definition(self.settings, dim, lexical=lexical, embed_model=tag),
             )
             logger.info(
-                "created Milvus collection %s (dim=%d%s)",
+                "created Milvus collection %s (dim=%d, model %s%s)",
                 physical,
-                self.dim,
-                ", learned sparse field" if self.lexical else "",
+                dim,
+                tag or "not noted",
+                ", learned sparse field" if lexical else "",
             )
         except BackendUnavailable:
             if not self.conn.call("has collection", "has_collection", physical):
@@ -134,34 +157,76 @@ class CollectionVersions:
     def _describe(self, name: str) -> tuple[int | None, bool, bool]:
         description = self.conn.call("describe", "describe_collection", name)
         acl, lexical = has_acl_fields(description), has_lexical_field(description)
-        self._seen[name] = (acl, lexical, time.monotonic())
-        return dense_dim(description), acl, lexical
+        now = time.monotonic()
+        self._seen[name] = (acl, lexical, now)
+        dim = dense_dim(description)
+        self._shape[name] = (dim, embed_model_property(description), now)
+        return dim, acl, lexical
+
+    def _shape_of(self, physical: str) -> tuple[int | None, str | None]:
+        known = self._shape.get(physical)
+        if known is None or time.monotonic() - known[2] > ACL_RECHECK_S:
+            self._describe(physical)
+            known = self._shape[physical]
+            if known[1] is None:  # created before versions noted their model: its rows say
+                rows = self.conn.call(
+                    "model", "query", physical, filter="", output_fields=["embed_model"], limit=1
+                )
+                if rows:
+                    known = (known[0], str(rows[0]["embed_model"]), known[2])
+                    self._shape[physical] = known
+        return known[0], known[1]
+
+    def model_of(self, physical: str) -> str | None:
+        """The tag of the model whose vectors the physical collection ``physical`` holds:
+        noted when it was created, else its first row's (``None``: empty and not noted).
+        Remembered for ``ACL_RECHECK_S``: a physical name is reused only after a failed job's
+        version was dropped."""
+        return self._shape_of(physical)[1]
+
+    def dim_of(self, physical: str) -> int:
+        """The vector size of collection ``physical`` (the store's own when it cannot say)."""
+        return self._shape_of(physical)[0] or self.dim
 
     def forget(self, name: str | None = None) -> None:
         """Forget what was seen of ``name`` (every collection: ``None``)."""
         if name is None:
             self._seen.clear()
+            self._shape.clear()
         else:
             self._seen.pop(name, None)
+            self._shape.pop(name, None)
 
-    def check_dim(self, name: str) -> None:
-        """Refuse a collection whose vectors are not the embedder's size."""
+    def check_dim(self, name: str, expected: int | None = None) -> None:
+        """Refuse a collection whose vectors are not ``expected``-d (default: a size of a
+        model the gateway serves)."""
         existing = self._describe(name)[0]
-        if existing is not None and existing != self.dim:
+        allowed = {expected} if expected else self.dims
+        if existing is not None and existing not in allowed:
+            sizes = "/".join(str(d) for d in sorted(allowed))
             raise BackendUnavailable(
                 "milvus",
                 f"collection {name!r} holds {existing}-d vectors but the embedder makes "
-                f"{self.dim}-d ones",
+                f"{sizes}-d ones",
                 hint="reindex the team with the new model or point MILVUS__COLLECTION elsewhere",
             )
 
-    def create(self, team_id: str, version: int) -> str:
-        """Create (idempotently) and load ``<alias>__v<version>`` without pointing the alias
-        at it. Returns the physical name."""
+    def create(
+        self,
+        team_id: str,
+        version: int,
+        *,
+        dim: int | None = None,
+        embed_model: str | None = None,
+        lexical: bool | None = None,
+    ) -> str:
+        """Create (idempotently) and load ``<alias>__v<version>`` for ``dim``-d vectors of
+        ``embed_model`` (default: the store's model) without pointing the alias at it.
+        Returns the physical name."""
         physical = self.name(team_id, version)
         if not self.conn.call("has collection", "has_collection", physical):
-            self.create_physical(physical)
-        self.check_dim(physical)
+            self.create_physical(physical, dim=dim, embed_model=embed_model, lexical=lexical)
+        self.check_dim(physical, dim or self.dim)
         self.conn.call("load", "load_collection", physical)
         return physical
 
@@ -169,7 +234,7 @@ class CollectionVersions:
         """Upsert chunks into one physical collection (a version being built), by pk."""
         if not chunks:
             return 0
-        check_vectors(chunks, self.dim)
+        check_vectors(chunks, self.dim_of(physical))
         acl, lexical = self.has_acl(physical), self.has_lexical(physical)
         rows = [chunk_to_row(c, acl=acl, lexical=lexical) for c in chunks]
         self.conn.call("upsert", "upsert", physical, rows)
@@ -344,10 +409,12 @@ class CollectionVersions:
         return out
 
 
-def check_vectors(chunks: list[ChunkRecord], dim: int) -> None:
-    """Refuse a chunk whose vector is not ``dim`` long (``InvalidInput``)."""
+def check_vectors(chunks: list[ChunkRecord], dim: int | Collection[int]) -> None:
+    """Refuse a chunk whose vector is not ``dim`` long (one of them) (``InvalidInput``)."""
+    allowed = {dim} if isinstance(dim, int) else set(dim)
     for chunk in chunks:
-        if len(chunk.vector) != dim:
+        if len(chunk.vector) not in allowed:
+            expected = "/".join(str(d) for d in sorted(allowed))
             raise InvalidInput(
-                f"chunk {chunk.chunk_id} has a {len(chunk.vector)}-d vector, expected {dim}"
+                f"chunk {chunk.chunk_id} has a {len(chunk.vector)}-d vector, expected {expected}"
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +14,7 @@ from deployments.health import BackendHealth
 from deployments.memindex.cache import HotIndex
 from deployments.memindex.pins import VersionPins
 from deployments.milvus_store import MilvusStore
+from deployments.model_choice import QueryVectors, vector_for
 from deployments.protocols import (
     ChunkRecord,
     SearchFilter,
@@ -39,6 +41,9 @@ class RetrieverDeployment:
     Args:
         settings, dim, lexical: the store's (``MilvusStore``).
         store: the store itself (unit tests pass a stand-in); built from the above if unset.
+        models: ``model tag → vector size`` of the models served, the primary first (it
+            makes ``dim``-d vectors): its tag is noted on the collections the store creates,
+            and each size is one a collection may have.
     """
 
     def __init__(
@@ -48,8 +53,18 @@ class RetrieverDeployment:
         lexical: bool = False,
         *,
         store: MilvusStore | None = None,
+        models: Mapping[str, int] | None = None,
     ) -> None:
-        self.store = store if store is not None else MilvusStore(settings, dim=dim, lexical=lexical)
+        if store is None:
+            tags = list(models or {})
+            store = MilvusStore(
+                settings,
+                dim=dim,
+                lexical=lexical,
+                embed_model=tags[0] if tags else "",
+                dims=tuple((models or {}).values()),
+            )
+        self.store = store
         mem = settings.memory_index
         self.hot = (
             HotIndex(
@@ -107,11 +122,21 @@ class RetrieverDeployment:
         methods: tuple[str, ...],
         read_id: str = "",
         query_lexical: Mapping[int, float] | None = None,
+        query_vectors: QueryVectors | None = None,
     ) -> dict[str, list[SearchHit]]:
         """Each method's candidates, all of one physical version of the team's collection:
         from memory when the team is loaded, in sync and of the version this search
         (``read_id``) reads; else from Milvus, by that version's physical name
-        (``VersionPins``), never from whatever the alias names when each call arrives."""
+        (``VersionPins``), never from whatever the alias names when each call arrives.
+
+        ``query_vectors`` (during a change of model: the query's vector per model tag) is
+        used instead of ``query_vector``: the version this search reads is pinned first, and
+        the vector of that version's model is searched (``model_choice``)."""
+        strict = False
+        if query_vectors is not None and "dense" in methods:
+            read_id = read_id or uuid.uuid4().hex  # one version for every method of this call
+            query_vector = await self._vector_of_version(flt.team_id, read_id, query_vectors)
+            strict = True
         # The in-memory index holds dense vectors and BM25 postings; the learned sparse
         # weights (``lexical``) are always searched in Milvus, in the version memory answered.
         in_memory = tuple(m for m in methods if m != "lexical")
@@ -130,9 +155,21 @@ class RetrieverDeployment:
             self.pins.resolve, flt.team_id, read_id
         )
         more = await self._search(
-            query_text, query_vector, flt, limit, rest, query_lexical, physical
+            query_text, query_vector, flt, limit, rest, query_lexical, physical, strict
         )
         return (found or {}) | more
+
+    async def _vector_of_version(
+        self, team_id: str, read_id: str, vectors: QueryVectors
+    ) -> list[float]:
+        """Pin the version search ``read_id`` reads; the query vector of its model."""
+        physical = self.pins.get(team_id, read_id) or await asyncio.to_thread(
+            self.pins.resolve, team_id, read_id
+        )
+        if physical is None:  # no collection: nothing to match
+            return vector_for(vectors, None, f"team {team_id}")
+        model = await asyncio.to_thread(self.store.versions.model_of, physical)
+        return vector_for(vectors, model, physical)
 
     async def _search(
         self,
@@ -143,9 +180,10 @@ class RetrieverDeployment:
         methods: tuple[str, ...],
         query_lexical: Mapping[int, float] | None = None,
         physical: str | None = None,
+        strict: bool = False,
     ) -> dict[str, list[SearchHit]]:
         """The single-method searches in Milvus, run concurrently (the ingress fuses), all in
-        ``physical`` when given."""
+        ``physical`` when given (only there when ``strict``)."""
         results = await asyncio.gather(
             *(
                 asyncio.to_thread(
@@ -157,11 +195,17 @@ class RetrieverDeployment:
                     m,
                     query_lexical,
                     physical=physical,
+                    strict=strict,
                 )
                 for m in methods
             )
         )
         return dict(zip(methods, results, strict=True))
+
+    async def embed_model(self, team_id: str) -> str | None:
+        """The tag of the model of the team's live version (``None``: no collection yet, or
+        an empty one that never noted it): what a write of the team must be embedded with."""
+        return await asyncio.to_thread(self.store.live_model, team_id)
 
     async def count(self, team_id: str) -> int:
         return await asyncio.to_thread(self.store.count, team_id)

@@ -36,6 +36,33 @@ def build_tiny_cross_encoder(
     return path
 
 
+def build_tiny_embedder(
+    path: Path, seed: int = 0, *, hidden: int = 64, layers: int = 2, heads: int = 2
+) -> Path:
+    """A BERT encoder (``hidden``-d vectors, 64 by default: another size than MiniLM's 384)
+    with the MiniLM tokenizer, saved to ``path`` in the Hugging Face layout that
+    ``EmbedderCore`` (backend ``transformers``, mean pooling) loads: a second embedding model
+    that ships offline, for tests of a change of model."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from deployments.embedding import default_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * hidden if hidden <= 64 else 4 * hidden,
+        max_position_embeddings=512,
+    )
+    BertModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 # Words of the gateway's own domain (English and Ukrainian), from which ``_corpus`` makes the
 # text the tiny XLM-R tokenizers are trained on: generated here, so the builders need no file
 # of the repository (the package ships without docs/) and no download.

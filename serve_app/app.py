@@ -126,6 +126,8 @@ def build_app(args: AppArgs) -> Application:
     # A broken policy file fails the deploy here, not in every Ingress replica.
     Policy.load(settings.auth.policy_file)
     dim = embedding_dim(settings.embedder)
+    # During a change of model both are served; every collection notes its own.
+    models = {e.embed_model_tag: embedding_dim(e) for e in settings.embedders}
     embedder = _deployment(EmbedderDeployment, embedder_options(settings.embedder))
     retriever = _deployment(RetrieverDeployment, retriever_options(settings.milvus))
     graph = reranker = None
@@ -136,8 +138,8 @@ def build_app(args: AppArgs) -> Application:
     ingress = _deployment(serve.ingress()(Ingress), INGRESS_OPTIONS)
     return ingress.bind(
         settings,
-        embedder.bind(settings.embedder),
-        retriever.bind(settings.milvus, dim, settings.embedder.lexical),
+        embedder.bind(settings.embedder, settings.embedder_next),
+        retriever.bind(settings.milvus, dim, settings.embedder.lexical, models=models),
         graph.bind(settings.neo4j) if graph is not None else None,
         reranker.bind(settings.reranker) if reranker is not None else None,
     )

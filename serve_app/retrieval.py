@@ -24,6 +24,7 @@ from deployments.protocols import (
 from serve_app import graph_access
 from serve_app.access import AccessContext
 from serve_app.contracts import SearchDocsRequest
+from serve_app.query_models import QueryModels
 from serve_app.ranking import (
     adaptive_weights,
     drop_near_duplicates,
@@ -73,6 +74,11 @@ class Retrieval:
         self.count_tokens = count_tokens
         # A BGE-M3 embedder's learned sparse weights of recent queries (``embed_queries``).
         self._lexical: OrderedDict[str, dict[int, float]] = OrderedDict()
+        # During a change of model: the query's vector of each served model.
+        models = [e.embed_model_tag for e in settings.embedders]
+        self.query_models = QueryModels(
+            embedder, models[0], models[1:], settings.search.embed_deadline_s
+        )
 
     @property
     def lexical(self) -> bool:
@@ -305,7 +311,11 @@ class Retrieval:
         deadline = self.settings.search.store_deadline_s
         # Only a search with learned sparse weights passes them (a store written before the
         # lexical method need not know the argument).
-        more = {"query_lexical": query_lexical} if query_lexical else {}
+        more: dict[str, Any] = {"query_lexical": query_lexical} if query_lexical else {}
+        if "dense" in methods:
+            vectors = await self.query_models.vectors(query, vector)
+            if vectors is not None:  # the Retriever picks the one of the version it reads
+                more["query_vectors"] = vectors
         with stage("+".join(methods)):
             try:
                 return await asyncio.wait_for(

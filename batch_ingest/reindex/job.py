@@ -38,7 +38,9 @@ class Reindexer:
     """Runs one team's reindex job (see the module docstring).
 
     Args:
-        settings: the gateway settings (current embedder, chunking, Milvus, state database).
+        settings: the gateway settings (embedder, chunking, Milvus, state database). During a
+            change of model (``embedder_next`` set) the job embeds with the next model: the
+            version it builds holds that model's vectors, noted on the collection.
         versions: the versioned collections of a started ``MilvusStore`` (``store.versions``;
             a test double with the same methods); default: a store of ``settings.milvus``.
         sources: the source registry; ``state``: job records (default: its database).
@@ -58,6 +60,10 @@ class Reindexer:
         worker_factory: Callable[[str, bool], ReindexWorker] | None = None,
         wrap_sink: Callable[[BatchSink], BatchSink] | None = None,
     ) -> None:
+        if settings.reindex_embedder is not settings.embedder:
+            # Everything below (the workers' spec, the chunker's tokenizer, the tag) is the
+            # next model's.
+            settings = settings.model_copy(update={"embedder": settings.reindex_embedder})
         self.settings = settings
         self.wrap_sink = wrap_sink
         self.sources = sources or SourceStore(settings.state.url)
@@ -151,7 +157,7 @@ class Reindexer:
         self.writer.source = self.writer.source_of(job)
         job.move_to(JobStatus.RUNNING)
         job.finished_at = None
-        physical = versions.create(team, target)
+        physical = self._create(team, target)
         self.state.save(job)
         logger.info(
             "reindex %s: v%s → v%s (%s), job %s%s",
@@ -216,6 +222,19 @@ class Reindexer:
         time.sleep(max(0.0, ready_at - time.monotonic()))
         self._switch(job, done, physical, catchup_from, options, sink)
         return self._finish(job, options, started)
+
+    def _create(self, team: str, version: int) -> str:
+        """The target version, for the vectors of the model this job embeds with."""
+        from deployments.embedding import embedding_dim
+
+        emb = self.settings.embedder
+        return self.versions.create(
+            team,
+            version,
+            dim=embedding_dim(emb),
+            embed_model=emb.embed_model_tag,
+            lexical=emb.lexical,
+        )
 
     def _switch(
         self,

@@ -33,7 +33,9 @@ from deployments.milvus_versions import CollectionVersions
 
 ROOT = Path(__file__).resolve().parents[2]
 # The settings sections a job takes from the process that starts it.
-JOB_SECTIONS = ("embedder", "milvus", "chunking", "state", "reindex")
+# ``embedder_next`` too: a job started during a change of model embeds with the next model
+# the gateway was deployed with (``None``: no change under way, whatever the job's env says).
+JOB_SECTIONS = ("embedder", "embedder_next", "milvus", "chunking", "state", "reindex")
 # The longest error text of a crashed runner kept in the job row.
 MAX_ERROR_CHARS = 2000
 
@@ -129,7 +131,7 @@ class ReindexJobs:
 
     def _start(self, runner: str, job: ReindexJob) -> Any:
         s = self.settings
-        overrides = {name: getattr(s, name).model_dump() for name in JOB_SECTIONS}
+        overrides = {name: _dump(getattr(s, name)) for name in JOB_SECTIONS}
         if runner == "ray":
             import ray
 
@@ -187,3 +189,8 @@ class ReindexJobs:
         except Exception as exc:  # noqa: BLE001 (any failure of the task is the job's)
             return f"the reindex task failed: {type(exc).__name__}: {exc}"
         return "the reindex task returned without finishing the job"
+
+
+def _dump(section: Any) -> Any:
+    """A settings section as plain data (``None`` stays ``None``)."""
+    return None if section is None else section.model_dump()

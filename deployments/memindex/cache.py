@@ -123,12 +123,12 @@ class HotIndex:
         A call whose ``read_id`` an earlier call of the same search synced with skips the
         change-log check: that check ran after the search began, so every write acknowledged
         before it is in memory already. A call whose search read another version than the
-        one in memory returns ``None``."""
+        one in memory returns ``None`` (after the copy was brought up to date: a search whose
+        version was pinned before its first call here, as during a change of model, must not
+        keep a copy from following a swap)."""
         team = self._teams.get(flt.team_id)
         started = time.perf_counter()
         pinned = self.pins.get(flt.team_id, read_id)
-        if team is not None and pinned not in (None, team.physical):
-            return None  # this search reads another version: Milvus has it
         synced = None
         if team is not None:
             synced = team if read_id in team.reads else self._sync(team, read_id)

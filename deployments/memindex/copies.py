@@ -72,7 +72,10 @@ def read_copy(
     """Every row of ``team_id`` in ``physical``; its watermark is when the read began (the
     writes made while it ran are in the change log: replay them before answering)."""
     started_ms = now_ms()
-    index = TeamIndex(dim=source.dim, metric=metric, k1=k1, b=b)
+    # A version built for another model (a change of model) has its own vector size.
+    dim_of = getattr(source, "dim_of", None)
+    dim = dim_of(physical) if dim_of is not None else source.dim
+    index = TeamIndex(dim=dim, metric=metric, k1=k1, b=b)
     for batch in source.iter_rows(physical, team_id):
         index.upsert(batch)
     return TeamCopy(team_id=team_id, physical=physical, index=index, watermark_ms=started_ms)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
+from dataclasses import replace
 
 import pytest
 
@@ -80,12 +81,16 @@ class FakeSource:
         self.reads = 0
         self.read_physicals: list[str] = []
         self.fetched: list[list[str]] = []
+        self.dims: dict[str, int] = {}  # a version of another model's vector size
 
     def collection_for(self, team_id: str) -> str:
         return f"rag__{team_id}"
 
     def live_physical(self, team_id: str) -> str | None:
         return self.alias.get(self.collection_for(team_id))
+
+    def dim_of(self, physical: str) -> int:
+        return self.dims.get(physical, self.dim)
 
     def count_team(self, physical: str, team_id: str) -> int:
         return sum(r.team_id == team_id for r in self.collections[physical].values())
@@ -485,3 +490,17 @@ def test_a_staged_copy_whose_collection_vanished_is_dropped_at_its_next_replay(h
         time.sleep(0.02)
     assert hot.status()["staged"] == {}
     assert len(search(hot)) == 11
+
+
+def test_a_copy_follows_a_swap_to_another_models_version_when_searches_pin_first(hot, source):
+    """During a change of model the Retriever pins a search's version before asking memory
+    (it picks the query vector by that version's model): a copy of the old version must still
+    follow the swap, and the new version's copy has that version's vector size."""
+    new = [replace(chunk(i), embed_model="next", vector=[1.0, float(i)]) for i in range(100, 105)]
+    source.dims[f"{source.collection_for(TEAM)}__v2"] = 2
+    physical = staged_after_announcement(hot, source, new)
+    source.switch(physical)
+    assert hot.pins.resolve(TEAM, "r1") == physical  # pinned before memory is asked
+    found = hot.candidates("milvus", [1.0, 0.0], FLT, 10, ("dense", "bm25"), "r1")
+    assert found is not None and hot.stats["adoptions"] == 1
+    assert {h.chunk.embed_model for h in found["dense"]} == {"next"}

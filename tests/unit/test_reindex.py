@@ -38,6 +38,7 @@ class FakeVersions:
         self.collections: dict[str, dict[str, ChunkRecord]] = {}
         self.live: str | None = None
         self.switches = 0
+        self.shapes: dict[str, dict[str, object]] = {}
 
     def name(self, team_id: str, version: int) -> str:
         return f"{self.alias}__v{version}"
@@ -48,9 +49,10 @@ class FakeVersions:
     def existing(self, team_id: str) -> list[int]:
         return sorted(int(n.rsplit("__v", 1)[1]) for n in self.collections)
 
-    def create(self, team_id: str, version: int) -> str:
+    def create(self, team_id: str, version: int, **shape: object) -> str:
         name = self.name(team_id, version)
         self.collections.setdefault(name, {})
+        self.shapes[name] = shape  # dim, embed_model, lexical
         return name
 
     def upsert(self, physical: str, chunks: list[ChunkRecord]) -> int:
