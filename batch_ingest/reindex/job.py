@@ -23,6 +23,7 @@ from batch_ingest.reindex.options import (
 )
 from batch_ingest.reindex.progress import Progress
 from batch_ingest.reindex.state import JobStatus, ReindexJob, ReindexState
+from batch_ingest.reindex.switch import VersionSwitch
 from batch_ingest.reindex.team import require_known_team
 from batch_ingest.reindex.worker import ReindexWorker, worker_spec
 from batch_ingest.reindex.writer import TargetWriter
@@ -92,6 +93,7 @@ class Reindexer:
         )
         # Pauses the team's writes for the last catch-up and the switch.
         self.barrier = WriteBarrier(self.sources.engine)
+        self.switch = VersionSwitch(versions, self.writer, self.barrier, self.generations)
 
     # --- the run -------------------------------------------------------------------------------
     def run(self, options: ReindexOptions) -> ReindexResult:
@@ -117,19 +119,9 @@ class Reindexer:
                     drop_unusable_target(self.state, self.versions, job)
                 job.finished_at = datetime.now(UTC)
                 self.state.save(job)
-                self._withdraw(team)
+                self.switch.withdraw(team)
             logger.error("reindex %s (job %s) failed: %s", team, job.job_id, job.error)
             raise
-
-    def _withdraw(self, team: str) -> None:
-        """Replicas stop holding a copy of a version that will not go live."""
-        withdraw = getattr(self.versions, "withdraw", None)
-        if withdraw is None:
-            return
-        try:
-            withdraw(team)
-        except Exception as exc:  # the job failed already; a stale announcement is harmless
-            logger.warning("reindex %s: announcement not withdrawn: %s", team, exc)
 
     def _run(
         self, job: ReindexJob, options: ReindexOptions, tag: str, started: float
@@ -145,7 +137,14 @@ class Reindexer:
             done = self.state.done(job.job_id)
             sink = self._sink(job, done, None, options)
             self.writer.source = None  # replaced already
-            self._switch(job, done, physical, job.snapshot_at, options, sink)
+            self.switch.run(
+                job,
+                done,
+                physical,
+                self._last_catch_up(job, done, physical, job.snapshot_at, options, sink),
+                options,
+                sink,
+            )
             job.expected_chunks = sum(done.values())
             return self._finish(job, options, started)
         if target is None:
@@ -195,7 +194,7 @@ class Reindexer:
         progress.report()
         # Replicas that search the team load the new version beside the old from here on,
         # so the switch finds it in memory (deployments/memindex/staging.py).
-        announced = self._announce(job)
+        announced = self.switch.announce(job)
 
         # Documents written or deleted while the bulk pass ran (in-process too when the
         # model is unchanged: their vectors are reused, and an actor pool asked for here
@@ -220,7 +219,8 @@ class Reindexer:
         # Time for the replicas to load it (about 1 s per 500 rows measured on 2 cores).
         ready_at = announced + min(options.stage_max_s, job.rows_in_target / 500)
         time.sleep(max(0.0, ready_at - time.monotonic()))
-        self._switch(job, done, physical, catchup_from, options, sink)
+        last = self._last_catch_up(job, done, physical, catchup_from, options, sink)
+        self.switch.run(job, done, physical, last, options, sink)
         return self._finish(job, options, started)
 
     def _create(self, team: str, version: int) -> str:
@@ -235,54 +235,6 @@ class Reindexer:
             embed_model=emb.embed_model_tag,
             lexical=emb.lexical,
         )
-
-    def _switch(
-        self,
-        job: ReindexJob,
-        done: dict[tuple[str, str], int],
-        physical: str,
-        since: datetime | None,
-        options: ReindexOptions,
-        sink: BatchSink,
-    ) -> None:
-        """The last catch-up and the alias switch, with the team's writes paused
-        (``batch_ingest.write_barrier``): the writes in flight finish first, so every write
-        acknowledged before is in the registry and reaches the new version before searches
-        do; writes after it go through the alias into the new version. No write is applied
-        twice and none is undone. A document whose new text needs the model (a model
-        change) is taken out of the new version under the barrier and embedded after the
-        switch (absent meanwhile, never stale)."""
-        team = job.team_id
-        with self.barrier.switching(team, options.switch_wait_s):
-            paused = time.perf_counter()
-            deferred = self._catch_up(job, done, physical, since, options, sink, final=True)
-            job.expected_chunks = sum(done.values())
-            if self.versions.current(team) != job.target_version:
-                assert job.target_version is not None  # set by _run
-                self.versions.switch(team, job.target_version)
-            self.generations.bump([team])  # searches read the new version from here on
-            held = time.perf_counter() - paused
-        logger.info(
-            "reindex %s: writes paused %.0f ms for the last catch-up and the switch%s",
-            team,
-            held * 1000,
-            f" ({len(deferred)} documents to embed after it)" if deferred else "",
-        )
-        if deferred:
-            # Outside the pause the model loads, then the documents' newest states are
-            # written with the writes paused again (a newer write is never overwritten).
-            worker = self.writer.worker(physical, False)
-            worker.load_model()
-            with self.barrier.switching(team, options.switch_wait_s):
-                self.writer.write_current(team, deferred, worker, sink)
-            job.expected_chunks = sum(done.values())
-
-    def _announce(self, job: ReindexJob) -> float:
-        """Announce the target to the replicas' in-memory indexes; when (monotonic)."""
-        announce = getattr(self.versions, "announce", None)
-        if announce is not None and job.target_version is not None:
-            announce(job.team_id, job.target_version)
-        return time.monotonic()
 
     def _finish(self, job: ReindexJob, options: ReindexOptions, started: float) -> ReindexResult:
         team = job.team_id
@@ -389,6 +341,18 @@ class Reindexer:
         return self.writer.catch_up(
             job, done, physical, since, options, sink, self._process, self._noter(job), final
         )
+
+    def _last_catch_up(
+        self,
+        job: ReindexJob,
+        done: dict[tuple[str, str], int],
+        physical: str,
+        since: datetime | None,
+        options: ReindexOptions,
+        sink: BatchSink,
+    ) -> Callable[[], list[tuple[str, str]]]:
+        """The catch-up the switch runs with the writes paused (in-process, no model)."""
+        return lambda: self._catch_up(job, done, physical, since, options, sink, final=True)
 
 
 def reindex(settings: BatchSettings, options: ReindexOptions, **kwargs: Any) -> ReindexResult:
