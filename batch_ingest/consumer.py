@@ -424,9 +424,9 @@ def build_pipeline(settings: Any = None) -> IngestPipeline:
     all configured by ``BatchSettings`` (the same environment variables as the gateway)."""
     from batch_ingest import pipeline
     from batch_ingest.source_store import SourceStore
-    from deployments.embedder_models import LocalModels
     from deployments.embedding import embedding_dim
     from deployments.graph_store import Neo4jGraph
+    from deployments.models.embedder_models import LocalModels
     from deployments.protocols import Backends
     from deployments.retriever import RetrieverDeployment
 

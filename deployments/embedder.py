@@ -25,7 +25,7 @@ from deployments.timing import MeanTimes
 if TYPE_CHECKING:
     pass
 
-from deployments.embedder_models import EmbedderModels
+from deployments.models.embedder_models import EmbedderModels
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ from deployments.health import BackendHealth
 from deployments.memindex.cache import HotIndex
 from deployments.memindex.pins import VersionPins
 from deployments.milvus_store import MilvusStore
-from deployments.model_choice import QueryVectors, vector_for
 from deployments.protocols import (
     ChunkRecord,
     SearchFilter,
@@ -23,6 +22,7 @@ from deployments.protocols import (
 from deployments.search_filter import (
     compile_filter,
 )
+from deployments.vector_store.model_choice import QueryVectors, vector_for
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """A search query's vectors during a change of embedding model (docs/operations.md,
 "Changing the embedding model"): the primary model's, which the search has already, plus
 one per other served model, keyed by model tag. The Retriever takes the one of the model of
-the version the search reads (deployments/model_choice.py). With one model served nothing
-extra is embedded."""
+the version the search reads (deployments/vector_store/model_choice.py). With one model
+served nothing extra is embedded."""
 
 from __future__ import annotations
 

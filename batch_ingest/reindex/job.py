@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from batch_ingest.documents import make_chunk_id
@@ -141,7 +142,9 @@ class Reindexer:
                 job,
                 done,
                 physical,
-                self._last_catch_up(job, done, physical, job.snapshot_at, options, sink),
+                partial(
+                    self._catch_up, job, done, physical, job.snapshot_at, options, sink, final=True
+                ),
                 options,
                 sink,
             )
@@ -219,7 +222,7 @@ class Reindexer:
         # Time for the replicas to load it (about 1 s per 500 rows measured on 2 cores).
         ready_at = announced + min(options.stage_max_s, job.rows_in_target / 500)
         time.sleep(max(0.0, ready_at - time.monotonic()))
-        last = self._last_catch_up(job, done, physical, catchup_from, options, sink)
+        last = partial(self._catch_up, job, done, physical, catchup_from, options, sink, final=True)
         self.switch.run(job, done, physical, last, options, sink)
         return self._finish(job, options, started)
 
@@ -341,18 +344,6 @@ class Reindexer:
         return self.writer.catch_up(
             job, done, physical, since, options, sink, self._process, self._noter(job), final
         )
-
-    def _last_catch_up(
-        self,
-        job: ReindexJob,
-        done: dict[tuple[str, str], int],
-        physical: str,
-        since: datetime | None,
-        options: ReindexOptions,
-        sink: BatchSink,
-    ) -> Callable[[], list[tuple[str, str]]]:
-        """The catch-up the switch runs with the writes paused (in-process, no model)."""
-        return lambda: self._catch_up(job, done, physical, since, options, sink, final=True)
 
 
 def reindex(settings: BatchSettings, options: ReindexOptions, **kwargs: Any) -> ReindexResult:

@@ -27,7 +27,7 @@ from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.reindex import Reindexer, ReindexOptions
 from batch_ingest.source_store import SourceStore
 from deployments.config import EmbedderSettings
-from deployments.embedder_models import LocalModels
+from deployments.models.embedder_models import LocalModels
 from deployments.protocols import SearchFilter
 from deployments.retriever import RetrieverDeployment
 from deployments.tiny_models import build_tiny_embedder

@@ -16,13 +16,13 @@ from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.settings import BatchSettings
 from deployments.config import EmbedderSettings
 from deployments.embedder import EmbedderDeployment
-from deployments.embedder_models import EmbedderModels
 from deployments.embedding import SplitEmbedder
 from deployments.errors import BackendUnavailable, InvalidInput
-from deployments.model_choice import vector_for
+from deployments.models.embedder_models import EmbedderModels
 from deployments.protocols import Encoded
 from deployments.testing import FakeVectorStore
 from deployments.timing import MeanTimes
+from deployments.vector_store.model_choice import vector_for
 from serve_app.query_models import QueryModels
 
 OLD = EmbedderSettings()

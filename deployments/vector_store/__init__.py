@@ -1,0 +1,1 @@
+"""The vector store backend (../shared/LAYOUT.md: the Retriever and Milvus modules move here)."""
