@@ -57,6 +57,10 @@ class ReindexSettings(BaseModel):
     # How much lower the embedding actors' CPU priority is (Unix nice, 0-19): with every
     # core theirs, searches still get a core as soon as they need one.
     nice: int = Field(10, ge=0, le=19)
+    # On Linux the embedding actors also run under SCHED_IDLE: a core goes to them only when
+    # no search (no other process) wants it. The job's driver runs at ``nice`` only: it holds
+    # the write barrier during the switch and must not be starved.
+    idle_priority: bool = True
     # Seconds a job waits for the CPUs of its actor pool (Serve replicas or another job hold
     # them) before it fails naming what is missing.
     resource_wait_s: float = Field(300.0, ge=0)

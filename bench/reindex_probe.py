@@ -69,8 +69,9 @@ class Searcher(threading.Thread):
                 ok = r.status_code == 200
                 ids = [m["source_ref"]["id"] for m in r.json().get("matches", [])] if ok else []
                 status = r.status_code
+                timing = r.headers.get("server-timing", "")
             except httpx.HTTPError as exc:
-                ok, ids, status = False, [], str(exc)
+                ok, ids, status, timing = False, [], str(exc), ""
             ms = (time.perf_counter() - started) * 1000
             self.records.append(
                 {
@@ -82,6 +83,7 @@ class Searcher(threading.Thread):
                     "status": status,
                     "ids": ids,
                     "at": time.time(),
+                    "server_timing": timing,
                 }
             )
             i += 1
@@ -152,12 +154,23 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.idle_s)
         searcher.phase = "queued"
         started = time.perf_counter()
+        started_at = time.time()
+        progress: list[dict[str, Any]] = []
         r = client.post("/admin/reindex", json={"team_id": TEAM})
         r.raise_for_status()
         job_id = r.json()["job_id"]
         while True:
             job = client.get(f"/admin/reindex/{job_id}").json()
             searcher.phase = job["status"]
+            seen = (job["status"], job.get("written_chunks"))
+            if not progress or (progress[-1]["status"], progress[-1]["written_chunks"]) != seen:
+                progress.append(
+                    {
+                        "t_s": round(time.time() - started_at, 2),
+                        "status": job["status"],
+                        "written_chunks": job.get("written_chunks"),
+                    }
+                )
             if job["status"] not in ("queued", "running", "switching"):
                 break
             time.sleep(0.1)
@@ -179,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             "note",
         )
     }
+    result["job_progress"] = progress
     result["job_chunks_per_s"] = round((job.get("expected_chunks") or 0) / result["job_wall_s"], 1)
     records = searcher.records
     idle = [r for r in records if r["phase"] == "idle" and r["ok"]]
@@ -223,6 +237,16 @@ def main(argv: list[str] | None = None) -> int:
         "errors": [r["status"] for r in records if not r["ok"]],
         "differing_from_idle": differing[:20],
         "differing_count": len(differing),
+        # The slowest searches from the job's start, with the gateway's Server-Timing header.
+        "slowest_during": [
+            {
+                "t_s": round(r["at"] - r["ms"] / 1000 - started_at, 2),
+                "phase": r["phase"],
+                "ms": round(r["ms"], 1),
+                "server_timing": r["server_timing"],
+            }
+            for r in sorted(during, key=lambda r: -r["ms"])[:8]
+        ],
         "by_phase": {
             phase: {
                 "n": len(rs),

@@ -34,12 +34,36 @@ purpose). ``--clean-up`` supersedes the team's dead jobs and drops their half-bu
 Modules: ``options`` (a run's options, result and error), ``state`` (job rows and their
 status machine), ``worker`` (re-chunk, embed and upsert one batch), ``engines`` (Ray Data or
 in-process), ``private_ray`` (the local Ray a driver starts), ``progress``, ``heartbeat`` and
-``liveness`` (alive, stalled), ``team`` (unknown teams), ``claim`` (which job a run works
+``liveness`` (alive, stalled), ``priority``, ``entry`` and ``pool`` (the job's processes on
+Ray yield the cores to searches), ``team`` (unknown teams), ``claim`` (which job a run works
 on), ``cleanup`` (half-built versions), ``job`` (``Reindexer``: the steps above),
 ``launcher`` (the jobs the admin API starts) and ``cli`` (``python -m batch_ingest.reindex``).
 """
 
-from batch_ingest.reindex.job import Reindexer, reindex
-from batch_ingest.reindex.options import ReindexError, ReindexOptions, ReindexResult
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from batch_ingest.reindex.job import Reindexer, reindex
+    from batch_ingest.reindex.options import ReindexError, ReindexOptions, ReindexResult
 
 __all__ = ["ReindexError", "ReindexOptions", "ReindexResult", "Reindexer", "reindex"]
+
+# Imported on first use: the processes a job starts on Ray import this package before they
+# can lower their CPU priority (``entry``, ``pool``), and must find nothing heavy here.
+_LAZY = {
+    "Reindexer": "batch_ingest.reindex.job",
+    "reindex": "batch_ingest.reindex.job",
+    "ReindexError": "batch_ingest.reindex.options",
+    "ReindexOptions": "batch_ingest.reindex.options",
+    "ReindexResult": "batch_ingest.reindex.options",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(_LAZY[name]), name)

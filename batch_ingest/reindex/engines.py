@@ -12,8 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from batch_ingest.reindex.options import ReindexError, ReindexOptions
+from batch_ingest.reindex.pool import PoolWorker
 from batch_ingest.reindex.private_ray import init_ray
-from batch_ingest.reindex.worker import PoolWorker, ReindexWorker
+from batch_ingest.reindex.worker import ReindexWorker
 
 logger = logging.getLogger("batch_ingest.reindex")
 

@@ -1,7 +1,7 @@
 """Jobs the admin API starts (``POST /admin/reindex``): ``ReindexJobs`` creates the job row
 and starts its runner, then reads the row back.
 
-The job runs ``batch_ingest.reindex.job.run_job`` — on a Ray cluster as a Ray task (an
+The job runs ``batch_ingest.reindex.job.run_job`` — on a Ray cluster as a Ray task (``entry``, an
 ingress replica is a Ray worker; the task drives the Ray Data job on the same cluster, and its
 actors take fractional CPUs beside the Serve replicas), else as a subprocess of the CLI
 (``python -m batch_ingest.reindex --job-id ... --settings-stdin``), which reads the settings
@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from batch_ingest.reindex.job import run_job
+from batch_ingest.reindex.entry import run_low_priority_job
 from batch_ingest.reindex.liveness import present
 from batch_ingest.reindex.state import ACTIVE, JobStatus, ReindexJob, ReindexState
 from batch_ingest.reindex.team import require_known_team
@@ -135,9 +135,14 @@ class ReindexJobs:
         if runner == "ray":
             import ray
 
-            # The task only drives the Ray Data job; the embedding actors ask for CPUs.
-            task = ray.remote(run_job).options(num_cpus=0, max_retries=0, name="reindex")
-            return task.remote(job.job_id, job.team_id, overrides)
+            # The task only drives the Ray Data job; the embedding actors ask for CPUs. It runs
+            # at a lower priority (reindex.nice), in a worker process of its own that exits
+            # after it (max_calls=1): a lowered priority cannot be raised again, and Ray
+            # would otherwise reuse the process, perhaps for a Serve replica.
+            task = ray.remote(num_cpus=0, max_retries=0, max_calls=1)(run_low_priority_job).options(
+                name="reindex"
+            )
+            return task.remote(job.job_id, job.team_id, overrides, s.reindex.nice)
         log_dir = ROOT / "var" / "reindex"
         log_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "batch_ingest.reindex", "--team", job.team_id]

@@ -33,6 +33,7 @@ def worker_spec(settings: BatchSettings) -> dict[str, Any]:
         # 0: the cores of the node the worker runs on (resolved there).
         "torch_threads": settings.reindex.torch_threads,
         "nice": settings.reindex.nice,
+        "idle_priority": settings.reindex.idle_priority,
         "milvus": settings.milvus.model_dump(),
         "chunking": settings.chunking.model_dump(),
         # The embedding ledger (batch_ingest/usage.py) in the state database.
@@ -227,32 +228,3 @@ def with_embeddings(chunks: list[ChunkRecord], embedded: Any) -> list[ChunkRecor
     from a BGE-M3 embedder, learned sparse weights) or one vector per chunk."""
     rows = embedded.rows() if isinstance(embedded, Encoded) else [(v, None) for v in embedded]
     return [_with(c, (v, w)) for c, (v, w) in zip(chunks, rows, strict=True)]
-
-
-def lower_priority(nice: int) -> int:
-    """Raise this process's nice value by ``nice`` (every thread it has, and so every thread
-    it starts); the value reached. Linux keeps a nice value per thread, hence the loop."""
-    if nice <= 0:
-        return os.getpriority(os.PRIO_PROCESS, 0)
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    for tid in tids:
-        try:
-            now = os.getpriority(os.PRIO_PROCESS, tid)
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
-        except OSError:  # a thread that ended meanwhile
-            continue
-    return os.getpriority(os.PRIO_PROCESS, 0)
-
-
-class PoolWorker(ReindexWorker):
-    """The worker of the Ray Data actor pool: a process of its own, run at a lower CPU
-    priority (``reindex.nice``) so the cores it shares with the Serve replicas go to searches
-    first and to the reindex whenever they are idle."""
-
-    def __init__(self, spec: dict[str, Any], *args: Any, **kwargs: Any) -> None:
-        reached = lower_priority(int(spec.get("nice", 0)))
-        logger.info("reindex worker: nice %d", reached)
-        super().__init__(spec, *args, **kwargs)

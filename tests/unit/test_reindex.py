@@ -619,7 +619,7 @@ def test_a_pool_worker_runs_at_a_lower_cpu_priority():
 def _priority_after(nice: int) -> tuple[int, int]:
     import threading
 
-    from batch_ingest.reindex.worker import lower_priority
+    from batch_ingest.reindex.priority import lower_priority
 
     before = os.getpriority(os.PRIO_PROCESS, 0)
     started = threading.Event()
@@ -629,3 +629,35 @@ def _priority_after(nice: int) -> tuple[int, int]:
     assert {os.getpriority(os.PRIO_PROCESS, t) for t in tids} == {reached}
     started.set()
     return before, reached
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_the_idle_policy_covers_every_thread_of_the_worker_only():
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        policies, nice_before, nice_after = pool.apply(_policies_after_idle)
+    assert policies == {os.SCHED_IDLE}
+    assert nice_after == nice_before  # nice 0 asked: only the policy changed
+    assert os.sched_getscheduler(0) != os.SCHED_IDLE  # this process untouched
+
+
+def _policies_after_idle() -> tuple[set[int], int, int]:
+    import threading
+
+    from batch_ingest.reindex.priority import is_idle_policy, lower_priority
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    started = threading.Event()
+    threading.Thread(target=started.wait, daemon=True).start()  # a thread that exists already
+    reached = lower_priority(0, idle=True)
+    later: list[int] = []
+    thread = threading.Thread(target=lambda: later.append(os.sched_getscheduler(0)))
+    thread.start()  # a thread started afterwards inherits the policy
+    thread.join()
+    tids = [int(t) for t in os.listdir("/proc/self/task")]
+    policies = {os.sched_getscheduler(t) for t in tids} | set(later)
+    assert is_idle_policy()
+    started.set()
+    return policies, before, reached
