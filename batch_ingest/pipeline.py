@@ -62,6 +62,8 @@ class DocResult:
     graph: bool = False
     error: str | None = None
     doc_type: str = ""
+    # Chunks written by this call (searchable now), whatever the status says after it.
+    written: bool = False
 
 
 @dataclass
@@ -247,6 +249,7 @@ class IngestPipeline:
                 result.removed_chunks = (
                     await self.store.delete_chunks(doc.team_id, stale) if stale else 0
                 )
+                result.written = True
                 written.append(doc)
             except GatewayError as exc:
                 if not written and isinstance(exc, BackendUnavailable) and doc is planned[0][0]:
@@ -274,9 +277,10 @@ class IngestPipeline:
         if to_graph and self.sources is not None:
             try:
                 await asyncio.to_thread(self.sources.put, to_graph, versions, graph_failed)
-            except Exception as exc:  # searchable already; reindex would miss them
+            except Exception as exc:
                 logger.warning("source registry not updated: %s", exc)
                 report.degraded.append(f"source registry not updated: {exc}")
+                _unrecorded(report, {(d.team_id, d.doc_type, d.doc_id) for d in to_graph}, exc)
         # Failed writes too: a document may be half written.
         await self._bump({r.team_id for r in report.results if r.status != "unchanged"}, report)
         report.took_ms = round((time.perf_counter() - started) * 1000, 1)
@@ -469,9 +473,24 @@ class IngestPipeline:
                 except Exception as exc:
                     logger.warning("source registry not updated: %s", exc)
                     report.degraded.append(f"source registry not updated: {exc}")
+                    _unrecorded(report, {key}, exc)
         await self._bump({r.team_id for r in report.results}, report)
         report.took_ms = round((time.perf_counter() - started) * 1000, 1)
         return report
+
+
+def _unrecorded(report: IngestReport, keys: set[Key], exc: Exception) -> None:
+    """Fail the results of ``keys``: written (or deleted) but not recorded in the source
+    registry, so a reindex would not know them (or bring them back) and the revision guard
+    would not hold. A retry (a bus redelivery, the client again) finds the chunks in place
+    and records them."""
+    for r in report.results:
+        if (r.team_id, r.doc_type, r.doc_id) in keys and r.status != "failed":
+            r.status = "failed"
+            r.error = (
+                f"not recorded in the source registry ({type(exc).__name__}: {exc}); "
+                "retry to record it (its chunks are written)"
+            )
 
 
 def _with_vector(chunk: ChunkRecord, embedding: Embedding) -> ChunkRecord:

@@ -45,7 +45,9 @@ async def apply_events(
     the other; a document still leased by another writer after ``lease_wait_s`` is
     ``failed`` ("busy", retried on redelivery). An upsert whose graph write failed is
     ``failed`` as well (its chunks are searchable, ``searchable`` says so): the registry keeps
-    the old revision, so the redelivery is applied again and retries the graph.
+    the old revision, so the redelivery is applied again and retries the graph. So is one
+    whose registry write failed (an upsert or a delete): acked, the registry would not know
+    it and the revision guard would not hold; the redelivery records it.
 
     Raises:
         BackendUnavailable: Milvus or the embedder failed before anything was written.
@@ -163,7 +165,7 @@ async def _apply_winners(
                     chunks=r.chunks,
                     removed_chunks=r.removed_chunks,
                     # Announced once: not again when a redelivery's graph write fails too.
-                    searchable=r.status == "indexed",
+                    searchable=r.written,
                     error="chunks indexed but the graph was not updated; "
                     "a redelivery retries the graph",
                 )
@@ -174,7 +176,7 @@ async def _apply_winners(
                     chunks=r.chunks,
                     removed_chunks=r.removed_chunks,
                     graph=r.graph,
-                    searchable=r.status == "indexed",
+                    searchable=r.written,
                     error=r.error,
                 )
     if deletes:

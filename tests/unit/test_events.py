@@ -337,6 +337,45 @@ async def test_graph_down_fails_the_delete_without_tombstone_so_it_is_retried(pi
     assert await run(pipeline, delete("d1", 2)) == ["deleted"]
 
 
+def _broken_registry(*args, **kwargs):
+    raise OverflowError("Python int too large to convert to SQLite INTEGER")
+
+
+async def test_a_failed_registry_write_fails_the_upsert_and_the_redelivery_records_it(
+    pipeline, monkeypatch
+):
+    """Issue 34: acked as indexed, a document the registry missed would be dropped by a
+    reindex, and an older revision could overwrite it."""
+    key = (TEAM, "doc", "d1")
+    monkeypatch.setattr(pipeline.sources, "put", _broken_registry)
+    results, _ = await apply_events(pipeline, [parse_event(upsert("d1", "first", revision=5))])
+    r = results[0]
+    assert r.status == "failed" and r.searchable  # written, announced once, not acked
+    assert "source registry" in r.error and "OverflowError" in r.error
+    assert pipeline.sources.get(key) is None
+    monkeypatch.undo()
+    results, _ = await apply_events(pipeline, [parse_event(upsert("d1", "first", revision=5))])
+    assert results[0].status == "unchanged" and not results[0].searchable
+    assert pipeline.sources.get(key).version == 5
+    assert await run(pipeline, upsert("d1", "older", revision=4)) == ["skipped_stale"]
+    assert texts(pipeline) == ["first"]
+
+
+async def test_a_failed_tombstone_fails_the_delete_and_the_redelivery_records_it(
+    pipeline, monkeypatch
+):
+    key = (TEAM, "doc", "d1")
+    assert await run(pipeline, upsert("d1", "text", revision=1)) == ["indexed"]
+    monkeypatch.setattr(pipeline.sources, "tombstone", _broken_registry)
+    results, _ = await apply_events(pipeline, [parse_event(delete("d1", 2))])
+    assert results[0].status == "failed" and "source registry" in results[0].error
+    assert texts(pipeline) == [] and not pipeline.sources.get(key).deleted
+    monkeypatch.undo()
+    assert await run(pipeline, delete("d1", 2)) == ["deleted"]
+    assert pipeline.sources.get(key).deleted and pipeline.sources.get(key).version == 2
+    assert await run(pipeline, upsert("d1", "zombie", revision=1)) == ["skipped_stale"]
+
+
 async def test_invalid_events_are_reported_in_place(pipeline):
     results, _ = await apply_events(
         pipeline,
