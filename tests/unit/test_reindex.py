@@ -661,3 +661,30 @@ def _policies_after_idle() -> tuple[set[int], int, int]:
     assert is_idle_policy()
     started.set()
     return policies, before, reached
+
+
+def test_the_driver_task_runs_the_job_at_a_lower_priority():
+    """The admin API's Ray task (entry.run_low_priority_job): the job runs at reindex.nice
+    more than the worker process had."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        before, during = pool.apply(_job_priority, (3,))
+    assert during == min(19, before + 3)
+
+
+def _job_priority(nice: int) -> tuple[int, int]:
+    from batch_ingest.reindex import entry, job
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    seen: dict[str, Any] = {}
+
+    def fake_run_job(job_id: str, team_id: str, overrides: dict[str, Any]) -> dict:
+        seen.update(job_id=job_id, team_id=team_id, overrides=overrides)
+        return {"nice": os.getpriority(os.PRIO_PROCESS, 0)}
+
+    job.run_job = fake_run_job  # type: ignore[assignment]  # this child process only
+    result = entry.run_low_priority_job("j1", "t1", {"reindex": {}}, nice)
+    assert seen == {"job_id": "j1", "team_id": "t1", "overrides": {"reindex": {}}}
+    return before, result["nice"]
