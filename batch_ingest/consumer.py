@@ -11,16 +11,21 @@ What it does:
   ``type``), file storage, 7 days, a 2-minute duplicate window (publishers should
   set ``Nats-Msg-Id`` to the ``event_id``: the server then drops a re-published copy), and the
   stream ``RAG_EVENTS_DLQ`` over ``rag.dlq.>``.
-- A durable pull consumer (``rag-ingest``): explicit ack, ``max_deliver`` N, server ``backoff``
-  (redelivery after an unacked delivery, e.g. a crashed consumer; ``ack_wait`` is its first
-  step, and ``in_progress`` is sent while a batch is being indexed so a slow batch is not
-  redelivered under it).
+- A durable pull consumer (``rag-ingest``): explicit ack, no delivery limit on the server
+  (the consumer decides when to give up, below), redelivery ``ack_wait`` (the first
+  ``backoff_s`` step) after an unacked delivery, e.g. a crashed consumer; ``in_progress`` is
+  sent while a batch is being indexed so a slow batch is not redelivered under it.
 - Fetches up to ``--batch`` messages and applies them with ``batch_ingest.events.apply_events``
   (one embedding call for the batch; per document only a revision newer than the source
   registry's is applied, so redeliveries and reordering change nothing). Then per message:
   applied / unchanged / stale → ack; invalid envelope → published to ``rag.dlq.<type>`` and
-  ``term`` (never redelivered); failed → ``nak`` with the backoff delay of its delivery count,
-  and at the N-th delivery published to the dead-letter subject with its error and acked.
+  ``term`` (never redelivered); failed for a lasting cause (the store refuses the document) →
+  ``nak`` with the backoff delay of its delivery count, and at the N-th delivery
+  (``max_deliver``) published to the dead-letter subject with its error and acked; failed for
+  a passing cause (Milvus, Neo4j or the embedder unavailable, a document busy, the registry
+  unwritten: ``retryable``) → ``nak`` at most ``retry_max_delay_s`` apart for as long as it is
+  younger than ``retry_for_s`` (24 h): an outage is waited out, not dead-lettered. The
+  server's consumer redelivers without limit; the consumer decides.
   An upsert whose chunks were written but whose graph write failed counts as failed (the
   registry keeps its old revision, so the redelivery retries the graph).
 - Several consumers (and gateway replicas) may run at once: each document is leased in the
@@ -71,6 +76,7 @@ from batch_ingest.events import (
 )
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.settings import BatchSettings, ConsumerSettings
+from deployments.errors import BackendUnavailable
 from deployments.tracing import LOG_FORMATS, configure_logging, trace_context
 
 logger = logging.getLogger("batch_ingest.consumer")
@@ -120,34 +126,46 @@ async def ensure_stream(js: Any, cfg: ConsumerSettings) -> None:
 
 
 async def ensure_consumer(js: Any, cfg: ConsumerSettings) -> None:
-    """The durable pull consumer (created once; an existing one is kept as it is)."""
+    """The durable pull consumer (created once; an existing one is kept as it is, but for a
+    delivery limit of its own, which is lifted: the consumer decides when to give up)."""
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
     from nats.js.errors import NotFoundError
 
     try:
-        await js.consumer_info(cfg.stream, cfg.durable)
-        return
+        info = await js.consumer_info(cfg.stream, cfg.durable)
     except NotFoundError:
-        pass
-    backoff = list(cfg.backoff_s)[: max(cfg.max_deliver - 1, 0)]
+        info = None
+    if info is not None:
+        if info.config.max_deliver not in (None, -1, 0):
+            # Past its limit the server would stop redelivering an event still retried.
+            limit = info.config.max_deliver
+            info.config.max_deliver = -1
+            info.config.backoff = None  # the server allows a backoff list only with a limit
+            await js.add_consumer(cfg.stream, info.config)
+            logger.info("durable consumer %s: delivery limit %d lifted", cfg.durable, limit)
+        return
+    ack_wait = cfg.backoff_s[0] if cfg.backoff_s else 30.0
     await js.add_consumer(
         cfg.stream,
         ConsumerConfig(
             durable_name=cfg.durable,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
-            max_deliver=cfg.max_deliver,
-            ack_wait=backoff[0] if backoff else 30.0,
-            backoff=backoff or None,
+            # Unlimited on the server: the consumer decides (max_deliver for lasting causes,
+            # retry_for_s for passing ones) and dead-letters what it gives up on.
+            max_deliver=-1,
+            ack_wait=ack_wait,
             max_ack_pending=cfg.max_ack_pending,
         ),
     )
     logger.info(
-        "created durable consumer %s on %s (max_deliver %d, backoff %s s)",
+        "created durable consumer %s on %s (dead-letters after %d deliveries of a lasting "
+        "failure, retries a passing one for %gs; ack wait %gs)",
         cfg.durable,
         cfg.stream,
         cfg.max_deliver,
-        backoff,
+        cfg.retry_for_s,
+        ack_wait,
     )
 
 
@@ -241,7 +259,8 @@ class EventConsumer:
             except Exception as exc:  # Milvus/embedder down before anything was written
                 logger.warning("batch of %d failed%s: %s", len(msgs), _listed(traces), exc)
                 error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-                results, degraded = [_failed(ev, error) for ev in parsed], []
+                passing = isinstance(exc, BackendUnavailable | ConnectionError | TimeoutError)
+                results, degraded = [_failed(ev, error, passing) for ev in parsed], []
         finally:
             beat.cancel()
         for reason in degraded:
@@ -305,7 +324,13 @@ class EventConsumer:
                 await msg.term()
             return
         if result.status == "failed":
-            if delivered >= self.cfg.max_deliver:
+            if result.retryable and _age_s(msg) < self.cfg.retry_for_s:
+                # A passing cause (an outage): not poison, wait it out.
+                delay = min(self.cfg.backoff_for(delivered), self.cfg.retry_max_delay_s)
+                await msg.nak(delay=delay)
+                self.stats.naked += 1
+                return
+            if result.retryable or delivered >= self.cfg.max_deliver:
                 if await self._dead_letter(msg, result, delivered):
                     await msg.ack()
                     self.stats.acked += 1
@@ -363,6 +388,14 @@ def _delivered(msg: Any) -> int:
         return 1
 
 
+def _age_s(msg: Any) -> float:
+    """Seconds since the event entered the stream (0 when the message does not say)."""
+    try:
+        return max(0.0, time.time() - msg.metadata.timestamp.timestamp())
+    except Exception:
+        return 0.0
+
+
 def _stream_seq(msg: Any) -> int | None:
     try:
         return int(msg.metadata.sequence.stream)
@@ -370,7 +403,7 @@ def _stream_seq(msg: Any) -> int | None:
         return None
 
 
-def _failed(ev: MappedEvent | InvalidEvent, error: str) -> EventResult:
+def _failed(ev: MappedEvent | InvalidEvent, error: str, retryable: bool) -> EventResult:
     from batch_ingest.events import invalid_result
 
     if isinstance(ev, InvalidEvent):
@@ -384,6 +417,7 @@ def _failed(ev: MappedEvent | InvalidEvent, error: str) -> EventResult:
         revision=ev.revision,
         status="failed",
         error=error,
+        retryable=retryable,
         trace_id=ev.trace_id,
     )
 

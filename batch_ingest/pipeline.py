@@ -64,6 +64,8 @@ class DocResult:
     doc_type: str = ""
     # Chunks written by this call (searchable now), whatever the status says after it.
     written: bool = False
+    # Failed for a passing cause (a backend unavailable, the registry): a retry applies it.
+    retryable: bool = False
 
 
 @dataclass
@@ -255,6 +257,7 @@ class IngestPipeline:
                 if not written and isinstance(exc, BackendUnavailable) and doc is planned[0][0]:
                     raise
                 result.status, result.error = "failed", exc.message
+                result.retryable = isinstance(exc, BackendUnavailable)
                 logger.warning("ingest of %s/%s failed: %s", doc.team_id, doc.doc_id, exc)
             report.results.append(result)
 
@@ -447,6 +450,7 @@ class IngestPipeline:
                 if not removed and isinstance(exc, BackendUnavailable):
                     raise
                 result.status, result.error = "failed", exc.message
+                result.retryable = isinstance(exc, BackendUnavailable)
                 logger.warning("delete of %s/%s failed: %s", team_id, doc_id, exc)
             report.results.append(result)
         if self.graph is not None and removed:
@@ -463,6 +467,7 @@ class IngestPipeline:
                     report.degraded.append(f"graph not updated: {exc}")
                     for r in rows:
                         r.status, r.error = "failed", f"graph delete failed: {exc}"
+                        r.retryable = True
         if self.sources is not None:
             for r in report.results:
                 if r.status != "deleted":
@@ -486,7 +491,7 @@ def _unrecorded(report: IngestReport, keys: set[Key], exc: Exception) -> None:
     and records them."""
     for r in report.results:
         if (r.team_id, r.doc_type, r.doc_id) in keys and r.status != "failed":
-            r.status = "failed"
+            r.status, r.retryable = "failed", True
             r.error = (
                 f"not recorded in the source registry ({type(exc).__name__}: {exc}); "
                 "retry to record it (its chunks are written)"

@@ -99,12 +99,28 @@ class ConsumerSettings(BaseModel):
     subject_prefix: str = ""
     batch: int = Field(16, ge=1, le=4096)
     fetch_timeout_s: float = Field(1.0, gt=0)
+    # Deliveries of an event that failed for a lasting cause (a document the store refuses)
+    # before it goes to the dead-letter stream.
     max_deliver: int = Field(5, ge=1)
     # Seconds before the 2nd, 3rd, ... delivery; fewer steps than max_deliver (server rule).
     backoff_s: tuple[float, ...] = (5.0, 15.0, 30.0, 60.0)
+    # An event that failed for a passing cause (Milvus, Neo4j or the embedder unavailable, a
+    # document busy, the registry unwritten) is not poison: it is retried, at most
+    # retry_max_delay_s apart, until it applies or is retry_for_s old (then dead-lettered).
+    retry_for_s: float = Field(24 * 3600, gt=0)
+    retry_max_delay_s: float = Field(15.0, gt=0)
     max_ack_pending: int = Field(1000, ge=1)
     max_age_s: float = Field(7 * 24 * 3600, gt=0)
     duplicate_window_s: float = Field(120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _retries_end_before_the_stream_drops(self) -> ConsumerSettings:
+        if self.retry_for_s >= self.max_age_s:
+            raise ValueError(
+                f"nats.retry_for_s ({self.retry_for_s:g}) must be below nats.max_age_s "
+                f"({self.max_age_s:g}): the stream drops older events, retried or not"
+            )
+        return self
 
     def subject(self, name: str) -> str:
         return f"{self.subject_prefix}{name}"

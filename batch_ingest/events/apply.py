@@ -113,6 +113,7 @@ async def _leased_apply(
             ev,
             "failed",
             error=f"busy: another writer is applying {'/'.join(key)}; retry later",
+            retryable=True,
         )
     renew = asyncio.ensure_future(renew_leases(sources, list(held), owner, ttl_s))
     try:
@@ -168,6 +169,7 @@ async def _apply_winners(
                     searchable=r.written,
                     error="chunks indexed but the graph was not updated; "
                     "a redelivery retries the graph",
+                    retryable=True,
                 )
             else:
                 results[i] = result_of(
@@ -178,6 +180,7 @@ async def _apply_winners(
                     graph=r.graph,
                     searchable=r.written,
                     error=r.error,
+                    retryable=r.retryable,
                 )
     if deletes:
         deleted = [_mapped(events, i) for i in deletes]
@@ -198,7 +201,10 @@ async def _apply_winners(
             r = by_key.get(ev.key) if removed is not None else None
             if r is None:
                 results[i] = result_of(
-                    ev, "failed", error=error if removed is None else "no result"
+                    ev,
+                    "failed",
+                    error=error if removed is None else "no result",
+                    retryable=removed is None,  # the backend was unavailable
                 )
             else:
                 results[i] = result_of(
@@ -207,6 +213,7 @@ async def _apply_winners(
                     removed_chunks=r.removed_chunks,
                     graph=r.graph,
                     error=r.error,
+                    retryable=r.retryable,
                 )
     return [r for r in results if r is not None], degraded
 

@@ -30,6 +30,9 @@ class EventResult(BaseModel):
     # The document's new chunks were written (also on a ``failed`` whose graph write failed).
     searchable: bool = False
     error: str | None = None
+    # A ``failed`` event whose cause passes (a backend down, a document busy, the registry
+    # unwritten): the bus retries it with back-off until it applies, a client may resend it.
+    retryable: bool = False
     fields: list[dict[str, Any]] | None = None
     # The event's own meta.trace_id ("" when it has none); the response's trace_id is the
     # HTTP request's.

@@ -18,13 +18,13 @@ import pytest
 import pytest_asyncio
 
 from batch_ingest.chunking import Chunker, tokenizer_counter
-from batch_ingest.consumer import ConsumerSettings, EventConsumer, ensure_stream
+from batch_ingest.consumer import ConsumerSettings, EventConsumer, ensure_consumer, ensure_stream
 from batch_ingest.documents import SourceDocument
 from batch_ingest.events import parse_event
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.source_store import SourceStore
 from deployments.embedding import default_model_path
-from deployments.errors import InvalidInput
+from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.retriever import RetrieverDeployment
 from tests.conftest import port_open
 
@@ -313,6 +313,90 @@ async def test_poison_message_ends_in_the_dlq_after_max_deliveries(
     assert invalid["num_delivered"] == 1 and invalid["fields"]
     assert consumer.stats.statuses["failed"] == cfg.max_deliver
     assert await stored(store, team, ["ok"]) and not await stored(store, team, ["poison"])
+
+
+class OutageRetriever(RetrieverDeployment):
+    """Milvus unreachable while ``down`` (what the store raises on a refused connection),
+    the real Milvus after: the outage injected at the client, the writes real."""
+
+    down = True
+
+    async def lookup(self, team_id, chunk_ids):
+        if self.down:
+            raise BackendUnavailable("milvus", "connection refused")
+        return await super().lookup(team_id, chunk_ids)
+
+    async def upsert(self, chunks):
+        if self.down:
+            raise BackendUnavailable("milvus", "connection refused")
+        return await super().upsert(chunks)
+
+
+async def test_an_outage_is_waited_out_not_dead_lettered(cfg, nc, pipeline, settings, store, team):
+    """Issue 34: five deliveries during an outage sent every event to the DLQ as if it were
+    poison. Now past max_deliver it is retried until the backend is back, applied once."""
+    cfg.retry_max_delay_s = 0.5
+    outage = OutageRetriever(settings.milvus, 384)
+    outage.store = store
+    pipeline.store = outage
+    ids = [f"o{i}" for i in range(5)]
+    for i, doc_id in enumerate(ids):
+        await publish(
+            nc, cfg, event(team, "doc.upserted", {"doc_id": doc_id, "text": text_of(i, 30)})
+        )
+    consumer = EventConsumer(nc, pipeline, cfg)
+    # Well past max_deliver (3) deliveries of every event while Milvus is "down".
+    await consume_until(consumer, _after(6.0), timeout=30)
+    assert consumer.stats.statuses["failed"] >= 5 * (cfg.max_deliver + 1)
+    js = nc.jetstream()
+    assert (await js.stream_info(cfg.dlq_stream)).state.messages == 0
+    assert not await stored(store, team, ids)
+    outage.down = False
+    await consume_until(consumer, lambda: _none_pending(nc, cfg), timeout=30)
+    assert (await js.stream_info(cfg.dlq_stream)).state.messages == 0
+    assert consumer.stats.statuses["indexed"] == 5  # each applied exactly once
+    for doc_id in ids:
+        assert await stored(store, team, [doc_id])
+
+
+async def test_an_outage_longer_than_retry_for_s_dead_letters_with_the_cause(
+    cfg, nc, pipeline, settings, store, team
+):
+    cfg.retry_for_s, cfg.retry_max_delay_s = 2.0, 0.5
+    outage = OutageRetriever(settings.milvus, 384)
+    outage.store = store
+    pipeline.store = outage
+    await publish(nc, cfg, event(team, "doc.upserted", {"doc_id": "late", "text": "some text"}))
+    consumer = EventConsumer(nc, pipeline, cfg)
+    await consume_until(consumer, lambda: _none_pending(nc, cfg), timeout=30)
+    js = nc.jetstream()
+    assert (await js.stream_info(cfg.dlq_stream)).state.messages == 1
+    body = json.loads((await js.get_msg(cfg.dlq_stream, 1)).data)
+    assert body["status"] == "failed" and "connection refused" in body["error"]
+
+
+async def test_a_consumer_created_with_a_delivery_limit_has_it_lifted(cfg, nc):
+    """A durable created by an older version (server MaxDeliver 5) would stop redelivering
+    an event still being retried."""
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    js = nc.jetstream()
+    await ensure_stream(js, cfg)
+    await js.add_consumer(
+        cfg.stream,
+        ConsumerConfig(durable_name=cfg.durable, ack_policy=AckPolicy.EXPLICIT, max_deliver=3),
+    )
+    await ensure_consumer(js, cfg)
+    assert (await js.consumer_info(cfg.stream, cfg.durable)).config.max_deliver == -1
+
+
+def _after(seconds: float):
+    deadline = asyncio.get_running_loop().time() + seconds
+
+    async def done() -> bool:
+        return asyncio.get_running_loop().time() >= deadline
+
+    return done
 
 
 async def test_delete_removes_chunks_and_the_graph_doc(cfg, nc, pipeline, graph, store, team):

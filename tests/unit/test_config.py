@@ -150,3 +150,11 @@ def test_the_bus_consumer_reads_nats_settings_from_the_environment(monkeypatch):
     assert settings.chunking.max_tokens == 120
     # The gateway's root extends the batch root: the same variables, the same values.
     assert GatewaySettings().nats == settings.nats
+
+
+def test_bus_retries_must_end_before_the_stream_drops_the_event():
+    from batch_ingest.settings import ConsumerSettings
+
+    assert ConsumerSettings().retry_for_s < ConsumerSettings().max_age_s
+    with pytest.raises(ValueError, match="retry_for_s .* must be below nats.max_age_s"):
+        ConsumerSettings(retry_for_s=3600, max_age_s=3600)
