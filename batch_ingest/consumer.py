@@ -5,19 +5,26 @@
 
 What it does:
 
-- Creates (idempotently) the stream ``RAG_EVENTS`` over the subjects of the ingestion types
-  (``chat.message.created``, ``doc.upserted``, ``file.uploaded``, ``doc.deleted``, and the
-  specification's ``message.created`` and ``doc.upsert`` as aliases; the subject is the event
-  ``type``), file storage, 7 days, a 2-minute duplicate window (publishers should
-  set ``Nats-Msg-Id`` to the ``event_id``: the server then drops a re-published copy), and the
-  stream ``RAG_EVENTS_DLQ`` over ``rag.dlq.>``.
+- Creates (idempotently) the stream ``RAG_EVENTS`` over the team subjects of the ingestion
+  types, ``rag.team.<team>.<type>`` (``chat.message.created``, ``doc.upserted``,
+  ``file.uploaded``, ``doc.deleted``, and the specification's ``message.created`` and
+  ``doc.upsert`` as aliases; a team id that is not one plain subject token is written ``=`` +
+  base64url, ``batch_ingest.event_types.team_token``), file storage, 7 days, a 2-minute
+  duplicate window (publishers should set ``Nats-Msg-Id`` to the ``event_id``: the server then
+  drops a re-published copy), and the stream ``RAG_EVENTS_DLQ`` over ``rag.dlq.>``.
+- Connects with its nkey (``nats.nkey_seed_file``, else the local ``var/nats/auth/
+  consumer.nk``; ``batch_ingest.bus_auth``) and TLS when configured; producers hold
+  credentials bound to their teams' subjects, anonymous connections are refused.
 - A durable pull consumer (``rag-ingest``): explicit ack, no delivery limit on the server
   (the consumer decides when to give up, below), redelivery ``ack_wait`` (the first
   ``backoff_s`` step) after an unacked delivery, e.g. a crashed consumer; ``in_progress`` is
   sent while a batch is being indexed so a slow batch is not redelivered under it.
 - Fetches up to ``--batch`` messages and applies them with ``batch_ingest.events.apply_events``
   (one embedding call for the batch; per document only a revision newer than the source
-  registry's is applied, so redeliveries and reordering change nothing). Then per message:
+  registry's is applied, so redeliveries and reordering change nothing). An event published
+  on another team's subject (``meta.team_id`` differs), on a subject without a team (the
+  type-only subjects of before: ``nats.legacy_subjects`` reads them during a migration) or as
+  another type than its subject's is invalid. Then per message:
   applied / unchanged / stale → ack; invalid envelope → published to ``rag.dlq.<type>`` and
   ``term`` (never redelivered); failed for a lasting cause (the store refuses the document) →
   ``nak`` with the backoff delay of its delivery count, and at the N-th delivery
@@ -31,9 +38,10 @@ What it does:
 - Several consumers (and gateway replicas) may run at once: each document is leased in the
   source registry while its events are applied (``SourceStore.claim``), so two writers never
   interleave one document's revisions.
-- After a document is searchable: ``rag.document.indexed`` (``{team_id, doc_id, doc_type,
-  chunks, revision, event_id, event_ts, status, meta: {team_id, trace_id}}``, ``trace_id``
-  the source event's ``meta.trace_id``), after a delete ``rag.document.deleted``.
+- After a document is searchable: ``rag.team.<team>.document.indexed`` (``{team_id, doc_id,
+  doc_type, chunks, revision, event_id, event_ts, status, meta: {team_id, trace_id}}``,
+  ``trace_id`` the source event's ``meta.trace_id``), after a delete
+  ``rag.team.<team>.document.deleted``: a subscriber's permissions can name its teams.
 - Trace ids: each event is logged (one line: id, type, document, status) and settled under
   its own ``meta.trace_id``; the batch's shared work under its first one, its lines listing
   all (``handle``). ``--log-format json`` writes one JSON object per line with ``trace_id``.
@@ -41,8 +49,9 @@ What it does:
 
 Why in-process and not ``POST /ingest/events`` on the gateway: the consumer is a platform
 service behind the bus, not an agent; who may publish an event for a tenant is decided by the
-bus's own accounts and subject permissions, and the tenant of an event is only its
-``meta.team_id`` (a payload naming another team is refused). Running the pipeline here (the
+bus's own accounts and subject permissions on the team subjects, and the tenant of an event is
+its subject's team, which its ``meta.team_id`` must repeat (a payload naming another team is
+refused). Running the pipeline here (the
 real ``MilvusStore``, ``LocalEmbedder``, ``Neo4jGraph`` and ``SourceStore``, configured by the
 same environment as the gateway: ``BatchSettings``, with ``NATS__URL`` etc. for the bus) keeps
 ingestion off the Serve request path, needs no service credential, and gives the batch one
@@ -66,13 +75,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from batch_ingest.event_types import event_subject, parse_subject
 from batch_ingest.events import (
     EventResult,
     InvalidEvent,
     MappedEvent,
     apply_events,
     parse_event,
-    subject_type,
 )
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.settings import BatchSettings, ConsumerSettings
@@ -100,7 +109,7 @@ async def ensure_stream(js: Any, cfg: ConsumerSettings) -> None:
     from nats.js.api import StorageType, StreamConfig
     from nats.js.errors import NotFoundError
 
-    async def one(name: str, subjects: list[str], **extra: Any) -> None:
+    async def one(name: str, subjects: list[str], exact: bool = False, **extra: Any) -> None:
         try:
             info = await js.stream_info(name)
         except NotFoundError:
@@ -111,14 +120,23 @@ async def ensure_stream(js: Any, cfg: ConsumerSettings) -> None:
             return
         have = list(info.config.subjects or [])
         missing = [s for s in subjects if s not in have]
-        if missing:
-            info.config.subjects = have + missing
+        extra_subjects = [s for s in have if s not in subjects] if exact else []
+        if missing or extra_subjects:
+            info.config.subjects = [s for s in have if s not in extra_subjects] + missing
             await js.update_stream(info.config)
-            logger.info("stream %s now also takes %s", name, ", ".join(missing))
+            logger.info(
+                "stream %s: takes %s%s",
+                name,
+                ", ".join(info.config.subjects),
+                f" (no longer {', '.join(extra_subjects)})" if extra_subjects else "",
+            )
 
+    # Exactly the team subjects: a type-only subject of before would let anyone who may
+    # publish there write into any team.
     await one(
         cfg.stream,
         cfg.subjects,
+        exact=True,
         max_age=cfg.max_age_s,
         duplicate_window=cfg.duplicate_window_s,
     )
@@ -274,9 +292,13 @@ class EventConsumer:
             # Searchable: indexed, or indexed with the graph write still to retry (that
             # redelivery is then "unchanged" and announces nothing again).
             if result.searchable:
-                notes.append((self.cfg.indexed_subject, _note(result, ev)))
+                notes.append(
+                    (self.cfg.notice_subject(result.team_id, "indexed"), _note(result, ev))
+                )
             elif result.status == "deleted":
-                notes.append((self.cfg.deleted_subject, _note(result, ev)))
+                notes.append(
+                    (self.cfg.notice_subject(result.team_id, "deleted"), _note(result, ev))
+                )
         await self.nc.flush()
         for subject, note in notes:
             await self.nc.publish(subject, json.dumps(note).encode())
@@ -292,21 +314,36 @@ class EventConsumer:
         return results
 
     def _parse(self, msg: Any) -> MappedEvent | InvalidEvent:
+        """The event, or why it is refused: published on a subject without a team (unless
+        ``legacy_subjects``), on another team's subject, or as another type than its
+        subject's."""
         ev = parse_event(msg.data)
-        expected = subject_type(msg.subject, self.cfg.subject_prefix)
-        if isinstance(ev, MappedEvent) and ev.envelope.type != expected:
-            return InvalidEvent(
-                ev.event_id,
-                ev.envelope.type,
-                [
-                    {
-                        "field": "type",
-                        "problem": f"{ev.envelope.type!r} published on subject {msg.subject!r}",
-                    }
-                ],
-                ev.trace_id,
+        team, expected = parse_subject(msg.subject, self.cfg.subject_prefix)
+        if not isinstance(ev, MappedEvent):
+            return ev
+        problem = None
+        if team is None and not self.cfg.legacy_subjects:
+            problem = (
+                "subject",
+                f"published on {msg.subject!r}, a subject without a team; publish on "
+                f"{event_subject(ev.key[0], ev.envelope.type, self.cfg.subject_prefix)!r}",
             )
-        return ev
+        elif team is not None and team != ev.key[0]:
+            problem = (
+                "meta.team_id",
+                f"an event of team {ev.key[0]!r} published on team {team!r}'s subject "
+                f"{msg.subject!r}",
+            )
+        elif ev.envelope.type != expected:
+            problem = ("type", f"{ev.envelope.type!r} published on subject {msg.subject!r}")
+        if problem is None:
+            return ev
+        return InvalidEvent(
+            ev.event_id,
+            ev.envelope.type,
+            [{"field": problem[0], "problem": problem[1]}],
+            ev.trace_id,
+        )
 
     async def _keep_alive(self, msgs: list[Any]) -> None:
         """Tell the server the batch is being worked on (resets each ack timer)."""
@@ -483,11 +520,34 @@ def build_pipeline(settings: Any = None) -> IngestPipeline:
     )
 
 
+def consumer_connect_options(cfg: ConsumerSettings) -> dict[str, Any]:
+    """The consumer's credential and TLS for ``nats.connect`` (``nats.nkey_seed_file``, else
+    the local seed scripts/services.py made, else none)."""
+    from batch_ingest.bus_auth import BusAuth, connect_options
+
+    seed = cfg.nkey_seed_file
+    if not seed and (local := BusAuth().seed_file("consumer")).exists():
+        seed = str(local)
+    tls = None
+    if cfg.tls_ca_file or cfg.tls_cert_file:
+        import ssl
+
+        tls = ssl.create_default_context(cafile=cfg.tls_ca_file or None)
+        if cfg.tls_cert_file:
+            tls.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file or None)
+    return connect_options(seed or None, tls=tls)
+
+
 async def serve(cfg: ConsumerSettings, pipeline: IngestPipeline | None = None) -> ConsumerStats:
     import nats
 
     pipeline = pipeline or build_pipeline()
-    nc = await nats.connect(cfg.url, name=f"rag-consumer-{cfg.durable}", max_reconnect_attempts=-1)
+    nc = await nats.connect(
+        cfg.url,
+        name=f"rag-consumer-{cfg.durable}",
+        max_reconnect_attempts=-1,
+        **consumer_connect_options(cfg),
+    )
     consumer = EventConsumer(nc, pipeline, cfg)
     await consumer.setup()
     stop = asyncio.Event()
@@ -523,6 +583,11 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds before each redelivery, comma-separated",
     )
     p.add_argument(
+        "--nkey-seed-file",
+        default=d.nkey_seed_file,
+        help="the consumer's nkey seed (default: var/nats/auth/consumer.nk when it exists)",
+    )
+    p.add_argument(
         "--log-format",
         choices=LOG_FORMATS,
         default="text",
@@ -537,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
             "stream": args.stream,
             "durable": args.durable,
             "subject_prefix": args.subject_prefix,
+            "nkey_seed_file": args.nkey_seed_file,
             "batch": args.batch,
             "max_deliver": args.max_deliver,
             "backoff_s": tuple(float(x) for x in args.backoff.split(",") if x.strip()),

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from batch_ingest.event_types import SUBJECT_TYPES
+from batch_ingest.event_types import SUBJECT_TYPES, notice_subject, stream_subjects
 from deployments.config import PLACEHOLDER_SECRETS, EmbedderSettings, MilvusSettings, Neo4jSettings
 
 
@@ -112,6 +112,17 @@ class ConsumerSettings(BaseModel):
     max_ack_pending: int = Field(1000, ge=1)
     max_age_s: float = Field(7 * 24 * 3600, gt=0)
     duplicate_window_s: float = Field(120.0, gt=0)
+    # Also read the type-only subjects of before issue 34 (``doc.upserted``): whoever may
+    # publish there writes into any team. For a migration only; off, an event published there
+    # is refused (dead-lettered) and the stream no longer takes them.
+    legacy_subjects: bool = False
+    # The consumer's credential: an nkey seed file (empty: var/nats/auth/consumer.nk of the
+    # repository when it exists, as scripts/services.py makes it; else anonymous) and TLS
+    # (a CA bundle to verify the server, a client certificate and key when it asks for one).
+    nkey_seed_file: str = ""
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
 
     @model_validator(mode="after")
     def _retries_end_before_the_stream_drops(self) -> ConsumerSettings:
@@ -127,7 +138,10 @@ class ConsumerSettings(BaseModel):
 
     @property
     def subjects(self) -> list[str]:
-        return [self.subject(t) for t in SUBJECT_TYPES]
+        """The event stream's subjects: ``rag.team.*.<type>`` (and the type-only ones with
+        ``legacy_subjects``)."""
+        legacy = [self.subject(t) for t in SUBJECT_TYPES] if self.legacy_subjects else []
+        return stream_subjects(self.subject_prefix) + legacy
 
     @property
     def dlq_stream(self) -> str:
@@ -136,13 +150,9 @@ class ConsumerSettings(BaseModel):
     def dlq_subject(self, event_type: str) -> str:
         return self.subject(f"rag.dlq.{event_type or 'invalid'}")
 
-    @property
-    def indexed_subject(self) -> str:
-        return self.subject("rag.document.indexed")
-
-    @property
-    def deleted_subject(self) -> str:
-        return self.subject("rag.document.deleted")
+    def notice_subject(self, team_id: str, kind: str) -> str:
+        """Where the team's ``rag.document.indexed`` / ``deleted`` notices go."""
+        return notice_subject(team_id, kind, self.subject_prefix)
 
     def backoff_for(self, delivered: int) -> float:
         steps = self.backoff_s or (1.0,)

@@ -8,11 +8,12 @@ Starts ``python -m batch_ingest.consumer`` as its own process (Milvus collection
 ``bench_events``, its own SQLite registry under /tmp, stream ``BENCH_EVENTS`` with the subject
 prefix ``bench.``), waits until it listens, publishes ``doc.upserted`` events (one ~40-word
 chunk each, fresh document ids) stamped with the publish time, and takes for each event the
-time until its ``rag.document.indexed`` notification arrives (sent after the Milvus upsert, so
-the document is searchable then; one search per phase checks that). Phases: ``paced`` (open
-loop at ``--rate`` events/s) and ``burst`` (all published at once: throughput). The consumer
-is stopped with SIGTERM (graceful: it must exit 0), then the stream, the collection, the
-tenant's Neo4j nodes and the registry are removed. Result JSON in bench/results/.
+time until its ``rag.team.<team>.document.indexed`` notification arrives (sent after the
+Milvus upsert, so the document is searchable then; one search per phase checks that).
+Phases: ``paced`` (open loop at ``--rate`` events/s) and ``burst`` (all published at once:
+throughput). The consumer is stopped with SIGTERM (graceful: it must exit 0), then the
+stream, the collection, the tenant's Neo4j nodes and the registry are removed. Result JSON
+in bench/results/.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from batch_ingest.bus_auth import local_options
+from batch_ingest.event_types import event_subject, notice_subject
 from bench.common import REPO_ROOT, latency_summary, logger, setup_logging, write_result
 
 COLLECTION = "bench_events"
@@ -91,7 +94,7 @@ async def phase(js, nc, name: str, n: int, rate: float, run: str, start: int) ->
             if len(done) == n:
                 finished.set()
 
-    sub = await nc.subscribe(f"{PREFIX}rag.document.indexed", cb=on_indexed)
+    sub = await nc.subscribe(notice_subject(TEAM, "indexed", PREFIX), cb=on_indexed)
     t0 = time.perf_counter()
     for k in range(n):
         ev = make_event(start + k, run)
@@ -101,7 +104,7 @@ async def phase(js, nc, name: str, n: int, rate: float, run: str, start: int) ->
                 await asyncio.sleep(delay)
         sent[ev["event_id"]] = time.perf_counter()
         await js.publish(
-            f"{PREFIX}doc.upserted",
+            event_subject(TEAM, "doc.upserted", PREFIX),
             json.dumps(ev).encode(),
             headers={"Nats-Msg-Id": ev["event_id"]},
         )
@@ -138,7 +141,7 @@ async def main_async(args: argparse.Namespace) -> int:
         "STATE__URL": f"sqlite:///{tmp}/state.db",
         "PYTHONPATH": str(REPO_ROOT),
     }
-    nc = await nats.connect(args.url)
+    nc = await nats.connect(args.url, **local_options())
     js = nc.jetstream()
     cfg = ConsumerSettings(url=args.url, stream=STREAM, durable="bench", subject_prefix=PREFIX)
     for name in (STREAM, cfg.dlq_stream):  # a stream left by a killed run

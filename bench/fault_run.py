@@ -65,6 +65,8 @@ from typing import Any
 
 import httpx
 
+from batch_ingest.bus_auth import local_options
+from batch_ingest.event_types import event_subject
 from bench.bench_load import (
     DocState,
     LoadGenerator,
@@ -318,6 +320,7 @@ class Bus:
             reconnect_time_wait=0.5,
             connect_timeout=2,
             error_cb=quiet,
+            **local_options(),
         )
         self.js = self.nc.jetstream()
         took = time.monotonic() - t0
@@ -347,7 +350,7 @@ class Bus:
     async def publish(self, event: dict[str, Any], timeout_s: float = 2.0) -> tuple[bool, str]:
         try:
             await self.js.publish(
-                self.prefix + "doc.upserted",
+                event_subject(self.team, "doc.upserted", self.prefix),
                 json.dumps(event).encode(),
                 headers={"Nats-Msg-Id": event["event_id"]},
                 timeout=timeout_s,

@@ -20,7 +20,9 @@ cluster in var/postgres on 127.0.0.1:5433 with tiny memory settings; as root it 
 
 NATS (the event bus of batch_ingest.consumer) is the Debian package ``nats-server`` (2.9.x,
 installed with apt-get like PostgreSQL) with JetStream on, file storage in var/nats,
-on 127.0.0.1:4222.
+on 127.0.0.1:4222, no anonymous connection: nkey users in var/nats/auth (the consumer's and
+operators' seeds made on the first start, producers bound to their teams added with
+``python -m batch_ingest.bus_auth issue NAME --teams T``).
 
 Redis (the shared backend of the semantic cache, serve_app/cache/store.py) is the Debian
 package ``redis-server`` (7.0.x, installed with apt-get like PostgreSQL), run in the
@@ -579,9 +581,13 @@ NATS_CONF = """\
 listen: 127.0.0.1:{port}
 http_port: 0
 jetstream {{
+  store_dir: "{store}"
   max_memory_store: 64MB
   max_file_store: 2GB
 }}
+# Users (nkeys): the consumer, operators and producers bound to their teams; no anonymous
+# connection. python -m batch_ingest.bus_auth issue NAME --teams T adds a producer.
+include "auth/auth.conf"
 """
 
 
@@ -594,13 +600,15 @@ def nats_up(required: bool = True) -> None:
     home = VAR / "nats"
     (home / "jetstream").mkdir(parents=True, exist_ok=True)
     conf = home / "nats.conf"
-    conf.write_text(NATS_CONF.format(port=NATS_PORT))
-    # -js -a 127.0.0.1 -p PORT -sd DIR, with the storage caps of the config file.
-    spawn(
-        "nats",
-        [exe, "-c", str(conf), "-js", "-a", "127.0.0.1", "-p", str(NATS_PORT)]
-        + ["-sd", str(home / "jetstream")],
-    )
+    # The seeds of the consumer and of operators (made once) and the users' block.
+    sys.path.insert(0, str(ROOT))
+    from batch_ingest.bus_auth import BusAuth
+
+    BusAuth(home / "auth").ensure_service_users()
+    # The storage directory in the file, not a flag: a reload (a producer issued or revoked)
+    # refuses a storage directory that differs from the file's.
+    conf.write_text(NATS_CONF.format(port=NATS_PORT, store=home / "jetstream"))
+    spawn("nats", [exe, "-c", str(conf), "-js", "-a", "127.0.0.1", "-p", str(NATS_PORT)])
     wait_until("nats", nats_jetstream_ready, 30)
 
 

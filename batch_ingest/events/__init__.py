@@ -17,7 +17,6 @@ from batch_ingest.events.envelope import (
     MappedEvent,
     parse_event,
     parse_ts_ms,
-    subject_type,
 )
 from batch_ingest.events.leases import LEASE_TTL_S, LEASE_WAIT_S
 from batch_ingest.events.results import (
@@ -49,5 +48,4 @@ __all__ = [
     "invalid_result",
     "parse_event",
     "parse_ts_ms",
-    "subject_type",
 ]

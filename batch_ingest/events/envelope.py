@@ -486,10 +486,3 @@ def _document(env: EventEnvelope, p: _DocFields) -> SourceDocument:
         assert isinstance(p, DocPayload)
         fields |= {"doc_id": p.doc_id, "doc_type": p.doc_type}
     return SourceDocument.model_validate(fields)
-
-
-def subject_type(subject: str, prefix: str = "") -> str:
-    """The event type a subject carries (the subject minus the deployment ``prefix``; an
-    alias subject such as ``doc.upsert`` carries the type it names)."""
-    name = subject[len(prefix) :] if prefix and subject.startswith(prefix) else subject
-    return canonical_type(name)

@@ -17,9 +17,11 @@ from urllib.parse import urlparse
 import pytest
 import pytest_asyncio
 
+from batch_ingest.bus_auth import local_options
 from batch_ingest.chunking import Chunker, tokenizer_counter
 from batch_ingest.consumer import ConsumerSettings, EventConsumer, ensure_consumer, ensure_stream
 from batch_ingest.documents import SourceDocument
+from batch_ingest.event_types import event_subject
 from batch_ingest.events import parse_event
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.source_store import SourceStore
@@ -83,7 +85,7 @@ def pipeline(settings, embedder, graph, store, tmp_path):
 async def nc(cfg):
     import nats
 
-    conn = await nats.connect(cfg.url)
+    conn = await nats.connect(cfg.url, **local_options())
     js = conn.jetstream()
     await ensure_stream(js, cfg)  # producers publish before any consumer runs
     yield conn
@@ -121,7 +123,11 @@ def collector(into: list):
 
 
 async def publish(nc, cfg, raw) -> None:
-    await nc.jetstream().publish(cfg.subject(raw["type"]), json.dumps(raw).encode())
+    """On the subject of the event's own team (``meta.team_id``; an envelope without one on
+    team ``nobody``'s)."""
+    team = (raw.get("meta") or {}).get("team_id", "nobody")
+    subject = event_subject(team, raw["type"], cfg.subject_prefix)
+    await nc.jetstream().publish(subject, json.dumps(raw).encode())
 
 
 async def consume_until(consumer: EventConsumer, done, timeout: float = 60.0) -> None:
@@ -176,7 +182,7 @@ async def test_kill_mid_stream_and_restart_leaves_exact_chunks(cfg, nc, pipeline
 
     # First consumer: killed (task cancelled, connection dropped, nothing more acked) once
     # some documents are acked, most probably in the middle of a batch.
-    conn1 = await nats.connect(cfg.url)
+    conn1 = await nats.connect(cfg.url, **local_options())
     first = EventConsumer(conn1, pipeline, cfg)
     await first.setup()
     task = asyncio.create_task(first.run(asyncio.Event()))
@@ -191,7 +197,7 @@ async def test_kill_mid_stream_and_restart_leaves_exact_chunks(cfg, nc, pipeline
     assert acked_before < len(raws)
 
     notes: list[dict] = []
-    sub = await nc.subscribe(cfg.indexed_subject, cb=collector(notes))
+    sub = await nc.subscribe(cfg.notice_subject(team, "indexed"), cb=collector(notes))
     second = EventConsumer(nc, pipeline, cfg)
 
     async def all_acked() -> bool:
@@ -278,6 +284,50 @@ async def test_the_specifications_subjects_are_consumed_as_their_types(
     assert consumer.stats.statuses == {"indexed": 2}
     assert await asyncio.to_thread(store.get_chunks, team, "doc", "spec")
     assert await asyncio.to_thread(store.get_chunks, team, "message", "sm")
+
+
+async def test_an_event_for_another_team_on_a_producers_subject_is_refused(
+    cfg, nc, pipeline, store, team
+):
+    """Issue 34, as an attacker allowed on one team's subject would try: ``meta.team_id``
+    naming the victim, on the attacker's subject; the victim's document is not touched."""
+    await publish(nc, cfg, event(team, "doc.upserted", {"doc_id": "real", "text": "ledger notes"}))
+    js = nc.jetstream()
+    attacker = f"{team}_x"
+    forged = [
+        event(team, "doc.upserted", {"doc_id": "iban", "text": "wire payments to IBAN XX"}),
+        event(team, "doc.deleted", {"doc_id": "real", "revision": 10**12}),
+    ]
+    for raw in forged:
+        subject = event_subject(attacker, raw["type"], cfg.subject_prefix)
+        await js.publish(subject, json.dumps(raw).encode())
+    consumer = EventConsumer(nc, pipeline, cfg)
+    await consume_until(consumer, lambda: _none_pending(nc, cfg))
+    assert consumer.stats.statuses == {"indexed": 1, "invalid": 2}
+    assert await stored(store, team, ["real"]) and not await stored(store, team, ["iban"])
+    assert (await js.stream_info(cfg.dlq_stream)).state.messages == 2
+
+
+async def test_the_stream_takes_no_subject_without_a_team(cfg, nc):
+    """The type-only subjects of before issue 34 are gone from the stream: a publish there is
+    not stored (JetStream answers no one)."""
+    import nats.errors
+    import nats.js.errors
+
+    raw = event("team_a", "doc.upserted", {"doc_id": "d", "text": "t"})
+    with pytest.raises((nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError)):
+        await nc.jetstream().publish(cfg.subject("doc.upserted"), json.dumps(raw).encode())
+    info = await nc.jetstream().stream_info(cfg.stream)
+    assert all(".rag.team.*." in s for s in info.config.subjects)
+
+
+async def test_an_old_streams_type_only_subjects_are_removed(cfg, nc):
+    js = nc.jetstream()
+    info = await js.stream_info(cfg.stream)
+    info.config.subjects = [*info.config.subjects, cfg.subject("doc.upserted")]
+    await js.update_stream(info.config)
+    await ensure_stream(js, cfg)
+    assert sorted((await js.stream_info(cfg.stream)).config.subjects) == sorted(cfg.subjects)
 
 
 class PoisonRetriever(RetrieverDeployment):
@@ -417,7 +467,7 @@ async def test_delete_removes_chunks_and_the_graph_doc(cfg, nc, pipeline, graph,
     assert (await graph.client.run(q, {"t": team}))[0]["n"] == 1
 
     gone: list[dict] = []
-    sub = await nc.subscribe(cfg.deleted_subject, cb=collector(gone))
+    sub = await nc.subscribe(cfg.notice_subject(team, "deleted"), cb=collector(gone))
     await publish(
         nc, cfg, event(team, "doc.deleted", {"doc_type": "message", "doc_id": "m1", "revision": 2})
     )
@@ -462,7 +512,7 @@ async def test_graph_outage_during_an_upsert_is_retried_on_redelivery(
         settings.neo4j.model_copy(update={"uri": "bolt://127.0.0.1:1", "timeout_s": 2.0})
     )
     indexed: list[dict] = []
-    sub = await nc.subscribe(cfg.indexed_subject, cb=collector(indexed))
+    sub = await nc.subscribe(cfg.notice_subject(team, "indexed"), cb=collector(indexed))
     raw = event(team, "doc.upserted", {"doc_id": "d1", "text": text_of(1), "revision": 5})
     await publish(nc, cfg, raw)
     consumer = EventConsumer(nc, pipeline, cfg)

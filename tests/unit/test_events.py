@@ -90,14 +90,45 @@ def test_the_specifications_spellings_are_aliases(domain, etype, full):
 
 
 def test_the_bus_reads_the_alias_subjects_as_their_types():
-    from batch_ingest.events.envelope import subject_type
+    from batch_ingest.event_types import parse_subject
     from batch_ingest.settings import ConsumerSettings
 
     cfg = ConsumerSettings(subject_prefix="t1.")
-    assert {"t1.doc.upsert", "t1.message.created", "t1.doc.upserted"} <= set(cfg.subjects)
-    assert subject_type("t1.doc.upsert", "t1.") == "doc.upserted"
-    assert subject_type("t1.message.created", "t1.") == "chat.message.created"
-    assert subject_type("t1.doc.deleted", "t1.") == "doc.deleted"
+    assert {
+        "t1.rag.team.*.doc.upsert",
+        "t1.rag.team.*.message.created",
+        "t1.rag.team.*.doc.upserted",
+    } <= set(cfg.subjects)
+    assert parse_subject("t1.rag.team.a.doc.upsert", "t1.") == ("a", "doc.upserted")
+    assert parse_subject("t1.rag.team.a.message.created", "t1.") == ("a", "chat.message.created")
+    assert parse_subject("t1.rag.team.a.doc.deleted", "t1.") == ("a", "doc.deleted")
+
+
+def test_only_team_subjects_unless_a_migration_reads_the_old_ones_too():
+    from batch_ingest.settings import ConsumerSettings
+
+    assert all(s.startswith("rag.team.*.") for s in ConsumerSettings().subjects)
+    legacy = ConsumerSettings(legacy_subjects=True).subjects
+    assert "doc.upserted" in legacy and "rag.team.*.doc.upserted" in legacy
+
+
+@pytest.mark.parametrize(
+    "team", ["dao_greenfood", "Team-7", "team a.b", "x*y>z", "ünïcode", "=x", "a" * 200]
+)
+def test_every_team_id_has_one_subject_token_and_back(team):
+    from batch_ingest.event_types import event_subject, parse_subject, team_token, token_team
+
+    token = team_token(team)
+    assert not set(token) & set(".*> \t") and token
+    assert token_team(token) == team
+    assert parse_subject(event_subject(team, "doc.upserted", "p."), "p.") == (team, "doc.upserted")
+
+
+def test_a_non_canonical_team_token_names_no_team():
+    from batch_ingest.event_types import token_team
+
+    assert token_team("=YQ") is None  # "a" is written plain: one team, one subject
+    assert token_team("=!!") is None and token_team("=") is None and token_team("a.b") is None
 
 
 def test_file_uploaded_maps_to_a_file_titled_by_filename():

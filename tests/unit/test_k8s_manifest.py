@@ -343,6 +343,9 @@ def test_every_secret_reference_names_a_key_of_the_secret_template():
             ref = node.get("secretKeyRef") or node.get("secretRef")
             if isinstance(node.get("secret"), dict):
                 ref = {"name": node["secret"]["secretName"]}
+                for item in node["secret"].get("items", []):  # files of a mounted Secret
+                    assert item["key"] in keys, f"{_label(name, doc)}: no key {item['key']}"
+                    referenced.add(item["key"])
             if ref is None:
                 continue
             assert ref["name"] == secret["metadata"]["name"], _label(name, doc)

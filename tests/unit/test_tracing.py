@@ -14,6 +14,7 @@ import pytest
 
 from batch_ingest.chunking import Chunker, whitespace_tokens
 from batch_ingest.consumer import ConsumerSettings, EventConsumer
+from batch_ingest.event_types import event_subject
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.source_store import SourceStore
 from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
@@ -284,7 +285,8 @@ def test_events_over_http_keep_the_request_trace_and_report_each_events_own(gate
 class FakeMsg:
     def __init__(self, raw: dict[str, Any], subject: str | None = None) -> None:
         self.data = json.dumps(raw).encode()
-        self.subject = subject or raw["type"]
+        team = (raw.get("meta") or {}).get("team_id", "nobody")
+        self.subject = subject or event_subject(team, raw["type"])
         self.metadata = SimpleNamespace(num_delivered=1, sequence=SimpleNamespace(stream=1))
         self.settled: list[str] = []
 
@@ -356,7 +358,8 @@ def test_an_events_trace_id_reaches_its_log_lines_and_its_indexed_notification(c
     assert records and {r.trace_id for r in records} == {"trace-evt-1"}  # type: ignore[attr-defined]
     assert any(r.getMessage().startswith("event evt-d1 ") for r in records)
     ((subject, note),) = consumer.nc.published
-    assert subject == consumer.cfg.indexed_subject
+    assert subject == consumer.cfg.notice_subject("dao_events", "indexed")
+    assert subject == "rag.team.dao_events.document.indexed"
     assert note["meta"] == {"team_id": "dao_events", "trace_id": "trace-evt-1"}
     assert note["doc_id"] == "d1" and note["event_id"] == "evt-d1"
     assert current_trace_id() == ""
