@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One command for a laptop: install, start Milvus Lite + Neo4j + a local Ray, deploy the
-# gateway with serve_config.yaml on 127.0.0.1:8000 and load the sample corpus.
+# One command for a laptop: install, start Milvus Lite + Neo4j + the event bus (nats-server
+# with its users, installed when missing) + a local Ray, deploy the gateway with
+# serve_config.yaml on 127.0.0.1:8000, start the bus consumer and load the sample corpus.
 # Stop everything with scripts/stop.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -10,6 +11,8 @@ PORT=8000
 cd "$ROOT"
 bash scripts/install.sh
 "$VENV/bin/python" scripts/services.py up
+# The event bus is part of the gateway: install nats-server when missing (apt-get).
+RAG_INSTALL_PACKAGES="${RAG_INSTALL_PACKAGES:-1}" "$VENV/bin/python" scripts/services.py up --only nats
 bash scripts/ray_local.sh up
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$VAR/ray_auth_token"
 echo "[start] deploying serve_config.yaml"
@@ -44,6 +47,8 @@ fi
 if [ "$load_sample" = 1 ]; then
   "$VENV/bin/python" -m batch_ingest.load_jsonl "${sample_args[@]}"
 fi
+# The bus consumer (NATS JetStream → the same ingestion pipeline), with its own nkey.
+bash scripts/consumer.sh up
 auth_header=""
 if [ -n "${token:-}" ]; then
   # The minted token (1 h) in a file only the user can read, for the example below.
@@ -58,5 +63,9 @@ RAG Gateway is up on http://127.0.0.1:$PORT  (API docs: /docs, readiness: /ready
 Try:
   curl -s http://127.0.0.1:$PORT/rag/search_docs -H 'content-type: application/json'$auth_header \\
     -d '{"team_id": "dao_greenfood", "query": "which projects use Milvus?", "top_k": 3}'
+Publish to the bus (a producer credential bound to its team, then one event):
+  $VENV/bin/python -m batch_ingest.bus_auth issue demo --teams dao_greenfood
+  $VENV/bin/python -m batch_ingest.publish --seed $VAR/nats/auth/producers/demo.nk \\
+    --team dao_greenfood --doc-id bus-note-1 --text "The cold store runs on the solar array." --wait
 Stop everything: bash scripts/stop.sh
 MSG

@@ -227,3 +227,17 @@ def test_every_type_of_a_producers_team_is_open_and_nothing_else():
         f"p.rag.team.=dGVhbSBh.{t}" for t in SUBJECT_TYPES
     )
     assert perms["subscribe"]["allow"] == ["p.rag.team.=dGVhbSBh.document.>", "_INBOX.billing.>"]
+
+
+async def test_the_publish_cli_publishes_for_its_team_and_is_refused_elsewhere(
+    cfg, operator, producer
+):
+    from batch_ingest import publish
+
+    name, seed = producer
+    common = ["--url", NATS_URL, "--seed", str(seed), "--subject-prefix", cfg.subject_prefix]
+    common += ["--doc-id", "n1", "--text", "cold store notes", "--timeout", "2"]
+    ok = await asyncio.to_thread(publish.main, [*common, "--team", "team_a"])
+    refused = await asyncio.to_thread(publish.main, [*common, "--team", "team_b"])
+    assert (ok, refused) == (0, 1)
+    assert await stored(operator, cfg) == 1
