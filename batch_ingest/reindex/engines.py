@@ -13,6 +13,7 @@ from typing import Any
 
 from batch_ingest.reindex.options import ReindexError, ReindexOptions
 from batch_ingest.reindex.pool import PoolWorker
+from batch_ingest.reindex.priority import lower_priority
 from batch_ingest.reindex.private_ray import init_ray
 from batch_ingest.reindex.worker import ReindexWorker
 
@@ -123,6 +124,9 @@ def run_ray(
     the job row's note says what is missing, within a second; bounded); a log line says every
     ``options.log_every_s`` that no batch came yet, until the first one arrives, when
     ``on_note(None)`` clears the note."""
+    if options.driver_nice:
+        # Before the Ray Data imports and the pool's start (the admin API's task only).
+        lower_priority(options.driver_nice)
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 

@@ -351,10 +351,17 @@ def reindex(settings: BatchSettings, options: ReindexOptions, **kwargs: Any) -> 
     return Reindexer(settings, **kwargs).run(options)
 
 
-def run_job(job_id: str, team_id: str, settings_overrides: dict[str, Any] | None = None) -> dict:
+def run_job(
+    job_id: str,
+    team_id: str,
+    settings_overrides: dict[str, Any] | None = None,
+    driver_nice: int = 0,
+) -> dict:
     """Entry point of a job the admin API submitted (a Ray task, or the CLI's ``--job-id``):
     settings from the environment of the process, plus ``settings_overrides``."""
     settings = BatchSettings(**(settings_overrides or {}))
-    options = ReindexOptions.from_settings(team_id, settings.reindex, job_id=job_id)
+    options = ReindexOptions.from_settings(
+        team_id, settings.reindex, job_id=job_id, driver_nice=driver_nice
+    )
     result = reindex(settings, options)
     return result.job.public()

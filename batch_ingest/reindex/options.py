@@ -62,6 +62,10 @@ class ReindexOptions:
     # (``ReindexSettings.heartbeat_s`` / ``stale_after_s``).
     heartbeat_s: float = _DEFAULTS.heartbeat_s
     stale_after_s: float = _DEFAULTS.stale_after_s
+    # Raise the driver's nice value by this before it starts an actor pool (the admin API's
+    # Ray task, a process of its own: reindex.nice); 0 leaves it. A job that only copies
+    # vectors keeps its priority.
+    driver_nice: int = 0
 
     @classmethod
     def from_settings(cls, team_id: str, cfg: ReindexSettings, **given: Any) -> ReindexOptions:

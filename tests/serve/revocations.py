@@ -61,6 +61,9 @@ class Outcome:
     checks: int = 0
     jobs: list[dict[str, Any]] = field(default_factory=list)
     leaks: list[tuple[str, list[str]]] = field(default_factory=list)
+    # The job's status when each check ran (a leak names it) and when each doc was revoked.
+    phase: str = "none"
+    revoked_at: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     tightened: set[str] = field(default_factory=set)
     found_by_keeper: set[str] = field(default_factory=set)
@@ -98,6 +101,7 @@ def revocations_during_reindexes(
                     job_id = r.json()["job_id"]
                     while True:
                         job = jc.get(f"/admin/reindex/{job_id}").json()
+                        out.phase = f"job {len(out.jobs) + 1} {job['status']}"
                         if job["status"] not in ("queued", "running", "switching"):
                             break
                         time.sleep(0.3)
@@ -123,11 +127,16 @@ def revocations_during_reindexes(
             assert r.json()["events"][0]["status"] == want, r.text
             revoked.add(doc_id)  # acknowledged
             out.writes += 1
+            out.revoked_at[doc_id] = out.writes
             for _ in range(rng.randint(1, 3)):
                 leaked = found(c, team, revoked, OUTSIDER)
                 out.checks += 1
                 if leaked:
-                    when = f"after write {out.writes} at {time.monotonic() - started:.2f}s"
+                    when = (
+                        f"after write {out.writes} at {time.monotonic() - started:.2f}s, "
+                        f"{out.phase}, revoked at write "
+                        + ", ".join(f"{d}: {out.revoked_at[d]}" for d in sorted(leaked))
+                    )
                     out.leaks.append((when, sorted(leaked)))
                 time.sleep(rng.uniform(0, 0.1))
             if time.monotonic() - started > timeout_s:
