@@ -75,6 +75,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from batch_ingest.consumer_metrics import ConsumerMetrics
 from batch_ingest.event_types import event_subject, parse_subject
 from batch_ingest.events import (
     EventResult,
@@ -83,6 +84,7 @@ from batch_ingest.events import (
     apply_events,
     parse_event,
 )
+from batch_ingest.events.slow_lane import SlowLane
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.settings import BatchSettings, ConsumerSettings
 from deployments.errors import BackendUnavailable
@@ -197,6 +199,11 @@ class EventConsumer:
         self.cfg = cfg
         self.stats = ConsumerStats()
         self._sub: Any = None
+        # Prometheus metrics when served (nats.metrics_port); refreshed from the server.
+        self.metrics: ConsumerMetrics | None = None
+        self._refreshed = 0.0
+        # Events over nats.large_event_bytes, applied beside the fetch loop.
+        self.slow = SlowLane(self.handle, period_s=max(min(cfg.backoff_s or (30.0,)) / 2, 0.5))
 
     async def setup(self) -> None:
         await ensure_stream(self.js, self.cfg)
@@ -206,13 +213,24 @@ class EventConsumer:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Fetch and apply until ``stop`` is set; the batch in flight is finished first."""
+        """Fetch and apply until ``stop`` is set; the batch in flight (and the large event
+        being applied in the slow lane) is finished first."""
+        try:
+            await self._fetch_and_apply(stop)
+        finally:
+            await self.slow.close()
+
+    async def _fetch_and_apply(self, stop: asyncio.Event) -> None:
         import nats.errors
 
         if self._sub is None:
             await self.setup()
         while not stop.is_set():
             _raise_if_cancelled()
+            if self.metrics is not None and time.monotonic() - self._refreshed >= 5.0:
+                self._refreshed = time.monotonic()
+                cfg = self.cfg
+                await self.metrics.refresh(self.js, cfg.stream, cfg.durable, cfg.dlq_stream)
             # Wait for one message, then take what else is there: a single fetch of B waits
             # for B messages or the whole timeout (nats-server 2.9), which would add up to
             # fetch_timeout_s of latency to every event of a trickle.
@@ -236,8 +254,12 @@ class EventConsumer:
             # that lands as a message arrives; the task still counts it, so honour it here
             # (the fetched messages are not acked and are redelivered).
             _raise_if_cancelled()
-            if msgs:
-                await self.handle(msgs)
+            small = [m for m in msgs if len(m.data) <= self.cfg.large_event_bytes]
+            for msg in msgs:
+                if len(msg.data) > self.cfg.large_event_bytes:
+                    await self.slow.put(msg)
+            if small:
+                await self.handle(small)
 
     async def close(self) -> None:
         """Unsubscribe (the durable consumer stays on the server), drain and close."""
@@ -304,6 +326,8 @@ class EventConsumer:
             await self.nc.publish(subject, json.dumps(note).encode())
         self.stats.batches += 1
         self.stats.messages += len(msgs)
+        if self.metrics is not None:
+            self.metrics.batch([r.status for r in results], time.perf_counter() - started)
         logger.info(
             "batch of %d in %.0f ms%s: %s",
             len(msgs),
@@ -549,6 +573,9 @@ async def serve(cfg: ConsumerSettings, pipeline: IngestPipeline | None = None) -
         **consumer_connect_options(cfg),
     )
     consumer = EventConsumer(nc, pipeline, cfg)
+    if cfg.metrics_port:
+        consumer.metrics = ConsumerMetrics()
+        consumer.metrics.serve(cfg.metrics_port, cfg.metrics_host)
     await consumer.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -583,6 +610,12 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds before each redelivery, comma-separated",
     )
     p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=d.metrics_port,
+        help="serve Prometheus /metrics on this port (127.0.0.1; 0: off)",
+    )
+    p.add_argument(
         "--nkey-seed-file",
         default=d.nkey_seed_file,
         help="the consumer's nkey seed (default: var/nats/auth/consumer.nk when it exists)",
@@ -603,6 +636,7 @@ def main(argv: list[str] | None = None) -> int:
             "durable": args.durable,
             "subject_prefix": args.subject_prefix,
             "nkey_seed_file": args.nkey_seed_file,
+            "metrics_port": args.metrics_port,
             "batch": args.batch,
             "max_deliver": args.max_deliver,
             "backoff_s": tuple(float(x) for x in args.backoff.split(",") if x.strip()),

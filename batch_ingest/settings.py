@@ -116,10 +116,17 @@ class ConsumerSettings(BaseModel):
     # publish there writes into any team. For a migration only; off, an event published there
     # is refused (dead-lettered) and the stream no longer takes them.
     legacy_subjects: bool = False
+    # An event larger than this (bytes of the message: a long document, a minute of
+    # embedding on a CPU) is applied in the consumer's slow lane, one at a time beside the
+    # fetch loop, so small events never wait behind it (batch_ingest/events/slow_lane.py).
+    large_event_bytes: int = Field(256 * 1024, ge=1)
     # The consumer's credential: an nkey seed file (empty: var/nats/auth/consumer.nk of the
     # repository when it exists, as scripts/services.py makes it; else anonymous) and TLS
     # (a CA bundle to verify the server, a client certificate and key when it asks for one).
     nkey_seed_file: str = ""
+    # Prometheus /metrics of the consumer (batch_ingest/consumer_metrics.py); 0: not served.
+    metrics_port: int = Field(0, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
     tls_ca_file: str = ""
     tls_cert_file: str = ""
     tls_key_file: str = ""

@@ -19,7 +19,9 @@ case "${1:-status}" in
       exit 0
     fi
     mkdir -p "$VAR/log"
-    nohup "$VENV/bin/python" -m batch_ingest.consumer --log-format text >>"$LOG" 2>&1 &
+    # Its Prometheus metrics (lag, dead letters, events by result) on 127.0.0.1:9464.
+    nohup "$VENV/bin/python" -m batch_ingest.consumer --log-format text \
+      --metrics-port "${RAG_CONSUMER_METRICS_PORT:-9464}" >>"$LOG" 2>&1 &
     echo $! >"$PID"
     # It connects (with var/nats/auth/consumer.nk) and creates its stream within seconds.
     for _ in $(seq 1 60); do

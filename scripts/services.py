@@ -580,6 +580,8 @@ NATS_CONF = """\
 # Written by scripts/services.py; edit the script, not this file.
 listen: 127.0.0.1:{port}
 http_port: 0
+# As in deploy/k8s: an event carries a whole document (ingest.max_document_chars).
+max_payload: 8MB
 jetstream {{
   store_dir: "{store}"
   max_memory_store: 64MB

@@ -330,6 +330,39 @@ async def test_an_old_streams_type_only_subjects_are_removed(cfg, nc):
     assert sorted((await js.stream_info(cfg.stream)).config.subjects) == sorted(cfg.subjects)
 
 
+async def test_a_small_event_co_batched_with_a_large_document_is_indexed_at_once(
+    cfg, nc, pipeline, store, team
+):
+    """Issue 34: a 900 KB document held its batch for 61 s and the small event behind it
+    with it. Here a ~150 KB document (over large_event_bytes) and a small one in one batch:
+    the small one is searchable within 5 s, long before the large one."""
+    import time
+
+    cfg.large_event_bytes = 64 * 1024
+    words = " ".join(f"solar{i} battery{i % 97} grid{i % 13}" for i in range(6000))
+    large = event(team, "doc.upserted", {"doc_id": "big", "text": words})
+    assert len(json.dumps(large)) > 150_000
+    small = event(team, "doc.upserted", {"doc_id": "small", "text": "the cold store note"})
+    notes: list = []
+    sub = await nc.subscribe(cfg.notice_subject(team, "indexed"), cb=collector(notes))
+    at: dict[str, float] = {}
+    started = time.perf_counter()
+    await publish(nc, cfg, large)
+    await publish(nc, cfg, small)
+    consumer = EventConsumer(nc, pipeline, cfg)
+
+    async def both_indexed() -> bool:
+        for note in notes:
+            at.setdefault(note["doc_id"], time.perf_counter() - started)
+        return {"big", "small"} <= set(at)
+
+    await consume_until(consumer, both_indexed, timeout=240)
+    await sub.unsubscribe()
+    assert at["small"] < min(5.0, at["big"]), at
+    assert await stored(store, team, ["small"]) and await stored(store, team, ["big"])
+    assert consumer.stats.statuses == {"indexed": 2}
+
+
 class PoisonRetriever(RetrieverDeployment):
     """Refuses the chunks of document ``poison`` every time (a deterministic failure)."""
 
@@ -423,6 +456,19 @@ async def test_an_outage_longer_than_retry_for_s_dead_letters_with_the_cause(
     assert (await js.stream_info(cfg.dlq_stream)).state.messages == 1
     body = json.loads((await js.get_msg(cfg.dlq_stream, 1)).data)
     assert body["status"] == "failed" and "connection refused" in body["error"]
+    # The outage is over: the operator replays it (python -m batch_ingest.dlq).
+    from batch_ingest import dlq
+
+    args = ["--url", cfg.url, "--stream", cfg.stream, "--team", team]
+    assert await asyncio.to_thread(dlq.main, ["replay", *args, "--dry-run"]) == 0
+    assert (await js.stream_info(cfg.dlq_stream)).state.messages == 1  # a dry run keeps it
+    assert await asyncio.to_thread(dlq.main, ["replay", *args, "--team", "other"]) == 0
+    assert (await js.stream_info(cfg.dlq_stream)).state.messages == 1  # not that team's
+    outage.down = False
+    assert await asyncio.to_thread(dlq.main, ["replay", *args, "--reason", "REFUSED"]) == 0
+    assert (await js.stream_info(cfg.dlq_stream)).state.messages == 0
+    await consume_until(consumer, lambda: _none_pending(nc, cfg), timeout=30)
+    assert consumer.stats.statuses["indexed"] == 1 and await stored(store, team, ["late"])
 
 
 async def test_a_consumer_created_with_a_delivery_limit_has_it_lifted(cfg, nc):
