@@ -625,8 +625,13 @@ def _priority_after(nice: int) -> tuple[int, int]:
     started = threading.Event()
     threading.Thread(target=started.wait, daemon=True).start()  # a thread that exists already
     reached = lower_priority(nice)
-    tids = [int(t) for t in os.listdir("/proc/self/task")]
-    assert {os.getpriority(os.PRIO_PROCESS, t) for t in tids} == {reached}
+    seen = set()
+    for tid in (int(t) for t in os.listdir("/proc/self/task")):
+        try:
+            seen.add(os.getpriority(os.PRIO_PROCESS, tid))
+        except ProcessLookupError:  # a thread of the pool that ended meanwhile
+            continue
+    assert seen == {reached}
     started.set()
     return before, reached
 
@@ -656,8 +661,12 @@ def _policies_after_idle() -> tuple[set[int], int, int]:
     thread = threading.Thread(target=lambda: later.append(os.sched_getscheduler(0)))
     thread.start()  # a thread started afterwards inherits the policy
     thread.join()
-    tids = [int(t) for t in os.listdir("/proc/self/task")]
-    policies = {os.sched_getscheduler(t) for t in tids} | set(later)
+    policies = set(later)
+    for tid in (int(t) for t in os.listdir("/proc/self/task")):
+        try:
+            policies.add(os.sched_getscheduler(tid))
+        except ProcessLookupError:  # a thread of the pool that ended meanwhile
+            continue
     assert is_idle_policy()
     started.set()
     return policies, before, reached
