@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 from ray import serve
 
 from deployments.config import EMBED_BATCH, EMBED_BATCH_WAIT_S, EmbedderSettings
@@ -19,13 +18,9 @@ from deployments.errors import InvalidInput
 from deployments.health import check_model
 from deployments.loading import BackgroundLoad
 from deployments.metrics import EMBEDDER_BATCH_SIZE, EMBEDDER_QUEUE_WAIT
+from deployments.models.embedder_models import DenseFromEncode, EmbedderModels
 from deployments.protocols import Encoded
 from deployments.timing import MeanTimes
-
-if TYPE_CHECKING:
-    pass
-
-from deployments.models.embedder_models import EmbedderModels
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +52,7 @@ def deployment_options(settings: EmbedderSettings) -> dict[str, Any]:
     }
 
 
-class EmbedderDeployment:
+class EmbedderDeployment(DenseFromEncode):
     """Serve shell: loads the model in the background and batches texts across callers.
 
     Queries and passages have separate batch queues, so a search never waits behind a large
@@ -115,11 +110,6 @@ class EmbedderDeployment:
             "error": self._loading.error,
             "timing": self._timing.snapshot(),
         }
-
-    async def embed(
-        self, texts: list[str], kind: str = "passage", *, model: str | None = None
-    ) -> np.ndarray:
-        return (await self.encode(texts, kind, model=model)).dense
 
     async def encode(
         self, texts: list[str], kind: str = "passage", *, model: str | None = None

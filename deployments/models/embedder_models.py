@@ -71,17 +71,27 @@ class EmbedderModels:
         }
 
 
-class LocalModels:
-    """``EmbedderModels`` behind the async ``Embedder`` protocol (``model=`` picks one by
-    tag), in the caller's process: for batch jobs, scripts and tests."""
+class DenseFromEncode:
+    """``embed``: the dense vectors of ``encode``, for the in-process models and the
+    Embedder deployment alike."""
 
-    def __init__(self, primary: EmbedderSettings, *others: EmbedderSettings | None) -> None:
-        self.models = EmbedderModels(primary, *others)
+    async def encode(
+        self, texts: list[str], kind: str = "passage", *, model: str | None = None
+    ) -> Encoded:
+        raise NotImplementedError
 
     async def embed(
         self, texts: list[str], kind: str = "passage", *, model: str | None = None
     ) -> np.ndarray:
         return (await self.encode(texts, kind, model=model)).dense
+
+
+class LocalModels(DenseFromEncode):
+    """``EmbedderModels`` behind the async ``Embedder`` protocol (``model=`` picks one by
+    tag), in the caller's process: for batch jobs, scripts and tests."""
+
+    def __init__(self, primary: EmbedderSettings, *others: EmbedderSettings | None) -> None:
+        self.models = EmbedderModels(primary, *others)
 
     async def encode(
         self, texts: list[str], kind: str = "passage", *, model: str | None = None

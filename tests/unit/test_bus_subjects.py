@@ -8,27 +8,16 @@ import asyncio
 
 import pytest
 
-from batch_ingest.chunking import Chunker, whitespace_tokens
 from batch_ingest.consumer import ConsumerSettings, EventConsumer
 from batch_ingest.event_types import event_subject
-from batch_ingest.pipeline import IngestPipeline
-from batch_ingest.source_store import SourceStore
-from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
-from tests.unit.test_events import upsert
+from tests.unit.test_events import fake_pipeline, upsert
 from tests.unit.test_tracing import FakeMsg, FakeNc
 
 TEAM = "dao_events"  # the team of tests.unit.test_events' envelopes
 
 
 def make_consumer(tmp_path, **cfg) -> EventConsumer:
-    pipeline = IngestPipeline(
-        embedder=FakeEmbedder(dim=16),
-        store=FakeVectorStore(),
-        graph=FakeGraphStore(),
-        chunker=Chunker(whitespace_tokens, 20, 4),
-        embed_model="fake@v1",
-        sources=SourceStore(f"sqlite:///{tmp_path}/state.db"),
-    )
+    pipeline = fake_pipeline(tmp_path)
     return EventConsumer(FakeNc(), pipeline, ConsumerSettings(batch=8, **cfg))  # type: ignore[arg-type]
 
 

@@ -281,8 +281,8 @@ def test_a_lone_surrogate_in_the_ids_is_reported_printably():
 # --- applying: ordering, idempotency, delete -----------------------------------------------------
 
 
-@pytest.fixture
-def pipeline(tmp_path):
+def fake_pipeline(tmp_path) -> IngestPipeline:
+    """A pipeline over fakes, its source registry in ``tmp_path`` (the bus tests' too)."""
     return IngestPipeline(
         embedder=FakeEmbedder(dim=16),
         store=FakeVectorStore(),
@@ -291,6 +291,11 @@ def pipeline(tmp_path):
         embed_model="fake@v1",
         sources=SourceStore(f"sqlite:///{tmp_path}/state.db"),
     )
+
+
+@pytest.fixture
+def pipeline(tmp_path):
+    return fake_pipeline(tmp_path)
 
 
 async def run(pipeline, *raws):

@@ -12,12 +12,9 @@ from typing import Any
 
 import pytest
 
-from batch_ingest.chunking import Chunker, whitespace_tokens
 from batch_ingest.consumer import ConsumerSettings, EventConsumer
 from batch_ingest.event_types import event_subject
-from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.source_store import SourceStore
-from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
 from deployments.tracing import (
     JsonFormatter,
     TraceIdFilter,
@@ -31,7 +28,7 @@ from deployments.tracing import (
 from serve_app.audit import AuditLog
 from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
 from tests.unit.test_audit import QUERY, fast
-from tests.unit.test_events import envelope, upsert
+from tests.unit.test_events import envelope, fake_pipeline, upsert
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
@@ -328,15 +325,7 @@ class FakeNc:
 
 @pytest.fixture
 def consumer(tmp_path) -> EventConsumer:
-    pipeline = IngestPipeline(
-        embedder=FakeEmbedder(dim=16),
-        store=FakeVectorStore(),
-        graph=FakeGraphStore(),
-        chunker=Chunker(whitespace_tokens, 20, 4),
-        embed_model="fake@v1",
-        sources=SourceStore(f"sqlite:///{tmp_path}/state.db"),
-    )
-    return EventConsumer(FakeNc(), pipeline, ConsumerSettings(batch=8))  # type: ignore[arg-type]
+    return EventConsumer(FakeNc(), fake_pipeline(tmp_path), ConsumerSettings(batch=8))  # type: ignore[arg-type]
 
 
 def traced(trace_id: str, doc_id: str) -> dict[str, Any]:
