@@ -16,7 +16,8 @@ Files, under ``var/nats/auth`` of the repository (``RAG_VAR_DIR``; ``--dir``):
 - ``auth.conf``: the ``authorization`` block that ``var/nats/nats.conf`` includes, rendered
   from the above. With users listed, the server refuses anonymous connections.
 
-A producer may publish ``rag.team.<team>.<type>`` for its teams and the event types only,
+A producer may publish ``rag.team.<team>.<type>.<name>`` for its teams and the event types
+only, the last token its own name (so the bus vouches for the producer the audit log records),
 subscribe to its teams' notices ``rag.team.<team>.document.>`` and to its own reply inbox
 ``_INBOX.<name>.>`` (it connects with ``inbox_prefix="_INBOX.<name>"``, which JetStream's
 publish acknowledgements need): no other team's subject, no dead letters, no other client's
@@ -30,18 +31,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from batch_ingest.event_types import SUBJECT_TYPES, TEAM_SUBJECTS, team_token
+from batch_ingest.event_types import PRODUCER_NAME, SUBJECT_TYPES, TEAM_SUBJECTS, team_token
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICE_USERS = ("consumer", "operator")
-NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 
 
 def default_dir() -> Path:
@@ -75,7 +74,9 @@ def producer_permissions(name: str, teams: list[str], prefix: str = "") -> dict[
     tokens = [team_token(t) for t in teams]
     return {
         "publish": {
-            "allow": [f"{prefix}{TEAM_SUBJECTS}.{tok}.{t}" for tok in tokens for t in SUBJECT_TYPES]
+            "allow": [
+                f"{prefix}{TEAM_SUBJECTS}.{tok}.{t}.{name}" for tok in tokens for t in SUBJECT_TYPES
+            ]
         },
         "subscribe": {
             "allow": [f"{prefix}{TEAM_SUBJECTS}.{tok}.document.>" for tok in tokens]
@@ -118,7 +119,7 @@ class BusAuth:
 
     def issue(self, name: str, teams: list[str], subject_prefix: str = "") -> Path:
         """A producer credential for ``teams`` (a new seed, replacing any of that name)."""
-        if not NAME_RE.fullmatch(name) or name in SERVICE_USERS:
+        if not PRODUCER_NAME.fullmatch(name) or name in SERVICE_USERS:
             raise ValueError(
                 f"producer name {name!r}: 1-64 of a-z, 0-9, _ and -, starting with a letter, "
                 f"not {' or '.join(SERVICE_USERS)}"

@@ -84,9 +84,10 @@ from batch_ingest.events import (
     apply_events,
     parse_event,
 )
+from batch_ingest.events.bus_audit import BusAudit
 from batch_ingest.events.slow_lane import SlowLane
 from batch_ingest.pipeline import IngestPipeline
-from batch_ingest.settings import BatchSettings, ConsumerSettings
+from batch_ingest.settings import AuditSettings, BatchSettings, ConsumerSettings
 from deployments.errors import BackendUnavailable
 from deployments.tracing import LOG_FORMATS, configure_logging, trace_context
 
@@ -192,8 +193,17 @@ async def ensure_consumer(js: Any, cfg: ConsumerSettings) -> None:
 class EventConsumer:
     """Pulls batches from the durable consumer and applies them through ``pipeline``."""
 
-    def __init__(self, nc: Any, pipeline: IngestPipeline, cfg: ConsumerSettings) -> None:
+    def __init__(
+        self,
+        nc: Any,
+        pipeline: IngestPipeline,
+        cfg: ConsumerSettings,
+        audit: BusAudit | None = None,
+    ) -> None:
         self.nc = nc
+        # The audit record of every event, written before it is applied (None: not audited,
+        # for tests over fakes; ``serve`` always audits unless ``audit.enabled`` is off).
+        self.audit = audit
         self.js = nc.jetstream()
         self.pipeline = pipeline
         self.cfg = cfg
@@ -295,12 +305,20 @@ class EventConsumer:
         beat = asyncio.create_task(self._keep_alive(msgs))
         try:
             try:
-                results, degraded = await apply_events(self.pipeline, parsed)
-            except Exception as exc:  # Milvus/embedder down before anything was written
-                logger.warning("batch of %d failed%s: %s", len(msgs), _listed(traces), exc)
-                error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-                passing = isinstance(exc, BackendUnavailable | ConnectionError | TimeoutError)
-                results, degraded = [_failed(ev, error, passing) for ev in parsed], []
+                if self.audit is not None:
+                    await self._audit(msgs, parsed)
+            except BackendUnavailable as exc:  # no record, no write: the batch waits
+                logger.warning("batch of %d waits%s: %s", len(msgs), _listed(traces), exc)
+                results = [_unaudited(ev, exc.message) for ev in parsed]
+                degraded: list[str] = []
+            else:
+                try:
+                    results, degraded = await apply_events(self.pipeline, parsed)
+                except Exception as exc:  # Milvus/embedder down before anything was written
+                    logger.warning("batch of %d failed%s: %s", len(msgs), _listed(traces), exc)
+                    error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+                    passing = isinstance(exc, BackendUnavailable | ConnectionError | TimeoutError)
+                    results, degraded = [_failed(ev, error, passing) for ev in parsed], []
         finally:
             beat.cancel()
         for reason in degraded:
@@ -337,12 +355,21 @@ class EventConsumer:
         )
         return results
 
+    async def _audit(self, msgs: list[Any], parsed: list[MappedEvent | InvalidEvent]) -> None:
+        """Write the batch's audit records; an audit database that fails them stops the batch
+        before anything is applied (its events wait like in any outage)."""
+        assert self.audit is not None
+        try:
+            await self.audit.write(msgs, parsed)
+        except Exception as exc:
+            raise BackendUnavailable("audit log", f"{type(exc).__name__}: {exc}") from exc
+
     def _parse(self, msg: Any) -> MappedEvent | InvalidEvent:
         """The event, or why it is refused: published on a subject without a team (unless
         ``legacy_subjects``), on another team's subject, or as another type than its
         subject's."""
         ev = parse_event(msg.data)
-        team, expected = parse_subject(msg.subject, self.cfg.subject_prefix)
+        team, expected, _producer = parse_subject(msg.subject, self.cfg.subject_prefix)
         if not isinstance(ev, MappedEvent):
             return ev
         problem = None
@@ -483,6 +510,21 @@ def _failed(ev: MappedEvent | InvalidEvent, error: str, retryable: bool) -> Even
     )
 
 
+def _unaudited(ev: MappedEvent | InvalidEvent, error: str) -> EventResult:
+    """An event whose audit record could not be written: not applied, nor dead-lettered if
+    invalid; retried until the audit log takes its record."""
+    if isinstance(ev, MappedEvent):
+        return _failed(ev, error, True)
+    return EventResult(
+        event_id=ev.event_id,
+        type=ev.type,
+        status="failed",
+        error=error,
+        retryable=True,
+        trace_id=ev.trace_id,
+    )
+
+
 def _note(result: EventResult, ev: Any) -> dict[str, Any]:
     """The notification body; ``meta`` as in the bus envelope, with the source event's
     ``trace_id``."""
@@ -562,17 +604,29 @@ def consumer_connect_options(cfg: ConsumerSettings) -> dict[str, Any]:
     return connect_options(seed or None, tls=tls)
 
 
-async def serve(cfg: ConsumerSettings, pipeline: IngestPipeline | None = None) -> ConsumerStats:
+async def serve(
+    cfg: ConsumerSettings,
+    pipeline: IngestPipeline | None = None,
+    audit_settings: AuditSettings | None = None,
+) -> ConsumerStats:
+    """Consume until SIGTERM/SIGINT; every event audited in ``audit_settings``' database
+    (default: ``BatchSettings().audit``, the gateway's) unless that is disabled."""
     import nats
 
     pipeline = pipeline or build_pipeline()
+    audit_settings = audit_settings or BatchSettings().audit
+    options = consumer_connect_options(cfg)
     nc = await nats.connect(
-        cfg.url,
-        name=f"rag-consumer-{cfg.durable}",
-        max_reconnect_attempts=-1,
-        **consumer_connect_options(cfg),
+        cfg.url, name=f"rag-consumer-{cfg.durable}", max_reconnect_attempts=-1, **options
     )
-    consumer = EventConsumer(nc, pipeline, cfg)
+    audit = None
+    if audit_settings.enabled:
+        audit = BusAudit(
+            audit_settings,
+            authenticated=bool(options.get("nkeys_seed") or options.get("nkeys_seed_str")),
+            subject_prefix=cfg.subject_prefix,
+        )
+    consumer = EventConsumer(nc, pipeline, cfg, audit)
     if cfg.metrics_port:
         consumer.metrics = ConsumerMetrics()
         consumer.metrics.serve(cfg.metrics_port, cfg.metrics_host)
@@ -590,6 +644,8 @@ async def serve(cfg: ConsumerSettings, pipeline: IngestPipeline | None = None) -
         if graph is not None and hasattr(graph, "close"):
             with contextlib.suppress(Exception):
                 await graph.close()
+        if audit is not None:
+            audit.close()
     logger.info("stopped: %s", consumer.stats)
     return consumer.stats
 
@@ -642,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
             "backoff_s": tuple(float(x) for x in args.backoff.split(",") if x.strip()),
         }
     )
-    asyncio.run(serve(cfg, build_pipeline(settings)))
+    asyncio.run(serve(cfg, build_pipeline(settings), settings.audit))
     return 0
 
 

@@ -40,7 +40,7 @@ class DeadLetter:
         """The team of the subject the event arrived on (after any deployment prefix)."""
         name = str(self.body.get("subject", ""))
         head = name.find(f"{TEAM_SUBJECTS}.")
-        return parse_subject(name[head:])[0] if head >= 0 else None
+        return parse_subject(name[head:]).team if head >= 0 else None
 
     @property
     def failed_at(self) -> datetime:

@@ -3,6 +3,7 @@ and the subjects they travel on."""
 
 import base64
 import re
+from typing import NamedTuple
 
 CHAT_MESSAGE_CREATED = "chat.message.created"
 DOC_UPSERTED = "doc.upserted"
@@ -23,14 +24,29 @@ def canonical_type(event_type: str) -> str:
 
 # --- subjects: every event on its team's subject ------------------------------------------
 #
-# ``<prefix>rag.team.<team>.<type>``: the team is in the subject, so the bus's own subject
-# permissions bind a publisher to its teams (docs/operations.md, "The event bus"), and the
-# consumer refuses an event whose ``meta.team_id`` is another team's. A team id that is not
-# one plain subject token (letters, digits, ``_``, ``-``) is written ``=`` + its UTF-8 in
-# unpadded base64url, which no plain token starts with.
+# ``<prefix>rag.team.<team>.<type>.<producer>``: the team is in the subject, so the bus's own
+# subject permissions bind a publisher to its teams (docs/operations.md, "The event bus"), and
+# the consumer refuses an event whose ``meta.team_id`` is another team's. The last token names
+# the producer credential (``python -m batch_ingest.bus_auth issue NAME``), whose permissions
+# allow that name only: the bus itself vouches for who published, and the audit log records
+# it. ``<prefix>rag.team.<team>.<type>`` (no producer) stays readable for the service users
+# (the consumer, operators) and for a bus without authentication; its events are audited as
+# unattributed. A team id that is not one plain subject token (letters, digits, ``_``, ``-``)
+# is written ``=`` + its UTF-8 in unpadded base64url, which no plain token starts with.
 
 TEAM_SUBJECTS = "rag.team"
 _PLAIN_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
+# A producer credential's name, which is also its subject token.
+PRODUCER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+
+
+class SubjectParts(NamedTuple):
+    """What an event subject says: its team (``None``: none, or not a team token), its type
+    (canonical) and the producer it names (``""``: none)."""
+
+    team: str | None
+    type: str
+    producer: str = ""
 
 
 def team_token(team_id: str) -> str:
@@ -54,14 +70,18 @@ def token_team(token: str) -> str | None:
     return team if team_token(team) == token else None
 
 
-def event_subject(team_id: str, event_type: str, prefix: str = "") -> str:
-    """Where a producer publishes an event of ``team_id``."""
-    return f"{prefix}{TEAM_SUBJECTS}.{team_token(team_id)}.{event_type}"
+def event_subject(team_id: str, event_type: str, prefix: str = "", producer: str = "") -> str:
+    """Where ``producer`` (a credential's name; ``""``: a service user) publishes an event of
+    ``team_id``."""
+    subject = f"{prefix}{TEAM_SUBJECTS}.{team_token(team_id)}.{event_type}"
+    return f"{subject}.{producer}" if producer else subject
 
 
 def stream_subjects(prefix: str = "") -> list[str]:
-    """The subjects of the event stream: every type and alias, any team."""
-    return [f"{prefix}{TEAM_SUBJECTS}.*.{t}" for t in SUBJECT_TYPES]
+    """The subjects of the event stream: every type and alias, any team, with and without
+    a producer."""
+    plain = [f"{prefix}{TEAM_SUBJECTS}.*.{t}" for t in SUBJECT_TYPES]
+    return plain + [f"{s}.*" for s in plain]
 
 
 def notice_subject(team_id: str, kind: str, prefix: str = "") -> str:
@@ -69,12 +89,17 @@ def notice_subject(team_id: str, kind: str, prefix: str = "") -> str:
     return f"{prefix}{TEAM_SUBJECTS}.{team_token(team_id)}.document.{kind}"
 
 
-def parse_subject(subject: str, prefix: str = "") -> tuple[str | None, str]:
-    """``(team, type)`` of an event subject: the team ``None`` on a subject without one (the
-    type-only subjects before issue 34), the type canonical (an alias names its type)."""
+def parse_subject(subject: str, prefix: str = "") -> SubjectParts:
+    """The parts of an event subject: the team ``None`` on a subject without one (the
+    type-only subjects before issue 34), the type canonical (an alias names its type), the
+    producer the token after the type (types have dots, but each is a fixed token sequence,
+    so the split is unambiguous)."""
     name = subject[len(prefix) :] if prefix and subject.startswith(prefix) else subject
     head = TEAM_SUBJECTS + "."
-    if name.startswith(head):
-        token, _, event_type = name[len(head) :].partition(".")
-        return token_team(token), canonical_type(event_type)
-    return None, canonical_type(name)
+    if not name.startswith(head):
+        return SubjectParts(None, canonical_type(name))
+    token, _, rest = name[len(head) :].partition(".")
+    for known in SUBJECT_TYPES:
+        if rest.startswith(known + ".") and "." not in rest[len(known) + 1 :]:
+            return SubjectParts(token_team(token), canonical_type(known), rest[len(known) + 1 :])
+    return SubjectParts(token_team(token), canonical_type(rest))

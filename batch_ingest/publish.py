@@ -1,7 +1,7 @@
 """Publish one document to the bus as a producer would: a ``doc.upserted`` (or ``doc.deleted``)
-event on the team's subject, with a producer credential (``python -m batch_ingest.bus_auth
-issue NAME --teams TEAM``), waiting for JetStream's acknowledgement and, with ``--wait``, for
-the consumer's ``indexed`` notice.
+event on the team's subject in the producer's name (``rag.team.<team>.<type>.<name>``), with
+a producer credential (``python -m batch_ingest.bus_auth issue NAME --teams TEAM``), waiting
+for JetStream's acknowledgement and, with ``--wait``, for the consumer's ``indexed`` notice.
 
     python -m batch_ingest.publish --seed var/nats/auth/producers/demo.nk --team dao_greenfood \\
         --doc-id note-1 --title "Solar" --text "The co-op's solar array feeds the cold store."
@@ -57,7 +57,8 @@ async def publish(args: argparse.Namespace) -> int:
     kind = "deleted" if args.delete else "indexed"
     if args.wait:
         await nc.subscribe(notice_subject(args.team, kind, args.subject_prefix), cb=on_notice)
-    subject = event_subject(args.team, event["type"], args.subject_prefix)
+    # A producer's credential may publish only on subjects that end with its name.
+    subject = event_subject(args.team, event["type"], args.subject_prefix, producer=name or "")
     started = time.perf_counter()
     try:
         ack = await nc.jetstream().publish(

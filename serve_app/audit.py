@@ -25,24 +25,18 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
-from sqlalchemy.engine import Engine, make_url
-
+from batch_ingest.audit_store import DECISIONS, AuditRecord, AuditStore, utcnow
 from batch_ingest.documents import parse_iso
-from batch_ingest.sql import resolve_url
+from batch_ingest.settings import AuditSettings
 from serve_app.metrics import record_audit
-from serve_app.settings import AuditSettings
 
 if TYPE_CHECKING:
     from serve_app.auth.principal import Principal
 
 logger = logging.getLogger(__name__)
-
-DECISIONS = ("allow", "deny")
 
 
 def scope_resource(req: Any) -> str:
@@ -72,189 +66,8 @@ def request_audit(
     return fields
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-@dataclass
-class AuditRecord:
-    """One decision. ``decision`` is ``allow`` or ``deny``; ``reason`` a short code."""
-
-    action: str
-    decision: str
-    reason: str
-    http_status: int
-    ts: datetime = field(default_factory=utcnow)
-    trace_id: str = ""
-    subject: str = ""
-    auth_method: str = ""
-    key_id: str = ""
-    agent_id: str = ""
-    declared_agent_id: str = ""
-    team_id: str = ""
-    resource: str = ""
-    query_sha256: str | None = None
-    query_text: str | None = None
-    doc_ids: list[str] | None = None
-    chunk_ids: list[str] | None = None
-    # The caller's verified groups: what its document-ACL decisions were made with.
-    groups: list[str] | None = None
-    latency_ms: float | None = None
-    path: str = ""
-
-
-class UTCDateTime(sa.types.TypeDecorator):
-    """Timestamps stored in UTC on every backend and always read back timezone-aware."""
-
-    impl = sa.DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
-        if value is None:
-            return None
-        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-        # SQLite has no timezone type; naive UTC strings keep the order of the index.
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def build_table(metadata: sa.MetaData, name: str) -> sa.Table:
-    return sa.Table(
-        name,
-        metadata,
-        sa.Column(
-            "id",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            primary_key=True,
-            autoincrement=True,
-        ),
-        sa.Column("ts", UTCDateTime(), nullable=False),
-        sa.Column("trace_id", sa.String(128), nullable=False, default=""),
-        sa.Column("subject", sa.String(256), nullable=False, default=""),
-        sa.Column("auth_method", sa.String(16), nullable=False, default=""),
-        sa.Column("key_id", sa.String(128), nullable=False, default=""),
-        sa.Column("agent_id", sa.String(256), nullable=False, default=""),
-        sa.Column("declared_agent_id", sa.String(256), nullable=False, default=""),
-        sa.Column("team_id", sa.String(256), nullable=False, default=""),
-        sa.Column("action", sa.String(32), nullable=False),
-        sa.Column("resource", sa.Text(), nullable=False, default=""),
-        sa.Column("decision", sa.String(8), nullable=False),
-        sa.Column("reason", sa.String(256), nullable=False, default=""),
-        sa.Column("http_status", sa.SmallInteger(), nullable=False),
-        sa.Column("query_sha256", sa.String(64), nullable=True),
-        sa.Column("query_text", sa.Text(), nullable=True),
-        sa.Column("doc_ids", sa.JSON(), nullable=True),
-        sa.Column("chunk_ids", sa.JSON(), nullable=True),
-        sa.Column("groups", sa.JSON(), nullable=True),
-        sa.Column("latency_ms", sa.Float(), nullable=True),
-        sa.Column("path", sa.String(256), nullable=False, default=""),
-        sa.CheckConstraint("decision IN ('allow', 'deny')", name=f"{name}_decision_ck"),
-        sa.Index(f"ix_{name}_ts", "ts"),
-        sa.Index(f"ix_{name}_subject_ts", "subject", "ts"),
-        sa.Index(f"ix_{name}_decision_ts", "decision", "ts"),
-        sa.Index(f"ix_{name}_team_ts", "team_id", "ts"),
-    )
-
-
-class AuditStore:
-    """The table and its queries; synchronous (the writer thread and the CLI call it)."""
-
-    def __init__(self, url: str, table: str = "audit_decisions", *, timeout_s: float = 5.0):
-        self.url = resolve_url(url)
-        backend = make_url(self.url).get_backend_name()
-        connect_args: dict[str, Any] = {}
-        if backend == "postgresql":
-            connect_args = {"connect_timeout": max(1, int(timeout_s))}
-        elif backend == "sqlite":
-            connect_args = {"timeout": timeout_s, "check_same_thread": False}
-        self.engine: Engine = sa.create_engine(
-            self.url, pool_pre_ping=True, connect_args=connect_args
-        )
-        self.metadata = sa.MetaData()
-        self.table = build_table(self.metadata, table)
-        self._created = False
-
-    @property
-    def backend(self) -> str:
-        return self.engine.dialect.name
-
-    def create(self) -> None:
-        if not self._created:
-            self.metadata.create_all(self.engine, checkfirst=True)
-            self._add_missing_columns()
-            self._created = True
-
-    def _add_missing_columns(self) -> None:
-        """Columns added since a table was created (nullable ones only), so an audit
-        database of an older gateway keeps being written."""
-        present = {c["name"] for c in sa.inspect(self.engine).get_columns(self.table.name)}
-        missing = [c for c in self.table.columns if c.name not in present]
-        if not missing:
-            return
-        with self.engine.begin() as conn:
-            for column in missing:
-                kind = column.type.compile(dialect=self.engine.dialect)
-                conn.execute(
-                    sa.text(f'ALTER TABLE "{self.table.name}" ADD COLUMN "{column.name}" {kind}')
-                )
-                logger.info("audit table %s: added column %s", self.table.name, column.name)
-
-    def insert(self, records: list[AuditRecord]) -> None:
-        if not records:
-            return
-        self.create()
-        with self.engine.begin() as conn:
-            conn.execute(self.table.insert(), [asdict(r) for r in records])
-
-    def ping(self) -> None:
-        with self.engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
-
-    def query(
-        self,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        subject: str | None = None,
-        decision: str | None = None,
-        team_id: str | None = None,
-        limit: int = 100,
-        *,
-        action: str | None = None,
-        trace_id: str | None = None,
-    ) -> list[dict[str, Any]]:
-        """Records with ``since <= ts < until`` matching the other filters, newest first."""
-        if decision is not None and decision not in DECISIONS:
-            raise ValueError(f"decision must be one of {DECISIONS}, got {decision!r}")
-        self.create()
-        t = self.table
-        stmt = sa.select(t)
-        for column, value in (
-            (t.c.subject, subject),
-            (t.c.decision, decision),
-            (t.c.team_id, team_id),
-            (t.c.action, action),
-            (t.c.trace_id, trace_id),
-        ):
-            if value is not None:
-                stmt = stmt.where(column == value)
-        if since is not None:
-            stmt = stmt.where(t.c.ts >= since)
-        if until is not None:
-            stmt = stmt.where(t.c.ts < until)
-        stmt = stmt.order_by(t.c.ts.desc(), t.c.id.desc()).limit(limit)
-        with self.engine.connect() as conn:
-            return [dict(row._mapping) for row in conn.execute(stmt)]
-
-    def dispose(self) -> None:
-        self.engine.dispose()
 
 
 _OPEN_LOGS: weakref.WeakSet[AuditLog] = weakref.WeakSet()

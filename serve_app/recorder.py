@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from batch_ingest.audit_store import AuditRecord
 from deployments.errors import Forbidden, GatewayError
-from serve_app.audit import AuditLog, AuditRecord
+from serve_app.audit import AuditLog
 from serve_app.auth.principal import Principal
 from serve_app.metrics import record_denial
 from serve_app.request import RequestContext

@@ -221,33 +221,6 @@ class AuthSettings(BaseModel):
         return self
 
 
-class AuditSettings(BaseModel):
-    """The audit log of every access decision (serve_app/audit.py)."""
-
-    enabled: bool = True
-    # SQLAlchemy URL: a SQLite file (relative paths are relative to the repository root) or
-    # PostgreSQL, e.g. postgresql+psycopg://rag_audit:secret@127.0.0.1:5433/rag_audit.
-    url: str = "sqlite:///var/audit.db"
-    table: str = Field("audit_decisions", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-    # Store the raw query text too (off: only its sha256 is kept).
-    store_query_text: bool = False
-    # Records per INSERT, and the longest a record waits before it is written.
-    batch_size: int = Field(200, ge=1, le=10_000)
-    flush_interval_s: float = Field(0.5, gt=0, le=60)
-    # Records kept in memory while the database is down; beyond that the oldest are dropped
-    # (and counted). Seconds a shutdown waits for the last records.
-    max_pending: int = Field(100_000, ge=1)
-    shutdown_timeout_s: float = Field(10.0, ge=0)
-    retry_interval_s: float = Field(2.0, gt=0)
-    # Who may read it over GET /audit/decisions: a token permission (every team), or one of
-    # these roles in the team asked for (that team only).
-    read_permission: str = "audit:read"
-    reader_roles: list[str] = Field(default_factory=lambda: ["owner"])
-    max_query_limit: int = Field(1000, ge=1)
-    # Whether /readyz answers 503 while the audit database is down (else it only reports it).
-    required_for_ready: bool = False
-
-
 class CacheSettings(BaseModel):
     """The semantic cache of rag.search_docs (serve_app/cache/): answers kept per agent, team,
     compiled access scope and index generation, found again for the same or a near-duplicate
@@ -337,7 +310,6 @@ class GatewaySettings(BatchSettings):
     ingest: IngestSettings = IngestSettings()
     enrich: EnrichSettings = EnrichSettings()
     auth: AuthSettings = AuthSettings()
-    audit: AuditSettings = AuditSettings()
     cache: CacheSettings = CacheSettings()
     profiles: ProfileSettings = ProfileSettings()
     http: HttpSettings = HttpSettings()

@@ -16,8 +16,9 @@ from urllib.parse import urlparse
 import pytest
 import sqlalchemy as sa
 
-from serve_app.audit import AuditLog, AuditRecord, AuditStore
-from serve_app.settings import AuditSettings
+from batch_ingest.audit_store import AuditRecord, AuditStore
+from batch_ingest.settings import AuditSettings
+from serve_app.audit import AuditLog
 from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
 from tests.conftest import port_open
 

@@ -308,6 +308,67 @@ async def test_an_event_for_another_team_on_a_producers_subject_is_refused(
     assert (await js.stream_info(cfg.dlq_stream)).state.messages == 2
 
 
+async def test_every_bus_write_is_audited_once_before_it_is_applied(
+    cfg, nc, pipeline, store, team, tmp_path
+):
+    """Issue 34: a bus write left no audit record. Each message now has one record in the
+    audit table, written before it is applied, naming the producer of its subject; an
+    audit database that cannot be written holds the batch (nothing applied, nothing
+    dead-lettered) until it can, and the redeliveries add no record."""
+    from batch_ingest.audit_store import AuditStore
+    from batch_ingest.events.bus_audit import BusAudit
+    from batch_ingest.settings import AuditSettings
+
+    cfg.retry_max_delay_s = 0.5
+    js = nc.jetstream()
+    own = [f"w{i}" for i in range(3)]
+    for i, doc_id in enumerate(own):
+        raw = event(team, "doc.upserted", {"doc_id": doc_id, "text": text_of(i, 20)})
+        subject = event_subject(team, raw["type"], cfg.subject_prefix, producer="wiki-sync")
+        await js.publish(subject, json.dumps(raw).encode())
+    unnamed = event(team, "doc.upserted", {"doc_id": "ops", "text": text_of(9, 20)})
+    await publish(nc, cfg, unnamed)
+    forged = event(team, "doc.upserted", {"doc_id": "w0", "text": "wire payments to IBAN XX"})
+    subject = event_subject(f"{team}_x", "doc.upserted", cfg.subject_prefix, producer="mallory")
+    await js.publish(subject, json.dumps(forged).encode())
+    url = f"sqlite:///{tmp_path}/later/audit.db"
+    audit = BusAudit(AuditSettings(url=url), authenticated=True, subject_prefix=cfg.subject_prefix)
+    # An audit outage: a file where the database's directory was, so SQLite cannot open it.
+    (tmp_path / "later").rmdir()
+    (tmp_path / "later").write_text("not a directory")
+    consumer = EventConsumer(nc, pipeline, cfg, audit)
+    await consume_until(consumer, _after(3.0), timeout=30)
+    assert consumer.stats.statuses.get("failed", 0) >= 5
+    assert not await stored(store, team, [*own, "ops"])
+    assert (await js.stream_info(cfg.dlq_stream)).state.messages == 0
+    (tmp_path / "later").unlink()
+    (tmp_path / "later").mkdir()
+    await consume_until(consumer, lambda: _none_pending(nc, cfg), timeout=60)
+    assert consumer.stats.statuses["indexed"] == 4 and consumer.stats.statuses["invalid"] == 1
+    assert await stored(store, team, [*own, "ops"])
+    rows = AuditStore(url).query(limit=100)
+    assert len(rows) == 5  # one per message, however often it was delivered
+    by_doc = {(r["doc_ids"] or ["-"])[0]: r for r in rows if r["decision"] == "allow"}
+    assert sorted(by_doc) == sorted([*own, "ops"])
+    for doc_id in own:
+        row = by_doc[doc_id]
+        assert (row["action"], row["subject"], row["auth_method"]) == (
+            "bus.events",
+            "wiki-sync",
+            "nkey",
+        )
+        assert row["team_id"] == team and row["resource"].startswith(f"team:{team}/doc:{doc_id}/")
+    assert by_doc["ops"]["subject"] == ""  # published without a producer name
+    (denied,) = [r for r in rows if r["decision"] == "deny"]
+    assert (denied["reason"], denied["http_status"], denied["subject"]) == (
+        "team_subject",
+        403,
+        "mallory",
+    )
+    assert denied["team_id"] == f"{team}_x" and denied["path"] == subject
+    audit.close()
+
+
 async def test_the_stream_takes_no_subject_without_a_team(cfg, nc):
     """The type-only subjects of before issue 34 are gone from the stream: a publish there is
     not stored (JetStream answers no one)."""

@@ -138,7 +138,8 @@ async def test_a_producer_publishes_for_its_team_only(cfg, operator, producer):
     nc = await connect(seed, inbox=f"_INBOX.{name}", errors=errors)
     js = nc.jetstream()
     ack = await js.publish(
-        event_subject("team_a", "doc.upserted", cfg.subject_prefix), event("team_a")
+        event_subject("team_a", "doc.upserted", cfg.subject_prefix, producer=name),
+        event("team_a"),
     )
     assert ack.seq == 1
     attempts = 0
@@ -146,16 +147,28 @@ async def test_a_producer_publishes_for_its_team_only(cfg, operator, producer):
     for victim in victims:
         for etype in ("doc.upserted", "doc.deleted", "chat.message.created", "file.uploaded"):
             attempts += 1
-            await nc.publish(event_subject(victim, etype, cfg.subject_prefix), event(victim, etype))
+            subject = event_subject(victim, etype, cfg.subject_prefix, producer=name)
+            await nc.publish(subject, event(victim, etype))
     # Through JetStream the publisher waits for an acknowledgement that never comes.
     for victim in ("team_b", "team a"):
         attempts += 1
         with pytest.raises(nats.errors.TimeoutError):
-            subject = event_subject(victim, "doc.upserted", cfg.subject_prefix)
+            subject = event_subject(victim, "doc.upserted", cfg.subject_prefix, producer=name)
             await js.publish(subject, event(victim), timeout=0.3)
+    # Its own team, but unnamed or in another producer's name: the audit log would record a
+    # producer the bus did not vouch for.
+    for subject in (
+        event_subject("team_a", "doc.upserted", cfg.subject_prefix),
+        event_subject("team_a", "doc.upserted", cfg.subject_prefix, producer="billing"),
+        event_subject("team_a", "doc.deleted", cfg.subject_prefix, producer=f"{name}x"),
+        f"{event_subject('team_a', 'doc.upserted', cfg.subject_prefix, producer=name)}.more",
+    ):
+        attempts += 1
+        await nc.publish(subject, event("team_a"))
     # Neither a raw wildcard nor a subject outside the team tree is open to it.
     for subject in (
-        f"{cfg.subject_prefix}rag.team.*.doc.upserted",
+        f"{cfg.subject_prefix}rag.team.*.doc.upserted.{name}",
+        f"{cfg.subject_prefix}rag.team.team_a.>",
         f"{cfg.subject_prefix}doc.upserted",
     ):
         attempts += 1
@@ -214,7 +227,9 @@ async def test_a_revoked_producer_can_publish_no_more(cfg, operator, producer):
     with pytest.raises((nats.errors.Error, OSError)):
         nc = await connect(seed, inbox=f"_INBOX.{name}")
         await nc.jetstream().publish(
-            event_subject("team_a", "doc.upserted", cfg.subject_prefix), event("team_a"), timeout=1
+            event_subject("team_a", "doc.upserted", cfg.subject_prefix, producer=name),
+            event("team_a"),
+            timeout=1,
         )
     assert await stored(operator, cfg) == 0
 
@@ -224,7 +239,7 @@ def test_every_type_of_a_producers_team_is_open_and_nothing_else():
 
     perms = producer_permissions("billing", ["team a"], "p.")
     assert sorted(perms["publish"]["allow"]) == sorted(
-        f"p.rag.team.=dGVhbSBh.{t}" for t in SUBJECT_TYPES
+        f"p.rag.team.=dGVhbSBh.{t}.billing" for t in SUBJECT_TYPES
     )
     assert perms["subscribe"]["allow"] == ["p.rag.team.=dGVhbSBh.document.>", "_INBOX.billing.>"]
 

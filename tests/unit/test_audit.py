@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from serve_app.audit import AuditLog, AuditRecord, AuditStore, main, parse_time, sha256_text
-from serve_app.settings import AuditSettings
+from batch_ingest.audit_store import AuditRecord, AuditStore
+from batch_ingest.settings import AuditSettings
+from serve_app.audit import AuditLog, main, parse_time, sha256_text
 from serve_app.testing import (
     TENANCY_POLICY,
     build_gateway,

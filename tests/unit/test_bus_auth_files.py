@@ -36,7 +36,9 @@ def test_a_producer_is_bound_to_its_teams_and_revoked(tmp_path):
     conf = json.loads(auth.conf.read_text().split("authorization", 1)[1])
     (producer,) = [u for u in conf["users"] if "permissions" in u]
     allow = producer["permissions"]["publish"]["allow"]
-    assert "p.rag.team.dao_a.doc.upserted" in allow and "p.rag.team.=dGVhbSBi.doc.deleted" in allow
+    assert "p.rag.team.dao_a.doc.upserted.billing" in allow
+    assert "p.rag.team.=dGVhbSBi.doc.deleted.billing" in allow
+    assert not any(s.endswith((".doc.upserted", ".doc.deleted")) for s in allow)
     assert not any("*" in s or ">" in s for s in allow)
     assert auth.revoke("billing") and not seed.exists()
     assert "permissions" not in auth.conf.read_text() and not auth.revoke("billing")

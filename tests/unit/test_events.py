@@ -99,9 +99,13 @@ def test_the_bus_reads_the_alias_subjects_as_their_types():
         "t1.rag.team.*.message.created",
         "t1.rag.team.*.doc.upserted",
     } <= set(cfg.subjects)
-    assert parse_subject("t1.rag.team.a.doc.upsert", "t1.") == ("a", "doc.upserted")
-    assert parse_subject("t1.rag.team.a.message.created", "t1.") == ("a", "chat.message.created")
-    assert parse_subject("t1.rag.team.a.doc.deleted", "t1.") == ("a", "doc.deleted")
+    assert parse_subject("t1.rag.team.a.doc.upsert", "t1.") == ("a", "doc.upserted", "")
+    assert parse_subject("t1.rag.team.a.message.created", "t1.") == (
+        "a",
+        "chat.message.created",
+        "",
+    )
+    assert parse_subject("t1.rag.team.a.doc.deleted", "t1.") == ("a", "doc.deleted", "")
 
 
 def test_only_team_subjects_unless_a_migration_reads_the_old_ones_too():
@@ -121,7 +125,13 @@ def test_every_team_id_has_one_subject_token_and_back(team):
     token = team_token(team)
     assert not set(token) & set(".*> \t") and token
     assert token_team(token) == team
-    assert parse_subject(event_subject(team, "doc.upserted", "p."), "p.") == (team, "doc.upserted")
+    assert parse_subject(event_subject(team, "doc.upserted", "p."), "p.") == (
+        team,
+        "doc.upserted",
+        "",
+    )
+    named = event_subject(team, "chat.message.created", "p.", producer="wiki-sync")
+    assert parse_subject(named, "p.") == (team, "chat.message.created", "wiki-sync")
 
 
 def test_a_non_canonical_team_token_names_no_team():

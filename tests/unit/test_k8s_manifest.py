@@ -482,8 +482,8 @@ def test_the_consumer_runs_the_bus_consumer_with_the_gateways_image_and_settings
     _set_env(monkeypatch, container)
     seen = {}
 
-    async def serve(cfg, settings):
-        seen.update(cfg=cfg, settings=settings)
+    async def serve(cfg, settings, audit):
+        seen.update(cfg=cfg, settings=settings, audit=audit)
 
     monkeypatch.setattr(consumer, "build_pipeline", lambda settings: settings)
     monkeypatch.setattr(consumer, "serve", serve)
@@ -494,8 +494,10 @@ def test_the_consumer_runs_the_bus_consumer_with_the_gateways_image_and_settings
     assert (cfg.stream, cfg.durable) == ("RAG_EVENTS", "rag-ingest")
     assert cfg.backoff_s[: cfg.max_deliver - 1] == cfg.backoff_s  # fewer steps than deliveries
     assert settings.environment == gateway.environment == "production"
-    for section in ("milvus", "neo4j", "state", "chunking"):
+    for section in ("milvus", "neo4j", "state", "chunking", "audit"):
         assert getattr(settings, section) == getattr(gateway, section), section
+    # Every bus write is recorded in the gateway's audit log.
+    assert seen["audit"] == gateway.audit and gateway.audit.url.startswith("postgresql")
     for name in EMBEDDING_FIELDS:
         assert getattr(settings.embedder, name) == getattr(gateway.embedder, name), name
 
