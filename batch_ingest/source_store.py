@@ -255,6 +255,22 @@ class SourceStore:
                 if not updated:
                     conn.execute(sa.insert(t).values(**{"version": None, **values}))
 
+    def set_version(self, key: Key, version: int | None) -> int | None:
+        """Set the revision recorded for ``key`` (``None``: the next event of any revision
+        applies) and return the one it had; ``KeyError`` when the registry has no such row.
+        Only the operator path of ``python -m batch_ingest.revisions`` calls this."""
+        t = self.table
+        with self.engine.begin() as conn:
+            row = conn.execute(sa.select(t.c.version).where(_is_key(t, key))).first()
+            if row is None:
+                raise KeyError(key)
+            conn.execute(
+                sa.update(t)
+                .where(_is_key(t, key))
+                .values(version=version, updated_at=datetime.now(UTC))
+            )
+        return row.version
+
     def drop_team(self, team_id: str) -> int:
         t = self.table
         with self.engine.begin() as conn:
