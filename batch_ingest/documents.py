@@ -39,6 +39,9 @@ Tag = Annotated[
     SchemaExtra(pattern=ID_SCHEMA_PATTERN),
 ]
 DOC_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+# A source's id: letters, digits and ``._:-`` (``vault-3f9a…``), or empty (no source).
+SOURCE_ID_PATTERN = r"^(?:[A-Za-z0-9][A-Za-z0-9._:-]{0,127})?$"
+SourceId = Annotated[str, StringConstraints(strip_whitespace=True, pattern=SOURCE_ID_PATTERN)]
 # Text that must hold more than whitespace (a document, a query).
 Text = Annotated[str, StringConstraints(min_length=1), SchemaExtra(pattern=NOT_BLANK)]
 Title = Annotated[str, StringConstraints(strip_whitespace=True, max_length=MAX_TITLE)]
@@ -164,6 +167,10 @@ class SourceDocument(BaseModel):
     created_at: Timestamp = Field(default=0, description="ISO-8601 or epoch seconds; 0 = unknown")
     # Document-level access list; None (or an empty one) = the team's rules alone.
     acl: DocumentAcl | None = None
+    # The source that owns the document (a vault, a wiki export): ``POST /ingest/sync`` of
+    # that source removes its documents the source no longer lists. Kept in the source
+    # registry only (not on chunks): a change of source re-embeds nothing.
+    source_id: SourceId = ""
 
     @field_validator("text")
     @classmethod
@@ -204,7 +211,7 @@ class SourceDocument(BaseModel):
         """Hash of everything stored beside the text, so a metadata change re-writes chunks.
         ``author_id`` lives only in the graph (merged on every send), so it is left out; an
         empty access list hashes as none (so documents stored before ACLs stay unchanged)."""
-        meta = self.model_dump(exclude={"text", "author_id", "acl"})
+        meta = self.model_dump(exclude={"text", "author_id", "acl", "source_id"})
         if self.acl is not None and self.acl.restricts:
             meta["acl"] = self.acl.model_dump()
         return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()

@@ -21,9 +21,11 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from batch_ingest.documents import (
+    DOC_TYPE_RE,
     Identifier,
     OptionalId,
     SourceDocument,
+    SourceId,
     Tag,
     Timestamp,
     parse_timestamp,
@@ -31,6 +33,8 @@ from batch_ingest.documents import (
 from deployments.validation import NOT_BLANK, SchemaExtra, reject_invalid_values
 
 MAX_TOP_K = 100
+# Documents one POST /ingest/sync may keep (a vault of 100,000 notes).
+MAX_SYNC_KEEP = 100_000
 # Fusion weights multiply normalised scores (0..1, or a rank's 1/(k+rank)) and are summed
 # over at most three lists: bounded, no sum or product can overflow to infinity.
 MAX_FUSION_WEIGHT = 1000.0
@@ -312,6 +316,50 @@ class IngestDocumentsResponse(BaseModel):
     unchanged: int
     failed: int
     documents: list[IngestedDocument]
+    took_ms: float
+    trace_id: str
+
+
+class SyncKey(BaseModel):
+    """One document a source still has."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    doc_type: str = Field("doc", pattern=DOC_TYPE_RE.pattern)
+    doc_id: Identifier
+
+
+class IngestSyncRequest(BaseModel):
+    """POST /ingest/sync: the documents ``source_id`` still has in ``team_id`` (``keep``);
+    every other live document of that source in that team is removed, through the same
+    delete path as a ``doc.deleted`` event. ``dry_run``: say what would be removed, remove
+    nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    team_id: Identifier = Field(validation_alias=TEAM_ALIASES)
+    source_id: Annotated[SourceId, StringConstraints(min_length=1)]
+    keep: list[SyncKey] = Field(default_factory=list, max_length=MAX_SYNC_KEEP)
+    dry_run: bool = False
+
+
+class SyncedDocument(BaseModel):
+    doc_type: str
+    doc_id: str
+    status: Literal["deleted", "would_delete", "failed"]
+    error: str | None = None
+
+
+class IngestSyncResponse(BaseModel):
+    degraded: bool = False
+    degraded_reasons: list[str] = Field(default_factory=list)
+    # Live documents of the source in the team (that this caller may write), before the sync.
+    known: int
+    kept: int
+    removed: int
+    failed: int
+    documents: list[SyncedDocument]
+    dry_run: bool
     took_ms: float
     trace_id: str
 

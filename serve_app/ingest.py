@@ -27,8 +27,11 @@ from serve_app.contracts import (
     IngestedDocument,
     IngestJobAccepted,
     IngestJobStatus,
+    IngestSyncRequest,
+    IngestSyncResponse,
 )
 from serve_app.ingest_jobs import JobWorker
+from serve_app.ingest_sync import sync_source
 from serve_app.policy import Policy
 from serve_app.recorder import AuditRecorder
 from serve_app.request import RequestContext
@@ -235,6 +238,12 @@ class IngestService:
             events=results,
             took_ms=round((time.perf_counter() - started) * 1000, 1),
             trace_id=trace_id,
+        )
+
+    async def sync_source(self, body: IngestSyncRequest, rc: RequestContext) -> IngestSyncResponse:
+        """``POST /ingest/sync`` (serve_app/ingest_sync.py)."""
+        return await sync_source(
+            body, rc, pipeline=self.pipeline, policy=self.policy, recorder=self.recorder
         )
 
     async def _event_document(self, ev: MappedEvent) -> SourceDocument:

@@ -28,6 +28,7 @@ ACTIONS = {
     "/graph/entities": "graph.upsert",
     "/ingest/documents": "ingest",
     "/ingest/events": "ingest.events",
+    "/ingest/sync": "ingest.sync",
     "/audit/decisions": "audit.read",
     "/admin/reindex": "admin.reindex",
     "/admin/usage": "usage.read",

@@ -11,6 +11,8 @@ from serve_app.contracts import (
     IngestDocumentsResponse,
     IngestJobAccepted,
     IngestJobStatus,
+    IngestSyncRequest,
+    IngestSyncResponse,
 )
 
 router = APIRouter(tags=["ingest"])
@@ -53,3 +55,14 @@ async def ingest_job(
     """The state of a background ingestion job (queued, running, done with the ingest
     result, or failed with the error); only its submitter sees it."""
     return await ingest.job_status(job_id, caller.principal)
+
+
+@router.post("/ingest/sync", response_model=IngestSyncResponse)
+async def ingest_sync(
+    body: IngestSyncRequest, caller: Caller, ingest: Ingest
+) -> IngestSyncResponse:
+    """Make a source's documents in a team what the source still has: every live document
+    last ingested with ``source_id`` that ``keep`` does not list is deleted (chunks, graph,
+    registry tombstone, cache), each removal audited; ``dry_run`` lists them instead. Only
+    documents the caller may write are touched or named."""
+    return await ingest.sync_source(body, caller)

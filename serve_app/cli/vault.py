@@ -13,7 +13,10 @@ to the graph. ``projects/<name>/_access.yaml`` and ``shared/skills/<id>/_access.
 validated as resource policies of the gateway (docs/auth.md) and,
 with ``--policy-out``, written (merged) into a policy file for ``AUTH__POLICY_FILE``. A bad
 ``_access.yaml`` stops the import before anything is sent (exit status 2); a bad note is
-reported and skipped. Re-running is safe (ingestion is idempotent).
+reported and skipped (exit 1 unless ``--allow-skipped``). Each run is a sync: the gateway first
+removes the documents of this vault (its source id, ``.rag-vault-id``) that the vault no
+longer has (``serve_app/cli/vault_sync.py``; ``--no-prune`` appends only). No symbolic link
+is followed (``serve_app/cli/vault_files.py``). Re-running is safe (ingestion is idempotent).
 
 Document ACLs: an ``_access.yaml`` in any folder (the vault root's too) may carry an ``acl:``
 mapping (``allowed_groups``, ``allowed_users``, ``denied_groups``) for every note in that folder
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import sys
 import time
@@ -48,17 +50,29 @@ from batch_ingest.documents import DocumentAcl, SourceDocument, parse_timestamp
 from batch_ingest.wikilinks import extract_links, wiki_key
 from deployments.errors import InvalidInput
 from deployments.protocols import MAX_TITLE
+from serve_app.cli.vault_files import (
+    ACCESS_FILE,
+    NEAR_MISS,
+    SOURCE_ID_FILE,
+    VaultFileError,
+    read_text,
+    source_id,
+    walk_vault,
+)
+from serve_app.cli.vault_sync import prune
 from serve_app.policy import DEFAULT_POLICY_FILE, SKILL_TAG_PREFIX, Policy, ResourcePolicy
 
 logger = logging.getLogger("serve_app.cli.vault")
 
-ACCESS_FILE = "_access.yaml"
 ACL_KEY = "acl"
 DOC_TYPE = "wiki"
 VISIBILITIES = ("public", "confidential")
 _ID_KEYS = ("id", "project", "skill", "name")
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.S | re.M)
 _HEADING = re.compile(r"^#[ \t]+(.+?)[ \t#]*$", re.M)
+# What an ``acl`` may name (docs/auth.md, "Vault document ACLs"): a group or user id of
+# letters, digits and ``. _ @ : + -``, starting with a letter or digit.
+ACL_IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:+-]{0,127}")
 
 
 class AccessFileError(InvalidInput, ValueError):
@@ -78,6 +92,8 @@ class VaultPlan:
     """What one vault holds: the documents to send and the resource policies it declares."""
 
     team_id: str
+    # The vault's source id (serve_app/cli/vault_files.py): every document carries it.
+    source_id: str = ""
     documents: list[SourceDocument] = field(default_factory=list)
     # doc_id -> wiki-link keys of its text (what the gateway will write as LINKS_TO).
     links: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -119,15 +135,6 @@ class VaultPlan:
 
 
 # --- reading -------------------------------------------------------------------------------
-
-
-def iter_vault(root: Path) -> list[Path]:
-    """Every file below ``root`` outside hidden folders, in a stable order."""
-    found = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        found += [Path(folder) / f for f in sorted(files) if not f.startswith(".")]
-    return found
 
 
 def split_front_matter(text: str) -> tuple[dict[str, Any], str]:
@@ -182,11 +189,21 @@ def parse_acl(value: Any) -> DocumentAcl:
         keys = ", ".join(DocumentAcl.model_fields)
         raise AclError([(ACL_KEY, f"expected a mapping of {keys}, got {type(value).__name__}")])
     try:
-        return DocumentAcl.model_validate(value)
+        acl = DocumentAcl.model_validate(value)
     except ValidationError as exc:
         raise AclError(
             [(".".join([ACL_KEY, *(str(p) for p in e["loc"])]), e["msg"]) for e in exc.errors()]
         ) from exc
+    bad = [
+        (f"{ACL_KEY}.{name}.{i}", f"{entry!r} is not an identifier (letters, digits and "
+         ". _ @ : + -, starting with a letter or digit, at most 128)")
+        for name in ("allowed_groups", "allowed_users", "denied_groups")
+        for i, entry in enumerate(value.get(name) or [])
+        if not (isinstance(entry, str) and ACL_IDENTIFIER.fullmatch(entry.strip()))
+    ]  # fmt: skip
+    if bad:
+        raise AclError(bad)
+    return acl
 
 
 def folder_acl(acls: dict[str, DocumentAcl], rel: str) -> DocumentAcl | None:
@@ -221,13 +238,14 @@ def read_note(
     team_id: str,
     visibility: str = "public",
     inherited_acl: DocumentAcl | None = None,
+    source_id: str = "",
 ) -> SourceDocument:
     """One note as a document; raise ``ValueError`` (or ``OSError``) saying why it is invalid.
 
     ``inherited_acl`` is its folder's (``folder_acl``); front matter ``acl`` replaces it."""
     rel = path.relative_to(root).as_posix()
     parts = rel.split("/")
-    raw = path.read_text(encoding="utf-8")
+    raw = read_text(path)
     meta, body = split_front_matter(raw)
     tags: list[str] = []
     project_id = ""
@@ -260,6 +278,7 @@ def read_note(
             tags=tags,
             created_at=created,
             acl=acl,
+            source_id=source_id,
         )
     except ValidationError as exc:
         reasons = "; ".join(
@@ -269,13 +288,13 @@ def read_note(
 
 
 def _load_access(path: Path) -> dict[str, Any]:
-    """The fields of a ``_access.yaml`` (an empty file has none).
+    """The fields of a ``_access.yaml``.
 
     Raises:
-        AccessFileError: when it is unreadable or not a mapping.
+        AccessFileError: when it is unreadable (a link too) or not a mapping.
     """
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.safe_load(read_text(path))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise AccessFileError(f"{path}: {exc}") from exc
     if raw is None:
@@ -338,6 +357,13 @@ def read_access_file(
     data = _load_access(path)
     has_acl = ACL_KEY in data
     acl = _pop_acl(path, data)
+    if resource_id is None and not has_acl and not data:
+        # Fail closed: outside projects and skills (where an empty file is a private
+        # policy) a file that says nothing would leave the folder open.
+        raise AccessFileError(
+            f"{path}: grants nothing (empty, or only comments); write `acl: {{}}` to leave "
+            "the folder open on purpose, or remove the file"
+        )
     if resource_id is None:
         if data:
             keys = ", ".join(repr(str(k)) for k in data)
@@ -387,26 +413,39 @@ def add_access_file(plan: VaultPlan, root: Path, path: Path) -> None:
                        rel, ACL_KEY)  # fmt: skip
 
 
-def scan_vault(root: Path, team_id: str, visibility: str = "public") -> VaultPlan:
-    """Read every note and access file of the vault.
+def scan_vault(
+    root: Path, team_id: str, visibility: str = "public", source_id: str = ""
+) -> VaultPlan:
+    """Read every note and access file of the vault, never through a link.
 
     Raises:
-        AccessFileError: for the first bad ``_access.yaml`` (nothing should be sent then).
+        AccessFileError: for the first bad ``_access.yaml``, one behind a link, or a file
+            named nearly so (nothing should be sent then).
     """
-    root = Path(root)
-    plan = VaultPlan(team_id=team_id)
-    paths = iter_vault(root)
+    root = Path(root).resolve()
+    plan = VaultPlan(team_id=team_id, source_id=source_id)
+    found = walk_vault(root)
+    for rel, reason in found.refused:
+        name = rel.rstrip("/").rpartition("/")[2]
+        if NEAR_MISS.fullmatch(name):
+            raise AccessFileError(f"{root / rel}: an access file that is a {reason}")
+        plan.skipped.append((rel, reason))
     # Every access file first: a note's folder ACL may sort after it, and a bad file must
     # stop the import whatever notes come before it.
-    for path in paths:
+    for path in found.files:
+        if path.name != ACCESS_FILE and NEAR_MISS.fullmatch(path.name):
+            raise AccessFileError(
+                f"{path}: named like an access file but only {ACCESS_FILE!r} is read; rename it"
+                " (a rule the importer skipped would leave the folder open)"
+            )
         if path.name == ACCESS_FILE:
             add_access_file(plan, root, path)
-    for path in paths:
+    for path in found.files:
         if path.name == ACCESS_FILE or path.suffix.lower() != ".md":
             continue
         rel = path.relative_to(root).as_posix()
         try:
-            doc = read_note(root, path, team_id, visibility, folder_acl(plan.acls, rel))
+            doc = read_note(root, path, team_id, visibility, folder_acl(plan.acls, rel), source_id)
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             plan.skipped.append((rel, str(exc)))
             continue
@@ -559,11 +598,19 @@ def main(argv: list[str] | None = None, client: httpx.Client | None = None) -> i
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="gateway base URL")
     parser.add_argument("--token", default="", help="bearer token, if the gateway wants one")
     parser.add_argument("--policy-out", type=Path, help="write/merge the _access.yaml policies")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan, send nothing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan and what would be removed")  # fmt: skip
     parser.add_argument("--visibility", choices=VISIBILITIES, default="public",
                         help="visibility of notes whose front matter sets none")  # fmt: skip
     parser.add_argument("--batch-size", "--batch", type=int, default=32, dest="batch_size",
                         help="documents per request")  # fmt: skip
+    parser.add_argument("--source-id", default=None,
+                        help=f"this vault's id (default: {SOURCE_ID_FILE})")  # fmt: skip
+    parser.add_argument("--no-prune", action="store_true",
+                        help="append only: keep the documents of this vault that it no longer "
+                        "has (deleted or moved notes stay searchable)")  # fmt: skip
+    parser.add_argument("--allow-skipped", action="store_true",
+                        help="exit 0 even when notes were skipped")  # fmt: skip
     args = parser.parse_args(argv)
     if not args.vault.is_dir():
         parser.error(f"{args.vault} is not a folder")
@@ -572,15 +619,24 @@ def main(argv: list[str] | None = None, client: httpx.Client | None = None) -> i
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     try:
-        plan = scan_vault(args.vault, args.team, args.visibility)
-    except AccessFileError as exc:
+        source = source_id(args.vault, args.source_id, create=not args.dry_run)
+        plan = scan_vault(args.vault, args.team, args.visibility, source)
+    except (AccessFileError, VaultFileError) as exc:
         print(f"error: {exc}; nothing was sent", file=sys.stderr)
         return 2
     for rel, reason in plan.skipped:
         logger.warning("skipped %s: %s", rel, reason)
+    if client is None:
+        with httpx.Client(base_url=args.url, timeout=300) as http:
+            return _run(args, plan, http)
+    return _run(args, plan, client)
 
+
+def _run(args: argparse.Namespace, plan: VaultPlan, client: Any) -> int:
+    skipped_rc = 0 if args.allow_skipped or not plan.skipped else 1
     if args.dry_run:
         print("\n".join(describe(plan)))
+        print(_removal_plan(args, plan, client))
         if args.policy_out:
             print(f"dry run: would write {len(plan.projects)} project and {len(plan.skills)} "
                   f"skill policies to {args.policy_out}")  # fmt: skip
@@ -596,24 +652,58 @@ def main(argv: list[str] | None = None, client: httpx.Client | None = None) -> i
               f"{args.policy_out}; point the gateway at it with:\n"
               f"  AUTH__POLICY_FILE={args.policy_out.resolve()}")  # fmt: skip
 
+    removed = 0
+    if not args.no_prune:
+        try:
+            synced = prune(client, args.team, plan.source_id, plan.documents, token=args.token)
+        except RuntimeError as exc:
+            print(f"error: {exc}; nothing was sent", file=sys.stderr)
+            return 1
+        removed = synced["removed"]
+        for d in synced["documents"]:
+            if d["status"] == "deleted":
+                logger.info("removed %s (no longer in the vault)", d["doc_id"])
+        if synced["failed"]:
+            print(f"error: {synced['failed']} removals failed; the notes were not sent",
+                  file=sys.stderr)  # fmt: skip
+            return 1
     if not plan.documents:
-        print("no notes to send")
-        return 1 if plan.skipped else 0
-    if client is None:
-        with httpx.Client(base_url=args.url, timeout=300) as http:
-            totals = post_documents(http, plan.documents, args.batch_size, args.token)
-    else:
-        totals = post_documents(client, plan.documents, args.batch_size, args.token)
+        print(f"no notes to send; removed {removed}")
+        return 1 if plan.skipped and not args.allow_skipped else 0
+    totals = post_documents(client, plan.documents, args.batch_size, args.token)
     if totals is None:
         return 1
     print(
         f"done: indexed {totals['indexed']}, unchanged {totals['unchanged']}, "
-        f"failed {totals['failed']}, skipped {len(plan.skipped)}; "
+        f"failed {totals['failed']}, removed {removed}, skipped {len(plan.skipped)}; "
         f"{plan.link_count} wiki-links; {plan.acl_count} notes with an ACL; projects: "
         f"{', '.join(sorted(plan.per_project())) or '-'}; skills: "
         f"{', '.join(sorted(plan.per_skill())) or '-'}"
     )
-    return 1 if totals["failed"] else 0
+    for rel, reason in plan.skipped:
+        print(f"  skipped {rel}: {reason}")
+    if plan.skipped and not args.allow_skipped:
+        print(f"{len(plan.skipped)} notes skipped (exit 1; --allow-skipped accepts that)",
+              file=sys.stderr)  # fmt: skip
+    return 1 if totals["failed"] else skipped_rc
+
+
+def _removal_plan(args: argparse.Namespace, plan: VaultPlan, client: Any) -> str:
+    """What a real run would remove, asked of the gateway (a dry-run sync)."""
+    if args.no_prune:
+        return "  removals: none (--no-prune)"
+    if not plan.source_id:
+        return f"  removals: none (first import: no {SOURCE_ID_FILE} yet)"
+    try:
+        synced = prune(
+            client, args.team, plan.source_id, plan.documents, token=args.token, dry_run=True
+        )
+    except RuntimeError as exc:
+        return f"  removals: unknown ({exc})"
+    gone = [d["doc_id"] for d in synced["documents"]]
+    lines = [f"  would remove {len(gone)} of the {synced['known']} documents of this vault "
+             f"({plan.source_id}) the gateway has:"]  # fmt: skip
+    return "\n".join(lines + [f"    - {doc_id}" for doc_id in gone])
 
 
 if __name__ == "__main__":

@@ -397,11 +397,12 @@ def test_other_folders_access_file_holds_only_an_acl(acl_vault):
     path = write(acl_vault, "projects/poimen/tools/_access.yaml", "access_level: group\n")
     with pytest.raises(AccessFileError, match="'access_level' not allowed"):
         scan_vault(acl_vault, TEAM)
-    # an empty one there is harmless (ignored, as before): the notes keep poimen's acl
-    path.write_text("", encoding="utf-8")
-    plan = scan_vault(acl_vault, TEAM)
-    assert acls(plan)["projects/poimen/tools/kubectl.md"] == plan.acls["projects/poimen"]
-    assert "projects/poimen/tools" not in plan.acls
+    # an empty one (or only comments) grants nothing: refused, it would fail open where no
+    # folder above has an acl (issue 35)
+    for text in ("", "# hr only, see wiki\n"):
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(AccessFileError, match="grants nothing"):
+            scan_vault(acl_vault, TEAM)
 
 
 @pytest.mark.parametrize(
@@ -430,12 +431,14 @@ def test_cli_dry_run_counts_notes_with_an_acl(acl_vault, capsys):
     assert "  acl projects/poimen/tools/: denied_groups=contractors\n" in text
 
 
-def test_cli_posts_document_acls(acl_vault, capsys):
-    gw = build_gateway()
+def test_cli_posts_document_acls(acl_vault, capsys, tmp_path):
+    gw = build_gateway(state_url=f"sqlite:///{tmp_path}/state.db")
     token = mint(claims(teams={TEAM: ["owner"]}))
-    assert main([str(acl_vault), "--team", TEAM, "--token", token], client=gw.client) == 0
-    assert "indexed 5, unchanged 0, failed 0, skipped 1; 6 wiki-links; 5 notes with an ACL" in (
-        capsys.readouterr().out
+    argv = [str(acl_vault), "--team", TEAM, "--token", token, "--allow-skipped"]
+    assert main(argv, client=gw.client) == 0
+    assert (
+        "indexed 5, unchanged 0, failed 0, removed 0, skipped 1; 6 wiki-links; 5 notes with an ACL"
+        in (capsys.readouterr().out)
     )
     graph = gw.service.graph.docs
     assert graph[(TEAM, "README.md")].acl_allow == ("group:staff",)
@@ -477,14 +480,14 @@ def test_cli_bad_access_file_exits_2_and_sends_nothing(vault, tmp_path, capsys):
 
 
 def test_cli_posts_to_the_gateway(vault, tmp_path, capsys):
-    gw = build_gateway()
+    gw = build_gateway(state_url=f"sqlite:///{tmp_path}/state.db")
     token = mint(claims(teams={TEAM: ["owner"]}))
     out = tmp_path / "policy.yaml"
-    argv = [str(vault), "--team", TEAM, "--token", token, "--batch-size", "2"]
+    argv = [str(vault), "--team", TEAM, "--token", token, "--batch-size", "2", "--allow-skipped"]
     rc = main([*argv, "--policy-out", str(out)], client=gw.client)
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert "done: indexed 5, unchanged 0, failed 0, skipped 1; 6 wiki-links" in text
+    assert "done: indexed 5, unchanged 0, failed 0, removed 0, skipped 1; 6 wiki-links" in text
     assert "projects: ai-infra, poimen; skills: SKILL-kubernetes-debugging" in text
     assert f"AUTH__POLICY_FILE={out.resolve()}" in text
     Policy.load(out)
