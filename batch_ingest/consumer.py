@@ -72,6 +72,7 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +86,7 @@ from batch_ingest.events import (
     parse_event,
 )
 from batch_ingest.events.bus_audit import BusAudit
+from batch_ingest.events.outage import OutageGate, is_outage
 from batch_ingest.events.slow_lane import SlowLane
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.settings import AuditSettings, BatchSettings, ConsumerSettings
@@ -214,6 +216,16 @@ class EventConsumer:
         self._refreshed = 0.0
         # Events over nats.large_event_bytes, applied beside the fetch loop.
         self.slow = SlowLane(self.handle, period_s=max(min(cfg.backoff_s or (30.0,)) / 2, 0.5))
+        # A batch that failed only for an outage is held and applied when the backends are
+        # back (batch_ingest/events/outage.py), while run() runs (``_stop`` set).
+        self._stop: asyncio.Event | None = None
+        self.gate = OutageGate(
+            self._probes(),
+            self._keep_alive,
+            _age_s,
+            retry_for_s=cfg.retry_for_s,
+            max_delay_s=cfg.retry_max_delay_s,
+        )
 
     async def setup(self) -> None:
         await ensure_stream(self.js, self.cfg)
@@ -225,6 +237,7 @@ class EventConsumer:
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and apply until ``stop`` is set; the batch in flight (and the large event
         being applied in the slow lane) is finished first."""
+        self._stop = stop
         try:
             await self._fetch_and_apply(stop)
         finally:
@@ -293,15 +306,39 @@ class EventConsumer:
         parsed = [self._parse(m) for m in msgs]
         traces = list(dict.fromkeys(ev.trace_id for ev in parsed if ev.trace_id))
         with trace_context(traces[0] if traces else ""):
-            return await self._handle(msgs, parsed, traces, started)
+            rounds = 0
+            while True:
+                results, degraded = await self._apply(msgs, parsed, traces)
+                stop = self._stop
+                if stop is None or not is_outage(results):
+                    break
+                if not await self.gate.hold(msgs, rounds, stop):
+                    break
+                rounds += 1
+            return await self._finish(msgs, parsed, traces, results, degraded, started)
 
-    async def _handle(
-        self,
-        msgs: list[Any],
-        parsed: list[MappedEvent | InvalidEvent],
-        traces: list[str],
-        started: float,
-    ) -> list[EventResult]:
+    def _probes(self) -> list[Callable[[], Awaitable[bool]]]:
+        """Whether each backend of a write answers (the gate's probes; looked up when called,
+        so a pipeline whose store is replaced is probed as it is)."""
+
+        async def backends() -> bool:
+            for backend in (self.pipeline.store, self.pipeline.graph):
+                status = getattr(backend, "status", None)
+                if status is not None and not (await status()).get("ready"):
+                    return False
+            return True
+
+        async def audit_log() -> bool:
+            if self.audit is not None:
+                await asyncio.to_thread(self.audit.store.ping)
+            return True
+
+        return [backends, audit_log]
+
+    async def _apply(
+        self, msgs: list[Any], parsed: list[MappedEvent | InvalidEvent], traces: list[str]
+    ) -> tuple[list[EventResult], list[str]]:
+        """Audit, then apply the batch; a batch-wide failure as ``failed`` results."""
         beat = asyncio.create_task(self._keep_alive(msgs))
         try:
             try:
@@ -321,6 +358,18 @@ class EventConsumer:
                     results, degraded = [_failed(ev, error, passing) for ev in parsed], []
         finally:
             beat.cancel()
+        return results, degraded
+
+    async def _finish(
+        self,
+        msgs: list[Any],
+        parsed: list[MappedEvent | InvalidEvent],
+        traces: list[str],
+        results: list[EventResult],
+        degraded: list[str],
+        started: float,
+    ) -> list[EventResult]:
+        """Settle each message, announce what became searchable or deleted, count."""
         for reason in degraded:
             logger.warning("degraded%s: %s", _listed(traces), reason)
         notes: list[tuple[str, dict[str, Any]]] = []

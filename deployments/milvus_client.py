@@ -32,6 +32,22 @@ def import_pymilvus() -> ModuleType:
     return pymilvus
 
 
+# gRPC channel options of every connection.
+GRPC_OPTIONS: dict[str, int] = {
+    # No keepalive pings on an idle channel: the Milvus Lite server answers them with GOAWAY
+    # "too_many_pings" and drops idle replicas' connections.
+    "grpc.keepalive_permit_without_calls": 0,
+    # Reconnect within seconds of a server's return: gRPC backs off up to 120 s by default,
+    # and its process-wide subchannel pool kept that back-off across new channels, so after a
+    # 10-minute Milvus outage the bus consumer failed for another 50-117 s (issue 34). Each
+    # channel gets its own subchannels, retried at most 2 s apart.
+    "grpc.initial_reconnect_backoff_ms": 500,
+    "grpc.min_reconnect_backoff_ms": 500,
+    "grpc.max_reconnect_backoff_ms": 2000,
+    "grpc.use_local_subchannel_pool": 1,
+}
+
+
 class MilvusConnection:
     """A lazily opened ``MilvusClient``; thread-safe.
 
@@ -58,9 +74,7 @@ class MilvusConnection:
         kwargs: dict[str, Any] = {
             "uri": self.settings.uri,
             "timeout": self.settings.timeout_s,
-            # No keepalive pings on an idle channel: the Milvus Lite server answers them
-            # with GOAWAY "too_many_pings" and drops idle replicas' connections.
-            "grpc_options": {"grpc.keepalive_permit_without_calls": 0},
+            "grpc_options": GRPC_OPTIONS,
         }
         if self.settings.token:
             kwargs["token"] = self.settings.token

@@ -253,13 +253,18 @@ def test_two_retriever_replicas_log_every_call_in_their_own_files(shipped):
     per_replica = Counter(rid for rid, _ in calls)
     assert all(line["replica"] == rid for rid, line in calls)
     assert set(per_replica) == running, per_replica  # both served, both logged
-    # The other deployments' replicas log their calls as well.
-    ingress = [
-        line
-        for lines in access_lines(shipped["logs"], "Ingress").values()
-        for line in lines
-        if line.get("request_id") in wanted
-    ]
+    # The other deployments' replicas log their calls as well (an ingress writes its line
+    # once the answer is sent: one was still missing when read at once in a busy run).
+    while True:
+        ingress = [
+            line
+            for lines in access_lines(shipped["logs"], "Ingress").values()
+            for line in lines
+            if line.get("request_id") in wanted
+        ]
+        if len(ingress) >= n or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert Counter(line["request_id"] for line in ingress) == Counter(wanted)
     assert {(line["message"].split(" ")[0], line["message"].split(" ")[2]) for line in ingress} == {
         ("POST", "200")
