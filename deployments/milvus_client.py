@@ -114,6 +114,8 @@ class MilvusConnection:
             kwargs.setdefault("timeout", self.settings.write_timeout_s)
         elif method in TIMED_READS:
             kwargs.setdefault("timeout", self.settings.timeout_s)
+        if method in CONSISTENT_READS:
+            kwargs.setdefault("consistency_level", "Strong")
         for attempt in (1, 2):
             self.start()
             try:
@@ -157,6 +159,11 @@ class MilvusConnection:
 # gateway (search.store_deadline_s); loading a collection may take long on a cluster.
 WRITES = frozenset({"upsert", "delete", "flush"})
 TIMED_READS = frozenset({"query", "has_collection", "describe_collection", "describe_alias"})
+# Reads of chunks, always at Strong consistency: a search or a memory-index replay must see
+# every write acknowledged before it (an ACL tightening, a delete), on every replica. The
+# collections' own default is pymilvus's Bounded, under which a Milvus cluster may answer
+# from data a few seconds old (Milvus Lite serves every level the same way).
+CONSISTENT_READS = frozenset({"search", "query", "hybrid_search"})
 
 
 def timed_out(exc: Exception) -> bool:

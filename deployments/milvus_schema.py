@@ -105,7 +105,14 @@ def collection_definition(
     # One team per collection needs no partition-key buckets (a Milvus cluster honours
     # this; Milvus Lite ignores it).
     partitions = 1 if settings.layout == "collection_per_team" else 16
-    out: dict[str, Any] = {"schema": schema, "index_params": index, "num_partitions": partitions}
+    out: dict[str, Any] = {
+        "schema": schema,
+        "index_params": index,
+        "num_partitions": partitions,
+        # Every read sees every acknowledged write (the reads also ask for it per call:
+        # collections created before this default stay Bounded).
+        "consistency_level": "Strong",
+    }
     if embed_model:
         out["properties"] = {EMBED_MODEL_PROPERTY: embed_model}
     return out
