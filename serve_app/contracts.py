@@ -359,6 +359,9 @@ class IngestSyncResponse(BaseModel):
     removed: int
     failed: int
     documents: list[SyncedDocument]
+    # A dry run: the documents of ``keep`` the gateway already has from this source (the
+    # others would be new).
+    present: list[SyncKey] = Field(default_factory=list)
     dry_run: bool
     took_ms: float
     trace_id: str

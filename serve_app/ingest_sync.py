@@ -20,7 +20,7 @@ from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.source_store import Key
 from deployments.errors import Forbidden, InvalidInput
 from serve_app.access import AccessContext
-from serve_app.contracts import IngestSyncRequest, IngestSyncResponse, SyncedDocument
+from serve_app.contracts import IngestSyncRequest, IngestSyncResponse, SyncedDocument, SyncKey
 from serve_app.policy import Policy
 from serve_app.recorder import AuditRecorder
 from serve_app.request import RequestContext
@@ -105,6 +105,15 @@ async def sync_source(
             documents.append(
                 SyncedDocument(doc_type=r.doc_type, doc_id=r.doc_id, status=status, error=r.error)
             )
+    present = (
+        [
+            SyncKey(doc_type=d.doc_type, doc_id=d.doc_id)
+            for d in writable
+            if (d.doc_type, d.doc_id) in keep
+        ]
+        if body.dry_run
+        else []
+    )
     failed = sum(d.status == "failed" for d in documents)
     return IngestSyncResponse(
         degraded=bool(degraded or failed),
@@ -114,6 +123,7 @@ async def sync_source(
         removed=sum(d.status == "deleted" for d in documents),
         failed=failed,
         documents=documents,
+        present=present,
         dry_run=body.dry_run,
         took_ms=round((time.perf_counter() - started) * 1000, 1),
         trace_id=rc.trace_id,

@@ -701,9 +701,17 @@ def _removal_plan(args: argparse.Namespace, plan: VaultPlan, client: Any) -> str
     except RuntimeError as exc:
         return f"  removals: unknown ({exc})"
     gone = [d["doc_id"] for d in synced["documents"]]
-    lines = [f"  would remove {len(gone)} of the {synced['known']} documents of this vault "
-             f"({plan.source_id}) the gateway has:"]  # fmt: skip
-    return "\n".join(lines + [f"    - {doc_id}" for doc_id in gone])
+    present = {p["doc_id"] for p in synced.get("present", [])}
+    new = sorted(d.doc_id for d in plan.documents if d.doc_id not in present)
+    lines = [
+        f"  would add {len(new)} notes the gateway does not have, send {len(present)} it has "
+        "(re-embedded only where changed)",
+        *(f"    + {doc_id}" for doc_id in new),
+        f"  would remove {len(gone)} of the {synced['known']} documents of this vault "
+        f"({plan.source_id}) the gateway has:",
+        *(f"    - {doc_id}" for doc_id in gone),
+    ]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -168,6 +168,11 @@ def test_a_dry_run_names_what_would_be_removed_and_changes_nothing(gw, vault, ca
     assert sync(gw, vault, "--dry-run") == 0
     out = capsys.readouterr().out
     assert "would remove 1 of the 3 documents" in out and "- public/solar.md" in out
+    write(vault, "public/wind.md", "# Wind\n\nA new note.\n")
+    assert sync(gw, vault, "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "would add 1 notes the gateway does not have, send 2 it has" in out
+    assert "+ public/wind.md" in out and "public/wind.md" not in seen(gw, NOBODY, "wind")
     assert "public/solar.md" in seen(gw, NOBODY)
 
 
