@@ -114,6 +114,9 @@ class EmbedderCore:
             if self.settings.backend == "flag_m3":
                 self._start_flag_m3()
                 return
+            if self.settings.backend == "onnx":
+                self._start_onnx()
+                return
             import os
 
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -143,6 +146,36 @@ class EmbedderCore:
                 self.dtype,
                 self.settings.torch_threads,
             )
+
+    def _start_onnx(self) -> None:
+        import json
+        import os
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        from transformers import AutoTokenizer
+
+        from deployments.models.onnx_encoder import OnnxEncoder, export
+
+        started = time.perf_counter()
+        s = self.settings
+        if not Path(self.model_path).is_dir():
+            raise BackendUnavailable("embedder", f"model folder {self.model_path!r} not found")
+        path = export(self.model_path, s.quantize)
+        self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self._model = OnnxEncoder(path, s.torch_threads)
+        config = json.loads((Path(self.model_path) / "config.json").read_text())
+        self._dim = int(s.dim or config["hidden_size"])
+        self.device, self.dtype = "cpu", "int8" if s.quantize == "int8" else "float32"
+        logger.info(
+            "embedder %s loaded from %s in %.1fs (ONNX Runtime, %s, dim=%d, threads=%d)",
+            s.embed_model_tag,
+            path,
+            time.perf_counter() - started,
+            self.dtype,
+            self._dim,
+            s.torch_threads,
+        )
 
     def _start_flag_m3(self) -> None:
         from deployments.flag_backends import FlagM3Embedder, load_configured
@@ -193,6 +226,18 @@ class EmbedderCore:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
         return pooled.float().cpu().numpy()
 
+    def _pool(self, hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """``postprocess`` in numpy (the ONNX backend's hidden states)."""
+        if self.settings.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = attention_mask[..., None].astype(np.float32)
+            pooled = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
+        if self.settings.normalize:
+            norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+            pooled = pooled / np.clip(norms, 1e-12, None)
+        return pooled.astype(np.float32)
+
     def embed(self, texts: list[str], kind: str = "passage") -> np.ndarray:
         """Embed texts in forward batches of ``forward_batch_size``.
 
@@ -230,9 +275,21 @@ class EmbedderCore:
         order = sorted(range(len(prepared)), key=lambda i: len(prepared[i]))
         out = np.empty((len(prepared), self._dim or 0), dtype=np.float32)
         step = self.settings.forward_batch_size
+        onnx = self.settings.backend == "onnx"
         for start in range(0, len(order), step):
             idx = order[start : start + step]
-            batch = self.tokenize([prepared[i] for i in idx])
+            texts = [prepared[i] for i in idx]
+            if onnx:
+                arrays = self._tokenizer(
+                    texts,
+                    padding=True,
+                    truncation=True,
+                    max_length=self.settings.max_length,
+                    return_tensors="np",
+                )
+                out[idx] = self._pool(self._model(arrays), arrays["attention_mask"])
+                continue
+            batch = self.tokenize(texts)
             hidden = self.forward(batch)
             out[idx] = self.postprocess(hidden, batch["attention_mask"])
         self.release_memory()

@@ -1,0 +1,143 @@
+"""The embedder's ONNX Runtime backend (``embedder.backend: onnx``, issue 36).
+
+The encoder is exported locally from the same Hugging Face folder the ``transformers``
+backend loads (nothing is downloaded), with ``torch.onnx`` from a padded batch and eager
+attention (an export from one unpadded input gave padded batches cosine 0.936 to torch), its
+output the last hidden state; pooling and normalisation stay in numpy, as for torch. The
+export is cached on disk, in ``onnx/`` inside the model folder when that is writable, else
+under ``var/onnx/``, keyed by the model's files (size and mtime) and the export settings, so a
+changed model is exported again. ``quantize: int8`` adds ONNX Runtime's dynamic int8
+quantisation of the exported graph (weights per channel, int8 matrix products); its vectors
+drift from fp32, so it carries its own model tag (``EmbedderSettings.embed_model_tag``) and
+never shares a collection with fp32 vectors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# Bump when the export changes (a new cache key, so older exports are not reused).
+EXPORT_VERSION = 1
+OPSET = 17
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _fingerprint(model_path: Path, quantize: str) -> str:
+    parts: list[Any] = [EXPORT_VERSION, OPSET, quantize]
+    for f in sorted(model_path.iterdir()):
+        if f.is_file():
+            st = f.stat()
+            parts.append((f.name, st.st_size, int(st.st_mtime)))
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def cache_dir(model_path: Path, key: str) -> Path:
+    """Where the export of ``model_path`` lives: beside the model if writable, else var/."""
+    beside = model_path / "onnx" / key
+    try:
+        beside.mkdir(parents=True, exist_ok=True)
+        probe = beside / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+        return beside
+    except OSError:
+        var = Path(os.environ.get("RAG_VAR_DIR", ROOT / "var"))
+        fallback = var / "onnx" / f"{model_path.name}-{key}"
+        fallback.mkdir(parents=True, exist_ok=True)
+        return fallback
+
+
+def export(model_path: str | Path, quantize: str = "none") -> Path:
+    """The ONNX file of ``model_path`` (exported, and quantised, on first use).
+
+    Raises:
+        RuntimeError: the export or the quantisation failed (the message says which).
+    """
+    model_path = Path(model_path)
+    folder = cache_dir(model_path, _fingerprint(model_path, quantize))
+    fp32 = folder / "model.onnx"
+    target = folder / ("model.int8.onnx" if quantize == "int8" else "model.onnx")
+    if target.exists():
+        return target
+    started = time.perf_counter()
+    if not fp32.exists():
+        _export_fp32(model_path, fp32)
+    if quantize == "int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        partial = target.with_suffix(".partial")
+        quantize_dynamic(fp32, partial, weight_type=QuantType.QInt8, per_channel=True)
+        partial.rename(target)
+    logger.info("exported %s to %s in %.1fs", model_path, target, time.perf_counter() - started)
+    return target
+
+
+def _export_fp32(model_path: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModel.from_pretrained(model_path, attn_implementation="eager").eval()
+    names = [n for n in INPUTS if n in tokenizer.model_input_names]
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+            return self.model(**dict(zip(names, tensors, strict=True))).last_hidden_state
+
+    sample = tokenizer(
+        ["a short one", "a longer sample sentence, so that the batch is padded " * 3],
+        padding=True,
+        return_tensors="pt",
+    )
+    axes = {n: {0: "batch", 1: "sequence"} for n in [*names, "last_hidden_state"]}
+    partial = out.with_suffix(".partial")
+    with torch.inference_mode():
+        torch.onnx.export(
+            LastHidden().eval(),
+            tuple(sample[n] for n in names),
+            str(partial),
+            input_names=names,
+            output_names=["last_hidden_state"],
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            dynamo=False,
+        )
+    partial.rename(out)
+
+
+class OnnxEncoder:
+    """An ONNX Runtime session over an exported encoder: token arrays → last hidden state.
+
+    Args:
+        path: the ``.onnx`` file; ``threads``: intra-op threads (the replica's cores).
+    """
+
+    def __init__(self, path: Path, threads: int) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.path = path
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        feed = {n: batch[n].astype(np.int64) for n in self.inputs}
+        return np.asarray(self.session.run(None, feed)[0])

@@ -1,0 +1,72 @@
+"""The ONNX Runtime backend of the embedder (issue 36): exported locally from the packaged
+MiniLM, fp32 gives torch's vectors on padded batches of real text and shares its tag; int8
+carries its own tag; the export is cached and redone when the model changes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from batch_ingest.load_jsonl import SAMPLE
+from deployments.config import EmbedderSettings
+from deployments.embedding import EmbedderCore, default_model_path
+from deployments.models import onnx_encoder
+
+
+@pytest.fixture(scope="module")
+def model_copy(tmp_path_factory) -> Path:
+    """The packaged model in a folder of its own (its export cache goes beside it)."""
+    folder = tmp_path_factory.mktemp("minilm") / "all-MiniLM-L6-v2"
+    shutil.copytree(default_model_path(), folder, ignore=shutil.ignore_patterns("onnx"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    docs = [json.loads(line)["text"] for line in SAMPLE.read_text().splitlines() if line.strip()]
+    # Mixed lengths in one forward batch: padding inside every batch.
+    return docs + [d[:30] for d in docs] + ["solar", "who runs the cold store in winter?"]
+
+
+def core(path: Path, **kw) -> EmbedderCore:
+    c = EmbedderCore(EmbedderSettings(model_path=str(path), forward_batch_size=16, **kw))
+    c.start()
+    return c
+
+
+def test_fp32_onnx_gives_torchs_vectors_under_the_same_tag(model_copy, texts):
+    torch_core, onnx_core = core(model_copy), core(model_copy, backend="onnx")
+    for kind in ("passage", "query"):
+        cos = (torch_core.embed(texts, kind) * onnx_core.embed(texts, kind)).sum(axis=1)
+        assert cos.min() >= 0.9999, cos.min()
+    assert onnx_core.settings.embed_model_tag == torch_core.settings.embed_model_tag
+    assert onnx_core.dim == torch_core.dim == 384
+    assert onnx_core.count_tokens("the cold store") == torch_core.count_tokens("the cold store")
+
+
+def test_int8_has_its_own_tag_and_stays_close(model_copy, texts):
+    fp32, int8 = core(model_copy, backend="onnx"), core(model_copy, backend="onnx", quantize="int8")
+    assert int8.settings.embed_model_tag == "all-MiniLM-L6-v2@v1+int8"
+    cos = (fp32.embed(texts) * int8.embed(texts)).sum(axis=1)
+    assert cos.mean() >= 0.98 and np.isfinite(cos).all()
+
+
+def test_the_export_is_cached_and_redone_when_the_model_changes(model_copy):
+    first = onnx_encoder.export(model_copy)
+    stamp = first.stat().st_mtime_ns
+    assert onnx_encoder.export(model_copy) == first and first.stat().st_mtime_ns == stamp
+    assert first.parent.parent == model_copy / "onnx"
+    config = model_copy / "config.json"
+    config.write_text(config.read_text() + "\n")  # the model's files changed
+    again = onnx_encoder.export(model_copy)
+    assert again != first and again.exists()
+
+
+def test_quantize_needs_the_onnx_backend():
+    with pytest.raises(ValidationError, match="quantize needs embedder.backend onnx"):
+        EmbedderSettings(quantize="int8")
