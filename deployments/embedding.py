@@ -155,7 +155,7 @@ class EmbedderCore:
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from transformers import AutoTokenizer
 
-        from deployments.models.onnx_encoder import OnnxEncoder, export
+        from deployments.onnx_encoder import OnnxEncoder, export
 
         started = time.perf_counter()
         s = self.settings

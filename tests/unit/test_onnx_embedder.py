@@ -13,9 +13,9 @@ import pytest
 from pydantic import ValidationError
 
 from batch_ingest.load_jsonl import SAMPLE
+from deployments import onnx_encoder
 from deployments.config import EmbedderSettings
 from deployments.embedding import EmbedderCore, default_model_path
-from deployments.models import onnx_encoder
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # Bump when the export changes (a new cache key, so older exports are not reused).
 EXPORT_VERSION = 1
 OPSET = 17
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _fingerprint(model_path: Path, quantize: str) -> str:
