@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None, client: httpx.Client | None = None) -> i
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request: the bar says it
 
     lines = read_documents(args.file)
     state = ResumeState(args.state or args.file.with_name(args.file.name + ".loaded"), args.resume)
