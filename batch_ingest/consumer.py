@@ -72,7 +72,6 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,7 +85,7 @@ from batch_ingest.events import (
     parse_event,
 )
 from batch_ingest.events.bus_audit import BusAudit
-from batch_ingest.events.outage import OutageGate, is_outage
+from batch_ingest.events.outage import OutageGate, backend_probes, is_outage
 from batch_ingest.events.slow_lane import SlowLane
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.settings import AuditSettings, BatchSettings, ConsumerSettings
@@ -220,7 +219,7 @@ class EventConsumer:
         # back (batch_ingest/events/outage.py), while run() runs (``_stop`` set).
         self._stop: asyncio.Event | None = None
         self.gate = OutageGate(
-            self._probes(),
+            backend_probes(self),
             self._keep_alive,
             _age_s,
             retry_for_s=cfg.retry_for_s,
@@ -316,24 +315,6 @@ class EventConsumer:
                     break
                 rounds += 1
             return await self._finish(msgs, parsed, traces, results, degraded, started)
-
-    def _probes(self) -> list[Callable[[], Awaitable[bool]]]:
-        """Whether each backend of a write answers (the gate's probes; looked up when called,
-        so a pipeline whose store is replaced is probed as it is)."""
-
-        async def backends() -> bool:
-            for backend in (self.pipeline.store, self.pipeline.graph):
-                status = getattr(backend, "status", None)
-                if status is not None and not (await status()).get("ready"):
-                    return False
-            return True
-
-        async def audit_log() -> bool:
-            if self.audit is not None:
-                await asyncio.to_thread(self.audit.store.ping)
-            return True
-
-        return [backends, audit_log]
 
     async def _apply(
         self, msgs: list[Any], parsed: list[MappedEvent | InvalidEvent], traces: list[str]

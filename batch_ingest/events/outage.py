@@ -36,6 +36,25 @@ def is_outage(results: list[EventResult]) -> bool:
     )
 
 
+def backend_probes(consumer: Any) -> list[Callable[[], Awaitable[bool]]]:
+    """Whether each backend of a consumer's writes answers: its pipeline's store and graph
+    (looked up at each call, so a replaced store is probed as it is) and its audit log."""
+
+    async def backends() -> bool:
+        for backend in (consumer.pipeline.store, consumer.pipeline.graph):
+            status = getattr(backend, "status", None)
+            if status is not None and not (await status()).get("ready"):
+                return False
+        return True
+
+    async def audit_log() -> bool:
+        if consumer.audit is not None:
+            await asyncio.to_thread(consumer.audit.store.ping)
+        return True
+
+    return [backends, audit_log]
+
+
 class OutageGate:
     """Waits out an outage for the consumer (see the module docstring).
 
