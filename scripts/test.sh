@@ -6,6 +6,9 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${RAG_VENV:-$ROOT/.venv}"
 cd "$ROOT"
+# Each phase prints its start time, so a slow CI run shows where the minutes went.
+phase() { echo "[test.sh $(date -u +%H:%M:%S)] $*"; }
+phase install
 bash scripts/install.sh || exit 1
 # The tests need PostgreSQL, nats-server and redis-server: scripts/services.py installs them
 # with apt-get when they are missing (as root or with password-less sudo;
@@ -18,6 +21,7 @@ cleanup() {
   for name in "${started[@]}"; do "$VENV/bin/python" scripts/services.py down --only "$name"; done
 }
 trap cleanup EXIT
+phase services
 for name in milvus neo4j postgres nats redis; do
   if ! "$VENV/bin/python" scripts/services.py status --only "$name" >/dev/null 2>&1; then
     "$VENV/bin/python" scripts/services.py up --only "$name" || exit 1
@@ -32,14 +36,18 @@ export RAG_TEST_POSTGRES_URL="${RAG_TEST_POSTGRES_URL:-$("$VENV/bin/python" scri
 export RAG_TEST_NATS_URL="${RAG_TEST_NATS_URL:-$("$VENV/bin/python" scripts/services.py url nats)}"
 # The semantic cache's Redis store tests (tests/integration/test_cache_redis.py) use this Redis.
 export RAG_TEST_REDIS_URL="${RAG_TEST_REDIS_URL:-$("$VENV/bin/python" scripts/services.py url redis)}"
+phase "ruff, lint-imports, mypy"
 "$VENV/bin/ruff" check . || exit 1
 # The import layering (pyproject.toml, [tool.importlinter]): serve_app -> batch_ingest ->
 # deployments, never back up, no cycles; bench/ and the product never import tests/.
 "$VENV/bin/lint-imports" --no-cache || exit 1
 # Types of the three packages (pyproject.toml, [tool.mypy]; the pydantic plugin).
 "$VENV/bin/mypy" || exit 1
+phase "pytest: unit, integration, security"
 "$VENV/bin/python" -m pytest tests/unit tests/integration tests/security "$@"
 first=$?
+phase "pytest: serve"
 "$VENV/bin/python" -m pytest tests/serve "$@"
 second=$?
+phase "done (unit etc. exit $first, serve exit $second)"
 [ $first -eq 0 ] && [ $second -eq 0 ]

@@ -6,25 +6,48 @@ vault's current notes."""
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from serve_app.cli.vault import main
 from serve_app.testing import build_gateway, claims, mint
 
-TEAM = "dao_vault_prop"
 FOLDERS = ("", "a", "a/b", "c")
 GROUPS = ("g1", "g2")
-WRITER = mint(claims(sub="writer", teams={TEAM: ["owner"]}))
-READERS = {
-    frozenset(): mint(claims(sub="u0", teams={TEAM: ["member"]})),
-    frozenset({"g1"}): mint(claims(sub="u1", groups=["g1"], teams={TEAM: ["member"]})),
-    frozenset({"g2"}): mint(claims(sub="u2", groups=["g2"], teams={TEAM: ["member"]})),
-    frozenset(GROUPS): mint(claims(sub="u12", groups=list(GROUPS), teams={TEAM: ["member"]})),
-}
+READER_GROUPS = (frozenset(), frozenset({"g1"}), frozenset({"g2"}), frozenset(GROUPS))
+_teams = itertools.count()
+
+
+class Team:
+    """A fresh team per example on the shared gateway, with its writer and four readers."""
+
+    def __init__(self) -> None:
+        self.id = f"dao_vault_prop_{next(_teams)}"
+        self.writer = mint(claims(sub="writer", teams={self.id: ["owner"]}))
+        self.readers = {
+            groups: mint(
+                claims(
+                    sub="u" + "".join(sorted(groups)),
+                    groups=sorted(groups),
+                    teams={self.id: ["member"]},
+                )
+            )
+            for groups in READER_GROUPS
+        }
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory):
+    """One in-process gateway for every example (building one per example cost most of the
+    test's time); examples never share a team, so none sees another's notes."""
+    state = tmp_path_factory.mktemp("vault_prop") / "state.db"
+    return build_gateway(state_url=f"sqlite:///{state}")
+
 
 # A folder's rule: none (no file), open (acl: {}), allowed groups, or a denied group.
 rules = st.one_of(
@@ -97,13 +120,13 @@ def apply(tree: dict[int, str], folder_rules: dict, edit: tuple) -> None:
         folder_rules[edit[1]] = edit[2]
 
 
-def check(gw, tree: dict[int, str], folder_rules: dict) -> None:
+def check(gw, team: Team, tree: dict[int, str], folder_rules: dict) -> None:
     query = " ".join(f"mark{n}" for n in range(8))
-    for groups, token in READERS.items():
+    for groups, token in team.readers.items():
         want = {rel(f, n) for n, f in tree.items() if may_read(groups, f, folder_rules)}
         r = gw.client.post(
             "/rag/search_docs",
-            json={"team_id": TEAM, "query": query, "search_mode": "bm25", "top_k": 50},
+            json={"team_id": team.id, "query": query, "search_mode": "bm25", "top_k": 50},
             headers={"authorization": f"Bearer {token}"},
         )
         assert r.status_code == 200, r.text
@@ -113,31 +136,35 @@ def check(gw, tree: dict[int, str], folder_rules: dict) -> None:
     open_notes = {rel(f, n) for n, f in tree.items() if may_read(frozenset(), f, folder_rules)}
     r = gw.client.post(
         "/rag/enrich_answer",
-        json={"team_id": TEAM, "draft_answer": f"The canary word {query} lives here."},
-        headers={"authorization": f"Bearer {READERS[frozenset()]}"},
+        json={"team_id": team.id, "draft_answer": f"The canary word {query} lives here."},
+        headers={"authorization": f"Bearer {team.readers[frozenset()]}"},
     )
     assert r.status_code == 200, r.text
     assert {s["id"] for s in r.json()["sources"]} <= open_notes
     current = {rel(f, n) for n, f in tree.items()}
-    assert {d for t, d in gw.service.graph.docs if t == TEAM} == current
-    assert {d.doc_id for d in gw.service.pipeline.sources.iter_team(TEAM)} == current
+    assert {d for t, d in gw.service.graph.docs if t == team.id} == current
+    assert {d.doc_id for d in gw.service.pipeline.sources.iter_team(team.id)} == current
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     tree=notes,
     folder_rules=st.dictionaries(st.sampled_from(FOLDERS), rules),
     rounds=st.lists(edits, min_size=1, max_size=2),
 )
-def test_every_reader_sees_exactly_what_the_current_rules_give(tree, folder_rules, rounds):
+def test_every_reader_sees_exactly_what_the_current_rules_give(gw, tree, folder_rules, rounds):
+    team = Team()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "vault"
         root.mkdir()
-        gw = build_gateway(state_url=f"sqlite:///{tmp}/state.db")
-        argv = [str(root), "--team", TEAM, "--token", WRITER]
+        argv = [str(root), "--team", team.id, "--token", team.writer]
         for edit_round in [[], *rounds]:
             for edit in edit_round:
                 apply(tree, folder_rules, edit)
             render(root, tree, folder_rules)
             assert main(argv, client=gw.client) == 0
-            check(gw, tree, folder_rules)
+            check(gw, team, tree, folder_rules)
