@@ -10,6 +10,8 @@ time, so a Ray ``runtime_env`` reaches it.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -25,6 +27,33 @@ EMBED_BATCH = 32
 EMBED_BATCH_WAIT_S = 0.005
 RERANK_BATCH = 8
 RERANK_BATCH_WAIT_S = 0.005
+
+
+def node_threads(configured: int) -> int:
+    """``configured`` intra-op threads, or with 0 the cores this process may use: its CPU
+    affinity, capped by a cgroup CPU quota (a pod's CPU limit; the affinity still lists every
+    core of the host there)."""
+    if configured > 0:
+        return configured
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpus()
+    if quota is not None:
+        cores = min(cores, quota)
+    return max(1, min(cores, 64))
+
+
+def _cgroup_cpus(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
+    """The cgroup v2 CPU quota in whole CPUs (rounded up), or ``None`` when unlimited."""
+    try:
+        quota, period = Path(path).read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    return max(1, -(-int(quota) // int(period)))
 
 
 class EmbedderSettings(BaseModel):
@@ -64,8 +93,14 @@ class EmbedderSettings(BaseModel):
     # cores whatever it asks; lower it to fit more beside it on a small node).
     num_cpus: float = Field(1.0, ge=0.0, le=64.0)
     num_gpus: float = Field(0.5, gt=0.0, le=8.0)
-    # One torch thread per replica held up best on 2 shared cores (bench/README.md).
-    torch_threads: int = Field(1, ge=1, le=64)
+    # Intra-op threads of the model (torch or ONNX Runtime) in each replica; 0 = the cores
+    # of the node. One thread per replica held up best on 2 shared cores for searches
+    # (bench/README.md); bulk loads want every core ("Bulk ingestion inside Serve").
+    torch_threads: int = Field(1, ge=0, le=64)
+    # Added to each Embedder replica's CPU niceness on a CPU device (Ray starts its workers
+    # at 15, every replica alike): with passage batches on every core, searches' stages in
+    # the Ingress and Retriever still get the cores first. 0 = unchanged.
+    nice: int = Field(0, ge=0, le=19)
     # Texts per forward pass inside one batch.
     forward_batch_size: int = Field(32, ge=1, le=1024)
     # At most this often (after a batch, and on Serve's health check when idle) hand freed
@@ -100,7 +135,17 @@ class EmbedderSettings(BaseModel):
             )
         if self.quantize != "none" and self.backend != "onnx":
             raise ValueError("embedder.quantize needs embedder.backend onnx")
+        if self.backend == "onnx" and self.device != "cpu":
+            raise ValueError(
+                f"embedder.backend onnx runs on the CPU; with embedder.device {self.device} "
+                "set embedder.backend transformers"
+            )
         return self
+
+    @property
+    def threads(self) -> int:
+        """The intra-op threads the model runs with (``torch_threads``, 0 resolved)."""
+        return node_threads(self.torch_threads)
 
     @property
     def lexical(self) -> bool:
@@ -139,7 +184,8 @@ class RerankerSettings(BaseModel):
     # Logical CPUs the Serve replica asks Ray for.
     num_cpus: float = Field(0.5, ge=0.0, le=64.0)
     num_gpus: float = Field(0.5, gt=0.0, le=8.0)
-    torch_threads: int = Field(1, ge=1, le=64)
+    # As for the embedder: 0 = the node's cores.
+    torch_threads: int = Field(1, ge=0, le=64)
     # A forward pass holds at most forward_batch_size pairs and forward_max_tokens padded
     # tokens (pairs × its longest pair; pairs of similar length share a pass). On a CPU
     # 2,000-4,000 tokens cost least per pair; on a GPU raise both (e.g. 128 and 32768).
@@ -149,6 +195,11 @@ class RerankerSettings(BaseModel):
     batch_wait_timeout_s: float = Field(RERANK_BATCH_WAIT_S, ge=0.0, le=1.0)
     # How many fused candidates are rescored.
     candidates: int = Field(30, ge=1, le=500)
+
+    @property
+    def threads(self) -> int:
+        """The intra-op threads the model runs with (``torch_threads``, 0 resolved)."""
+        return node_threads(self.torch_threads)
 
 
 class MemoryIndexSettings(BaseModel):

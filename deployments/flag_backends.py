@@ -125,7 +125,7 @@ def load_configured(cls: Any, model_path: str, settings: Any, **extra: Any) -> A
         settings.dtype,
         settings.max_length,
         settings.forward_batch_size,
-        settings.torch_threads,
+        settings.threads,
         **extra,
     )
 

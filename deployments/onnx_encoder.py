@@ -76,9 +76,9 @@ def export(model_path: str | Path, quantize: str = "none") -> Path:
     if quantize == "int8":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        partial = target.with_suffix(".partial")
+        partial = _partial(target)
         quantize_dynamic(fp32, partial, weight_type=QuantType.QInt8, per_channel=True)
-        partial.rename(target)
+        os.replace(partial, target)
     logger.info("exported %s to %s in %.1fs", model_path, target, time.perf_counter() - started)
     return target
 
@@ -105,7 +105,7 @@ def _export_fp32(model_path: Path, out: Path) -> None:
         return_tensors="pt",
     )
     axes = {n: {0: "batch", 1: "sequence"} for n in [*names, "last_hidden_state"]}
-    partial = out.with_suffix(".partial")
+    partial = _partial(out)
     with torch.inference_mode():
         torch.onnx.export(
             LastHidden().eval(),
@@ -117,7 +117,14 @@ def _export_fp32(model_path: Path, out: Path) -> None:
             opset_version=OPSET,
             dynamo=False,
         )
-    partial.rename(out)
+    os.replace(partial, out)
+
+
+def _partial(target: Path) -> Path:
+    """A file of this process beside ``target``: the Embedder and the Ingress replicas load
+    the model at the same time on a fresh machine, and each exports; the rename is atomic,
+    so a reader sees either no file or a whole one, never another process's half."""
+    return target.with_name(f"{target.name}.{os.getpid()}.partial")
 
 
 class OnnxEncoder:
@@ -133,6 +140,10 @@ class OnnxEncoder:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        # No busy-waiting between runs: ONNX Runtime's threads otherwise spin after each
+        # call and took the cores from the rest of the request (the searches' dense+bm25
+        # stage 7 -> 50 ms at 8 concurrent searches on 2 vCPUs, bench/README.md).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]

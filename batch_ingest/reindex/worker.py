@@ -9,7 +9,6 @@ from the model, loaded on first need."""
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -72,11 +71,11 @@ class ReindexWorker:
     ) -> None:
         from batch_ingest.chunks import chunk_builder
         from batch_ingest.settings import ChunkingSettings
-        from deployments.config import EmbedderSettings, MilvusSettings
+        from deployments.config import EmbedderSettings, MilvusSettings, node_threads
 
         emb = EmbedderSettings.model_validate(spec["embedder"])
-        threads = spec.get("torch_threads", emb.torch_threads) or os.cpu_count() or 1
-        emb = emb.model_copy(update={"torch_threads": min(threads, 64)})
+        threads = node_threads(spec.get("torch_threads", emb.torch_threads))
+        emb = emb.model_copy(update={"torch_threads": threads})
         self.settings = emb
         self.physical = physical
         self.source = source

@@ -70,3 +70,62 @@ def test_the_export_is_cached_and_redone_when_the_model_changes(model_copy):
 def test_quantize_needs_the_onnx_backend():
     with pytest.raises(ValidationError, match="quantize needs embedder.backend onnx"):
         EmbedderSettings(quantize="int8")
+
+
+def test_two_processes_exporting_at_once_leave_one_whole_file(tmp_path):
+    """The Embedder and the Ingress replicas load the model at once on a fresh machine: both
+    export, neither reads the other's half-written file, and no partial file stays."""
+    import multiprocessing
+
+    folder = tmp_path / "all-MiniLM-L6-v2"
+    shutil.copytree(default_model_path(), folder, ignore=shutil.ignore_patterns("onnx"))
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=onnx_encoder.export, args=(folder,)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+        assert p.exitcode == 0
+    (cache,) = (folder / "onnx").iterdir()
+    assert sorted(f.name for f in cache.iterdir()) == ["model.onnx"]
+    c = core(folder, backend="onnx")
+    assert c.embed(["the cold store"]).shape == (1, 384)
+
+
+def test_threads_zero_is_the_cores_of_the_node(monkeypatch, tmp_path):
+    import os
+
+    from deployments import config
+
+    quota_of = config._cgroup_cpus
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(64)), raising=False)
+    monkeypatch.setattr(config, "_cgroup_cpus", lambda: None)
+    assert EmbedderSettings(torch_threads=0).threads == 64
+    # A pod limited to 2.5 CPUs on a 64-core host: 3 threads, not 64.
+    (tmp_path / "cpu.max").write_text("250000 100000\n")
+    assert quota_of(str(tmp_path / "cpu.max")) == 3
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert quota_of(str(tmp_path / "cpu.max")) is None
+    monkeypatch.setattr(config, "_cgroup_cpus", lambda: 3)
+    assert EmbedderSettings(torch_threads=0).threads == 3
+    assert EmbedderSettings(torch_threads=5).threads == 5
+    with pytest.raises(ValidationError):
+        EmbedderSettings(torch_threads=-1)
+
+
+def test_onnx_on_a_gpu_device_is_refused_naming_both():
+    with pytest.raises(ValidationError, match="backend onnx runs on the CPU.*device cuda"):
+        EmbedderSettings(backend="onnx", device="cuda")
+
+
+def test_the_embedder_replica_lowers_its_priority_only_on_a_cpu(monkeypatch):
+    import os
+
+    from deployments import embedder
+
+    calls: list[int] = []
+    monkeypatch.setattr(os, "nice", lambda n: calls.append(n) or 15 + n)
+    assert embedder._lower_priority(EmbedderSettings(nice=4)) == 19
+    assert embedder._lower_priority(EmbedderSettings()) == 15
+    assert embedder._lower_priority(EmbedderSettings(nice=4, device="cuda")) == 15
+    assert calls == [4, 0, 0]
