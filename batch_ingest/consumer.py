@@ -586,9 +586,10 @@ def _describe(result: EventResult) -> str:
     return f"{text}: {result.error}" if result.error else text
 
 
-def build_pipeline(settings: Any = None) -> IngestPipeline:
+def build_pipeline(settings: Any = None, usage_source: str = "bus") -> IngestPipeline:
     """The gateway's pipeline in this process: LocalEmbedder, Milvus, Neo4j, SourceStore,
-    all configured by ``BatchSettings`` (the same environment variables as the gateway)."""
+    all configured by ``BatchSettings`` (the same environment variables as the gateway);
+    its embeddings are counted as ``usage_source`` (batch_ingest/usage.py)."""
     from batch_ingest import pipeline
     from batch_ingest.source_store import SourceStore
     from deployments.embedding import embedding_dim
@@ -612,7 +613,7 @@ def build_pipeline(settings: Any = None) -> IngestPipeline:
         graph=Neo4jGraph(settings.neo4j),
     )
     return pipeline.build_pipeline(
-        settings, backends, sources=SourceStore(settings.state.url), usage_source="bus"
+        settings, backends, sources=SourceStore(settings.state.url), usage_source=usage_source
     )
 
 

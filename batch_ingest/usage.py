@@ -22,7 +22,7 @@ from sqlalchemy.engine import Engine
 
 from batch_ingest.sql import increment
 
-SOURCES = ("api", "bus", "reindex")
+SOURCES = ("api", "bus", "reindex", "bulk")
 
 
 @dataclass(frozen=True)

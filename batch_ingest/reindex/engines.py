@@ -1,6 +1,6 @@
 """Where a reindex's batches run: ``run_ray`` (a Ray Data actor pool, results streamed back
 to the driver) or ``run_local`` (the same worker in-process); each finished batch goes to a
-``BatchSink``."""
+``BatchSink``. The bulk import (batch_ingest/bulk/) runs its own worker on the same engines."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from batch_ingest.reindex.options import ReindexError, ReindexOptions
 from batch_ingest.reindex.pool import PoolWorker
 from batch_ingest.reindex.priority import lower_priority
 from batch_ingest.reindex.private_ray import init_ray
-from batch_ingest.reindex.worker import ReindexWorker
 
 logger = logging.getLogger("batch_ingest.reindex")
 
@@ -25,7 +24,13 @@ MAX_BLOCKS = 1000
 BatchSink = Callable[[list[dict[str, Any]]], None]
 
 
-def run_local(worker: ReindexWorker, documents: list[str], batch_size: int, sink: BatchSink):
+class BatchWorker(Protocol):
+    """What ``run_local`` runs: ``ReindexWorker``, ``BulkWorker``."""
+
+    def process(self, documents: list[str]) -> list[dict[str, Any]]: ...
+
+
+def run_local(worker: BatchWorker, documents: list[str], batch_size: int, sink: BatchSink):
     for start in range(0, len(documents), batch_size):
         sink(worker.process(documents[start : start + batch_size]))
 
@@ -107,18 +112,21 @@ def wait_for_resources(
 
 def run_ray(
     spec: dict[str, Any],
-    worker_args: tuple[str, bool, str | None],
+    worker_args: tuple[Any, ...],
     documents: list[str],
     options: ReindexOptions,
     sink: BatchSink,
     on_note: Callable[[str | None], None] | None = None,
+    *,
+    worker: type = PoolWorker,
 ) -> None:
     """The Ray Data job: ``from_items`` (blocks made in the driver) ``→ map_batches`` (the
-    actor pool); results stream back to the driver, which records them. ``worker_args``:
-    ``ReindexWorker``'s ``(physical, check_existing, source)``. No operator asks for a whole
-    CPU (a repartition's tasks would, and on the shipped one-machine setup the Serve replicas
-    hold more than one of its two: the job waited for ever); the actors ask for
-    ``options.num_cpus_per_actor``.
+    actor pool of ``worker``, built with ``(spec, *worker_args)``); results stream back to the
+    driver, which records them. ``worker_args``: ``ReindexWorker``'s ``(physical,
+    check_existing, source)``; the bulk import passes its own ``worker``. No operator asks
+    for a whole CPU (a repartition's tasks would, and on the shipped one-machine setup the
+    Serve replicas hold more than one of its two: the job waited for ever); the actors ask
+    for ``options.num_cpus_per_actor``.
 
     Before the pool exists it waits for the cluster's free CPUs (``wait_for_resources``:
     the job row's note says what is missing, within a second; bounded); a log line says every
@@ -159,7 +167,7 @@ def run_ray(
     ds = ray.data.from_items(
         [{"document": d} for d in documents], override_num_blocks=blocks
     ).map_batches(
-        PoolWorker,
+        worker,
         fn_constructor_args=(spec, *worker_args),
         batch_size=options.batch_size,
         batch_format="numpy",
@@ -177,22 +185,18 @@ def run_ray(
 def _drain(
     ds: Any, sink: BatchSink, first: threading.Event, on_note: Callable[[str | None], None] | None
 ) -> None:
-    """Hand each result batch of ``ds`` to ``sink``; the first one sets ``first`` and clears
-    the job's note."""
+    """Hand each result batch of ``ds`` to ``sink`` as rows of plain Python values; the first
+    one sets ``first`` and clears the job's note."""
     for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
         if not first.is_set():
             first.set()
             if on_note is not None:
                 on_note(None)
         n = len(batch["doc_id"])
-        sink(
-            [
-                {
-                    "doc_type": str(batch["doc_type"][i]),
-                    "doc_id": str(batch["doc_id"][i]),
-                    "chunks": int(batch["chunks"][i]),
-                    "embedded": int(batch["embedded"][i]),
-                }
-                for i in range(n)
-            ]
-        )
+        sink([{key: _plain(column[i]) for key, column in batch.items()} for i in range(n)])
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar of a result column as its Python value (``str``, ``int``)."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) else value

@@ -1,5 +1,5 @@
 """GET /admin/usage: the embedding ledger (batch_ingest/usage.py) — passage tokens and chunks
-embedded per team, source (api, bus, reindex) and UTC day, whichever process embedded them.
+embedded per team, source (api, bus, reindex, bulk) and UTC day, whichever process embedded them.
 
 Who may read it: the same right as the audit log (``audit.read_permission`` for every team,
 or one of ``audit.reader_roles`` in the ``team_id`` asked for); audited as ``usage.read``."""

@@ -3,6 +3,7 @@
     python -m serve_app.cli.vault vault/ --team dao_greenfood --dry-run
     python -m serve_app.cli.vault vault/ --team dao_greenfood --token "$TOKEN" \\
         --policy-out policy.yaml
+    python -m serve_app.cli.vault vault/ --team dao_greenfood --export vault.jsonl
 
 Every ``*.md`` note (hidden folders such as ``.obsidian`` and ``.git`` are skipped) becomes
 one ``wiki`` document: ``doc_id`` is its path inside the vault, notes under
@@ -17,6 +18,9 @@ reported and skipped (exit 1 unless ``--allow-skipped``). Each run is a sync: th
 removes the documents of this vault (its source id, ``.rag-vault-id``) that the vault no
 longer has (``serve_app/cli/vault_sync.py``; ``--no-prune`` appends only). No symbolic link
 is followed (``serve_app/cli/vault_files.py``). Re-running is safe (ingestion is idempotent).
+``--export FILE.jsonl`` sends nothing: it writes the documents a run would send as JSON lines,
+for the bulk import on Ray Data (``python -m batch_ingest.bulk FILE.jsonl --team T``), which
+adds and updates but removes nothing (a sync over HTTP removes the notes a vault lost).
 
 Document ACLs: an ``_access.yaml`` in any folder (the vault root's too) may carry an ``acl:``
 mapping (``allowed_groups``, ``allowed_users``, ``denied_groups``) for every note in that folder
@@ -32,6 +36,7 @@ stops the import; in front matter it skips the note.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import sys
@@ -544,6 +549,14 @@ def post_documents(
     return totals
 
 
+def export_documents(path: Path, docs: list[SourceDocument]) -> None:
+    """The documents as JSON lines, as they would be sent (``python -m batch_ingest.bulk``
+    reads them)."""
+    with path.open("w", encoding="utf-8") as out:
+        for doc in docs:
+            out.write(json.dumps(_payload(doc), ensure_ascii=False) + "\n")
+
+
 # --- CLI -----------------------------------------------------------------------------------
 
 
@@ -611,7 +624,12 @@ def main(argv: list[str] | None = None, client: httpx.Client | None = None) -> i
                         "has (deleted or moved notes stay searchable)")  # fmt: skip
     parser.add_argument("--allow-skipped", action="store_true",
                         help="exit 0 even when notes were skipped")  # fmt: skip
+    parser.add_argument("--export", type=Path, metavar="FILE.jsonl",
+                        help="send nothing: write the documents as JSON lines for "
+                        "python -m batch_ingest.bulk (no removals)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.export is not None and args.dry_run:
+        parser.error("--export and --dry-run exclude each other")
     if not args.vault.is_dir():
         parser.error(f"{args.vault} is not a folder")
     if args.batch_size < 1:
@@ -626,6 +644,8 @@ def main(argv: list[str] | None = None, client: httpx.Client | None = None) -> i
         return 2
     for rel, reason in plan.skipped:
         logger.warning("skipped %s: %s", rel, reason)
+    if args.export is not None:
+        return _export(args, plan)
     if client is None:
         with httpx.Client(base_url=args.url, timeout=300) as http:
             return _run(args, plan, http)
@@ -686,6 +706,21 @@ def _run(args: argparse.Namespace, plan: VaultPlan, client: Any) -> int:
         print(f"{len(plan.skipped)} notes skipped (exit 1; --allow-skipped accepts that)",
               file=sys.stderr)  # fmt: skip
     return 1 if totals["failed"] else skipped_rc
+
+
+def _export(args: argparse.Namespace, plan: VaultPlan) -> int:
+    """``--export``: the policies (with ``--policy-out``) and the documents, written locally."""
+    try:
+        if args.policy_out:
+            write_policy(args.policy_out, plan)
+        export_documents(args.export, plan.documents)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}; nothing was exported", file=sys.stderr)
+        return 2
+    print(f"exported {len(plan.documents)} notes to {args.export}, skipped "
+          f"{len(plan.skipped)}; nothing was sent. Import them with:\n"
+          f"  python -m batch_ingest.bulk {args.export} --team {args.team}")  # fmt: skip
+    return 1 if plan.skipped and not args.allow_skipped else 0
 
 
 def _removal_plan(args: argparse.Namespace, plan: VaultPlan, client: Any) -> str:
