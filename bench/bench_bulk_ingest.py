@@ -16,8 +16,9 @@ threads = the node's cores; ``onnx0``: ONNX Runtime fp32; ``int80``: ONNX int8; 
    the load.
 
 Before the first variant the raw model is timed in this process on the chapters' own chunks
-(batch 32, 2 threads, torch and each ONNX variant asked for): the ceiling a bulk load on these
-two cores could reach. At the end ``serve_config.yaml`` is deployed again unchanged. Writes
+(batch 32, 2 threads, torch and each ONNX variant asked for, and SentenceTransformers'
+``encode``): the ceiling a bulk load on these two cores could reach (``--raw-only`` with the
+gateway stopped: only that). At the end ``serve_config.yaml`` is deployed again unchanged. Writes
 ``bench/results/bulk_ingest-<UTC>.json``.
 """
 
@@ -107,7 +108,29 @@ def raw_rates(texts: list[str], variants: list[str]) -> dict[str, float]:
             rates.append(len(texts) / (time.perf_counter() - started))
         out[name] = round(statistics.median(rates), 1)
         logger.info("raw %s: %.1f texts/s", name, out[name])
+    out["sentence_transformers"] = _st_rate(texts)
     return out
+
+
+def _st_rate(texts: list[str]) -> float:
+    """SentenceTransformers' own ``encode`` (batch 32, the same 2 threads): what the
+    Haystack peer's embedder runs."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from deployments.embedding import default_model_path
+
+    torch.set_num_threads(2)
+    model = SentenceTransformer(str(default_model_path()), device="cpu", local_files_only=True)
+    model.encode(texts[:32])
+    rates = []
+    for _ in range(3):
+        started = time.perf_counter()
+        model.encode(texts, batch_size=32)
+        rates.append(len(texts) / (time.perf_counter() - started))
+    rate = round(statistics.median(rates), 1)
+    logger.info("raw sentence-transformers: %.1f texts/s", rate)
+    return rate
 
 
 class Searcher:
@@ -208,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="torch1,torch0,onnx0,int80")
     p.add_argument("--var", default=str(REPO_ROOT / "var"))
     p.add_argument("--no-raw", action="store_true", help="skip the raw model's rates")
+    p.add_argument(
+        "--raw-only",
+        action="store_true",
+        help="only the raw model's rates (stop the gateway first: its idle replicas cost ~15%%)",
+    )
     args = p.parse_args(argv)
     setup_logging()
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -225,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     tokens = _tokens(texts)
     logger.info("%d chapters, %d chunks, %d tokens", len(docs), chunks, tokens)
     raw = {} if args.no_raw else raw_rates(texts[:256], names)
+    if args.raw_only:
+        out = write_result("bulk_ingest_raw", {"chunks": chunks, "raw_texts_per_s_2_threads": raw})
+        print(json.dumps(raw), f"written to {out}")
+        return 0
     labeled = appstream("bench_bulk_s")
     rows = []
     try:
