@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import os
+import secrets
+import tempfile
+from pathlib import Path
+
 import pytest
 import pytest_asyncio
 
@@ -43,3 +48,33 @@ async def graph(settings: GatewaySettings):
     await graph.start()
     yield graph
     await graph.close()
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A private local Ray of 2 CPUs (the shipped node's size) for the Ray Data jobs of one
+    test module (reindex, bulk import), its files in a temp folder, token auth on."""
+    tmp = Path(tempfile.mkdtemp(prefix="rag-it-ray-"))
+    token = tmp / "ray_token"
+    token.write_text(secrets.token_hex(32))
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+    import ray
+
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        _temp_dir=str(tmp / "ray"),
+        log_to_driver=False,
+        num_cpus=2,
+    )
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def job_settings(settings, tmp_path):
+    """The suite's settings with a state database of the test's own."""
+    return settings.model_copy(
+        update={"state": settings.state.model_copy(update={"url": f"sqlite:///{tmp_path}/s.db"})}
+    )

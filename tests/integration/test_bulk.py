@@ -5,11 +5,7 @@ ACLs, registry rows and graph nodes, and a second run changes nothing."""
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import tempfile
 import uuid
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,35 +29,9 @@ TOPICS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    tmp = Path(tempfile.mkdtemp(prefix="rag-bulk-ray-"))
-    token = tmp / "ray_token"
-    token.write_text(secrets.token_hex(32))
-    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
-    import ray
-
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        _temp_dir=str(tmp / "ray"),
-        log_to_driver=False,
-        num_cpus=2,
-    )
-    yield
-    ray.shutdown()
-
-
 @pytest.fixture
 def team() -> str:
     return f"bulk_{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def job_settings(settings, tmp_path):
-    return settings.model_copy(
-        update={"state": settings.state.model_copy(update={"url": f"sqlite:///{tmp_path}/s.db"})}
-    )
 
 
 def rows(n: int) -> list[dict]:

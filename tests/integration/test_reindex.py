@@ -7,13 +7,9 @@ real migration: different chunk counts, every row re-embedded under the current 
 
 from __future__ import annotations
 
-import os
-import secrets
-import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -49,36 +45,9 @@ TOPICS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    tmp = Path(tempfile.mkdtemp(prefix="rag-reindex-ray-"))
-    token = tmp / "ray_token"
-    token.write_text(secrets.token_hex(32))
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
-    import ray
-
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        _temp_dir=str(tmp / "ray"),
-        log_to_driver=False,
-        num_cpus=2,
-    )
-    yield
-    ray.shutdown()
-
-
 @pytest.fixture
 def team() -> str:
     return f"reidx_{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def job_settings(settings, tmp_path):
-    return settings.model_copy(
-        update={"state": settings.state.model_copy(update={"url": f"sqlite:///{tmp_path}/s.db"})}
-    )
 
 
 def documents(team: str, n: int) -> list[SourceDocument]:
