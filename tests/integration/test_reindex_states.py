@@ -27,7 +27,6 @@ from tests.integration.test_audit_postgres import postgres_url
 pytestmark = pytest.mark.integration
 
 team = base.team  # the fixture: a fresh team id
-job_settings = base.job_settings  # the fixture: the settings with the state on SQLite
 documents, ingest_old, expected_chunks = base.documents, base.ingest_old, base.expected_chunks
 
 
