@@ -50,15 +50,25 @@ async def graph(settings: GatewaySettings):
     await graph.close()
 
 
+@pytest.fixture(scope="session")
+def ray_token() -> Path:
+    """One Ray auth token for the whole run: a driver keeps the token it read first, so a
+    second private Ray started with another token refused it (InvalidAuthToken)."""
+    known = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if known and Path(known).is_file():
+        return Path(known)
+    token = Path(tempfile.mkdtemp(prefix="rag-it-ray-token-")) / "ray_token"
+    token.write_text(secrets.token_hex(32))
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+    return token
+
+
 @pytest.fixture(scope="module")
-def ray_local():
+def ray_local(ray_token: Path):
     """A private local Ray of 2 CPUs (the shipped node's size) for the Ray Data jobs of one
     test module (reindex, bulk import), its files in a temp folder, token auth on."""
     tmp = Path(tempfile.mkdtemp(prefix="rag-it-ray-"))
-    token = tmp / "ray_token"
-    token.write_text(secrets.token_hex(32))
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
     import ray
 
     ray.init(
