@@ -279,16 +279,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _chunk_texts(docs: list[dict[str, Any]]) -> list[str]:
-    from batch_ingest.chunking import Chunker, tokenizer_counter
-    from batch_ingest.chunks import ChunkBuilder
+    from batch_ingest.chunks import chunk_builder
     from batch_ingest.documents import SourceDocument
     from batch_ingest.settings import BatchSettings
-    from deployments.embedding import resolve_model_path
 
     settings = BatchSettings()
-    count = tokenizer_counter(resolve_model_path(settings.embedder.model_path))
-    chunker = Chunker(count, settings.chunking.max_tokens, settings.chunking.overlap_tokens)
-    builder = ChunkBuilder(chunker, settings.embedder.embed_model_tag)
+    builder = chunk_builder(settings.chunking, settings.embedder)
     return [c.text for d in docs for c in builder.build_chunks(SourceDocument.model_validate(d))]
 
 

@@ -37,16 +37,12 @@ def hog(stop_at: float) -> None:
 
 def expected_chunks(docs: list[dict[str, Any]]) -> dict[str, set[str]]:
     """doc_id → the chunk ids the gateway's pipeline makes of it (same chunker settings)."""
-    from batch_ingest.chunking import Chunker, tokenizer_counter
-    from batch_ingest.chunks import ChunkBuilder
+    from batch_ingest.chunks import chunk_builder
     from batch_ingest.documents import SourceDocument
     from batch_ingest.settings import BatchSettings
-    from deployments.embedding import resolve_model_path
 
     settings = BatchSettings()
-    count = tokenizer_counter(resolve_model_path(settings.embedder.model_path))
-    chunker = Chunker(count, settings.chunking.max_tokens, settings.chunking.overlap_tokens)
-    builder = ChunkBuilder(chunker, settings.embedder.embed_model_tag)
+    builder = chunk_builder(settings.chunking, settings.embedder)
     return {
         d["doc_id"]: {c.chunk_id for c in builder.build_chunks(SourceDocument.model_validate(d))}
         for d in docs

@@ -16,17 +16,12 @@ from batch_ingest.bulk import cli
 from batch_ingest.chunks import chunk_builder
 from batch_ingest.documents import SourceDocument
 from batch_ingest.source_store import SourceStore
+from tests.integration.test_reindex import TOPICS as REINDEX_TOPICS
 
 pytestmark = pytest.mark.integration
 
-TOPICS = [
-    "solar panels on the school roof",
-    "tomato harvest of the greenfood cooperative",
-    "bicycle repair workshop schedule",
-    "community library opening hours",
-    "water filter maintenance in the district",
-    "beekeeping course for beginners",
-]
+# The reindex tests' topics (the first six, as before).
+TOPICS = REINDEX_TOPICS[:6]
 
 
 @pytest.fixture
