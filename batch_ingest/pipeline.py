@@ -10,20 +10,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Literal
-
-import numpy as np
+from collections.abc import Sequence
+from dataclasses import replace
 
 from batch_ingest.chunking import Chunker, TokenCounter, embedder_token_counter
 from batch_ingest.chunks import ChunkBuilder
 from batch_ingest.documents import SourceDocument
 from batch_ingest.generations import IndexGenerations
+from batch_ingest.ingest_report import DocResult, IngestReport, unrecorded
+from batch_ingest.passage_vectors import PassageVectors, Planned, slices
 from batch_ingest.settings import BatchSettings
+from batch_ingest.slice_writer import SliceWriter, Writes
 from batch_ingest.source_store import Key, SourceStore
 from batch_ingest.usage import EmbeddingUsage
-from batch_ingest.wikilinks import extract_links, wiki_key
 from batch_ingest.write_barrier import write_barrier
 from deployments.errors import BackendUnavailable, GatewayError
 from deployments.metrics import EMBEDDED_TOKENS
@@ -31,52 +30,16 @@ from deployments.protocols import (
     Backends,
     ChunkRecord,
     Embedder,
-    GraphDocument,
     GraphStore,
     VectorStore,
 )
 
 logger = logging.getLogger(__name__)
 
-# Chunks per embedding call and per upsert call. Between Serve replicas a call's request and
-# answer travel as one gRPC message of at most 4 MiB: a 1.95 M-character document is ~3,400
-# chunks, 5.2 MB of float32 vectors at 384 dimensions in one answer, and the embedder's
-# reply failed with RESOURCE_EXHAUSTED (the job retried for ever). 256 chunks with their
-# vectors are ~1.2 MB at 384 dimensions, ~2.6 MB at 1,024 (bge-m3).
-CALL_MAX_CHUNKS = 256
-
-DocStatus = Literal["indexed", "unchanged", "failed", "deleted"]
-# A chunk's dense vector and its learned sparse weights (``None``: the embedder makes none).
-Embedding = tuple[Sequence[float] | np.ndarray, Mapping[int, float] | None]
-
-
-@dataclass
-class DocResult:
-    doc_id: str
-    team_id: str
-    status: DocStatus
-    chunks: int = 0
-    removed_chunks: int = 0
-    # Chunks embedded this time; the others kept the vectors stored for the same text.
-    embedded_chunks: int = 0
-    graph: bool = False
-    error: str | None = None
-    doc_type: str = ""
-    # Chunks written by this call (searchable now), whatever the status says after it.
-    written: bool = False
-    # Failed for a passing cause (a backend unavailable, the registry): a retry applies it.
-    retryable: bool = False
-
-
-@dataclass
-class IngestReport:
-    results: list[DocResult] = field(default_factory=list)
-    degraded: list[str] = field(default_factory=list)
-    took_ms: float = 0.0
-
-    @property
-    def failed(self) -> list[DocResult]:
-        return [r for r in self.results if r.status == "failed"]
+# Chunks of one slice of a request: its documents are written (and merged into the graph)
+# while the embedder works on the next slices' chunks. Every slice is sent to the embedder at
+# once, so this sets how early writing starts, not how the embedder batches.
+WRITE_SLICE_CHUNKS = 64
 
 
 def build_pipeline(
@@ -141,6 +104,8 @@ class IngestPipeline:
         self.store = store
         self.graph = graph
         self.chunks = ChunkBuilder(chunker, embed_model)
+        self.vectors = PassageVectors(embedder, store, embed_model, lexical)
+        self.writer = SliceWriter(store, graph, self.vectors, self._meter)
         # The source-document registry (reindex reads it); None keeps no registry.
         self.sources = sources
         # Raised after every change a search can see (the semantic cache keys by it).
@@ -177,8 +142,37 @@ class IngestPipeline:
     ) -> IngestReport:
         started = time.perf_counter()
         report = IngestReport()
-        planned: list[tuple[SourceDocument, list[ChunkRecord]]] = []
-        unchanged: list[SourceDocument] = []
+        planned, unchanged, found = await self._plan(docs, report)
+        # Only a changed document that existed before can leave stale chunks behind.
+        existing = [(d.team_id, d.doc_type, d.doc_id) for d, c in planned if c[0].chunk_id in found]
+        stored = await self.store.fingerprints(existing) if existing else {}
+        # A chunk whose text and model are stored already keeps its vector: a change of
+        # metadata only (access list, tags, visibility) re-permissions without embedding.
+        kept = await self.vectors.stored(planned, found)
+        writes = Writes(report, unchanged, planned[0][0] if planned else None)
+        await self.writer.write(slices(planned, kept, WRITE_SLICE_CHUNKS), kept, stored, writes)
+        if not planned:
+            await self.writer.merge_graph(unchanged, writes)
+        # The registry is written last: an event whose graph write failed keeps the version
+        # recorded before it, so its redelivery is applied again (and retries the graph).
+        to_graph = writes.written + unchanged
+        if to_graph and self.sources is not None:
+            try:
+                await asyncio.to_thread(self.sources.put, to_graph, versions, writes.graph_failed)
+            except Exception as exc:
+                logger.warning("source registry not updated: %s", exc)
+                report.degraded.append(f"source registry not updated: {exc}")
+                unrecorded(report, {(d.team_id, d.doc_type, d.doc_id) for d in to_graph}, exc)
+        # Failed writes too: a document may be half written.
+        await self._bump({r.team_id for r in report.results if r.status != "unchanged"}, report)
+        report.took_ms = round((time.perf_counter() - started) * 1000, 1)
+        return report
+
+    async def _plan(
+        self, docs: list[SourceDocument], report: IngestReport
+    ) -> tuple[Planned, list[SourceDocument], dict[str, tuple[str, str]]]:
+        """The documents to write with their chunks, those stored unchanged (reported as
+        such), and ``chunk_id → (content_hash, embed_model)`` of the chunks already stored."""
         # Off the event loop: a long document takes seconds to tokenize.
         built = await asyncio.to_thread(lambda: [(d, self.build_chunks(d)) for d in docs])
         built = await self._for_live_models(built)
@@ -191,7 +185,8 @@ class IngestPipeline:
         found: dict[str, tuple[str, str]] = {}
         for team_id, chunk_ids in by_team.items():
             found.update(await self.store.lookup(team_id, chunk_ids))
-        existing: list[SourceDocument] = []
+        planned: Planned = []
+        unchanged: list[SourceDocument] = []
         for doc, chunks in built:
             if all(found.get(c.chunk_id) == (c.content_hash, c.embed_model) for c in chunks):
                 unchanged.append(doc)
@@ -206,88 +201,7 @@ class IngestPipeline:
                 )
             else:
                 planned.append((doc, chunks))
-                if chunks[0].chunk_id in found:
-                    existing.append(doc)
-        # Only a changed document that existed before can leave stale chunks behind.
-        stored = (
-            await self.store.fingerprints([(d.team_id, d.doc_type, d.doc_id) for d in existing])
-            if existing
-            else {}
-        )
-
-        # A chunk whose text and model are stored already keeps its vector: a change of
-        # metadata only (access list, tags, visibility) re-permissions without embedding.
-        kept = await self._stored_vectors(planned, found)
-        to_embed = [c for _, chunks in planned for c in chunks if c.chunk_id not in kept]
-        # The chunks to embed in slices embedded concurrently: the embedder batches them
-        # all, and no call's answer outgrows Ray's 4 MiB message between replicas.
-        fresh_vectors = dict(
-            zip((c.chunk_id for c in to_embed), await self._embed(to_embed), strict=True)
-        )
-        await self._meter(
-            [(doc, [c for c in chunks if c.chunk_id not in kept]) for doc, chunks in planned]
-        )
-        written: list[SourceDocument] = []
-        for doc, chunks in planned:
-            with_vectors = [
-                _with_vector(c, kept.get(c.chunk_id) or fresh_vectors[c.chunk_id]) for c in chunks
-            ]
-            result = DocResult(
-                doc.doc_id,
-                doc.team_id,
-                "indexed",
-                chunks=len(chunks),
-                doc_type=doc.doc_type,
-                embedded_chunks=sum(1 for c in chunks if c.chunk_id not in kept),
-            )
-            try:
-                for i in range(0, len(with_vectors), CALL_MAX_CHUNKS):
-                    await self.store.upsert(with_vectors[i : i + CALL_MAX_CHUNKS])
-                # Stale = stored before and no longer produced; deleted by primary key, and
-                # only when there are any (a new document costs no delete at all).
-                fresh = {c.chunk_id for c in chunks}
-                key = (doc.team_id, doc.doc_type, doc.doc_id)
-                stale = [cid for cid, _, _ in stored.get(key, []) if cid not in fresh]
-                result.removed_chunks = (
-                    await self.store.delete_chunks(doc.team_id, stale) if stale else 0
-                )
-                result.written = True
-                written.append(doc)
-            except GatewayError as exc:
-                if not written and isinstance(exc, BackendUnavailable) and doc is planned[0][0]:
-                    raise
-                result.status, result.error = "failed", exc.message
-                result.retryable = isinstance(exc, BackendUnavailable)
-                logger.warning("ingest of %s/%s failed: %s", doc.team_id, doc.doc_id, exc)
-            report.results.append(result)
-
-        # Unchanged documents are merged too (MERGE is idempotent): a re-send repairs a graph
-        # that missed them during an outage.
-        to_graph = written + unchanged
-        graph_failed: set[Key] = set()
-        if to_graph and self.graph is not None:
-            try:
-                await self.graph.merge_documents([_graph_doc(d) for d in to_graph])
-                for result in report.results:
-                    if result.status != "failed":
-                        result.graph = True
-            except Exception as exc:  # documents are searchable; say the graph lags
-                logger.warning("graph merge failed: %s", exc)
-                report.degraded.append(f"graph not updated: {exc}")
-                graph_failed = {(d.team_id, d.doc_type, d.doc_id) for d in to_graph}
-        # The registry is written last: an event whose graph write failed keeps the version
-        # recorded before it, so its redelivery is applied again (and retries the graph).
-        if to_graph and self.sources is not None:
-            try:
-                await asyncio.to_thread(self.sources.put, to_graph, versions, graph_failed)
-            except Exception as exc:
-                logger.warning("source registry not updated: %s", exc)
-                report.degraded.append(f"source registry not updated: {exc}")
-                _unrecorded(report, {(d.team_id, d.doc_type, d.doc_id) for d in to_graph}, exc)
-        # Failed writes too: a document may be half written.
-        await self._bump({r.team_id for r in report.results if r.status != "unchanged"}, report)
-        report.took_ms = round((time.perf_counter() - started) * 1000, 1)
-        return report
+        return planned, unchanged, found
 
     async def _for_live_models(
         self, built: list[tuple[SourceDocument, list[ChunkRecord]]]
@@ -309,70 +223,6 @@ class IngestPipeline:
                 chunks = [replace(c, embed_model=tag) for c in chunks]
             out.append((doc, chunks))
         return out
-
-    async def _embed(self, chunks: list[ChunkRecord]) -> list[Embedding]:
-        """Each chunk's vector (and learned sparse weights, from a BGE-M3 embedder), by the
-        model its ``embed_model`` names."""
-        by_model: dict[str, list[int]] = {}
-        for i, c in enumerate(chunks):
-            by_model.setdefault(c.embed_model, []).append(i)
-        out: list[Embedding | None] = [None] * len(chunks)
-        for tag, positions in by_model.items():
-            # The primary model is asked for without naming it (any Embedder answers).
-            more = {} if tag == self.embed_model else {"model": tag}
-            rows = await self._embed_texts([chunks[i].text for i in positions], more)
-            for i, row in zip(positions, rows, strict=True):
-                out[i] = row
-        return [row for row in out if row is not None]
-
-    async def _embed_texts(self, texts: list[str], more: dict[str, str]) -> list[Embedding]:
-        slices = range(0, len(texts), CALL_MAX_CHUNKS)
-        if not self.lexical:
-            parts = await asyncio.gather(
-                *(
-                    self.embedder.embed(texts[i : i + CALL_MAX_CHUNKS], "passage", **more)
-                    for i in slices
-                )
-            )
-            return [(v, None) for part in parts for v in part]
-        encoded = await asyncio.gather(
-            *(
-                self.embedder.encode(texts[i : i + CALL_MAX_CHUNKS], "passage", **more)
-                for i in slices
-            )
-        )
-        return [row for part in encoded for row in part.rows()]
-
-    async def _stored_vectors(
-        self,
-        planned: list[tuple[SourceDocument, list[ChunkRecord]]],
-        found: dict[str, tuple[str, str]],
-    ) -> dict[str, Embedding]:
-        """``chunk_id → (vector, learned sparse weights)`` of the planned chunks stored with
-        the same text and model (primary-key reads of those already stored only; a store
-        that cannot read them back costs an embedding, never the write)."""
-        wanted: dict[str, dict[str, ChunkRecord]] = {}
-        for _, chunks in planned:
-            for c in chunks:
-                if c.chunk_id in found and found[c.chunk_id][1] == c.embed_model:
-                    wanted.setdefault(c.team_id, {})[c.chunk_id] = c
-        kept: dict[str, Embedding] = {}
-        for team_id, chunks_by_id in wanted.items():
-            try:
-                stored = await self.store.stored_chunks(team_id, list(chunks_by_id))
-            except GatewayError as exc:
-                logger.warning("stored vectors of team %s not read (embedding): %s", team_id, exc)
-                continue
-            for old in stored:
-                new = chunks_by_id.get(old.chunk_id)
-                if (
-                    new is not None
-                    and old.text == new.text
-                    and old.embed_model == new.embed_model
-                    and len(old.vector)
-                ):
-                    kept[old.chunk_id] = (old.vector, old.lexical)
-        return kept
 
     async def _meter(self, embedded: list[tuple[SourceDocument, list[ChunkRecord]]]) -> None:
         """Count the tokens just embedded per team, with the chunker's own counter: into the
@@ -478,48 +328,7 @@ class IngestPipeline:
                 except Exception as exc:
                     logger.warning("source registry not updated: %s", exc)
                     report.degraded.append(f"source registry not updated: {exc}")
-                    _unrecorded(report, {key}, exc)
+                    unrecorded(report, {key}, exc)
         await self._bump({r.team_id for r in report.results}, report)
         report.took_ms = round((time.perf_counter() - started) * 1000, 1)
         return report
-
-
-def _unrecorded(report: IngestReport, keys: set[Key], exc: Exception) -> None:
-    """Fail the results of ``keys``: written (or deleted) but not recorded in the source
-    registry, so a reindex would not know them (or bring them back) and the revision guard
-    would not hold. A retry (a bus redelivery, the client again) finds the chunks in place
-    and records them."""
-    for r in report.results:
-        if (r.team_id, r.doc_type, r.doc_id) in keys and r.status != "failed":
-            r.status, r.retryable = "failed", True
-            r.error = (
-                f"not recorded in the source registry ({type(exc).__name__}: {exc}); "
-                "retry to record it (its chunks are written)"
-            )
-
-
-def _with_vector(chunk: ChunkRecord, embedding: Embedding) -> ChunkRecord:
-    vector, lexical = embedding
-    return replace(chunk, vector=[float(x) for x in vector], lexical=lexical)
-
-
-def _graph_doc(doc: SourceDocument) -> GraphDocument:
-    return GraphDocument(
-        team_id=doc.team_id,
-        doc_id=doc.doc_id,
-        title=doc.title,
-        visibility=doc.visibility,
-        doc_type=doc.doc_type,
-        url=doc.url,
-        project_id=doc.project_id,
-        channel_id=doc.channel_id,
-        agent_id=doc.agent_id,
-        tags=tuple(doc.tags),
-        created_at=doc.created_at,
-        author_id=doc.author_id,
-        links=extract_links(doc.text),
-        wiki_id=wiki_key(doc.doc_id),
-        wiki_title=wiki_key(doc.title),
-        acl_allow=doc.acl_allow,
-        acl_deny=doc.acl_deny,
-    )

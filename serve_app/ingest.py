@@ -17,8 +17,9 @@ from batch_ingest.events import (
     apply_events,
     count_statuses,
 )
+from batch_ingest.ingest_report import IngestReport
 from batch_ingest.jobs import IngestJob, IngestJobs
-from batch_ingest.pipeline import IngestPipeline, IngestReport
+from batch_ingest.pipeline import IngestPipeline
 from deployments.errors import Forbidden, InvalidInput, NotFound
 from serve_app.access import AccessContext, check_ingest
 from serve_app.auth.principal import Principal

@@ -1,9 +1,9 @@
 """The bulk import's worker: the gateway's ingestion pipeline in one process (a Ray Data
 actor, or the driver with ``--local``), each call writing a batch of documents through it.
 
-Only the standard library and ``priority`` are imported at the top: a Ray actor unpickling
-``BulkPoolWorker`` lowers its CPU priority before the pipeline's imports and model load, as
-the reindex's actors do (batch_ingest/reindex/pool.py)."""
+Only the standard library and ``deployments.priority`` are imported at the top: a Ray actor
+unpickling ``BulkPoolWorker`` lowers its CPU priority before the pipeline's imports and model
+load, as the reindex's actors do (batch_ingest/reindex/pool.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from batch_ingest.reindex.priority import is_idle_policy, lower_priority
+from deployments.priority import is_idle_policy, lower_priority
 
 if TYPE_CHECKING:
-    from batch_ingest.pipeline import DocResult, IngestPipeline, IngestReport
+    from batch_ingest.ingest_report import DocResult, IngestReport
+    from batch_ingest.pipeline import IngestPipeline
     from batch_ingest.settings import BatchSettings
 
 logger = logging.getLogger("batch_ingest.bulk")

@@ -19,7 +19,8 @@ from batch_ingest.events.leases import (
     to_the_end,
 )
 from batch_ingest.events.results import EventResult, invalid_result, result_of
-from batch_ingest.pipeline import IngestPipeline, IngestReport
+from batch_ingest.ingest_report import IngestReport
+from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.source_store import Key
 from deployments.errors import BackendUnavailable
 

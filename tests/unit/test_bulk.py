@@ -22,7 +22,8 @@ from batch_ingest.bulk.sources import InputError, read_documents
 from batch_ingest.bulk.worker import BulkWorker
 from batch_ingest.chunking import Chunker, whitespace_tokens
 from batch_ingest.documents import SourceDocument
-from batch_ingest.pipeline import DocResult, IngestPipeline
+from batch_ingest.ingest_report import DocResult
+from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.reindex import engines
 from batch_ingest.settings import BatchSettings
 from batch_ingest.source_store import SourceStore

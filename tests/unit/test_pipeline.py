@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import pytest
@@ -106,9 +107,11 @@ async def test_a_large_document_goes_in_slices_no_call_outgrows_a_message(
     """A document of more chunks than CALL_MAX_CHUNKS: embedded in several concurrent calls
     and upserted in several calls of at most that many chunks (between Serve replicas one
     call is one gRPC message of at most 4 MiB), every chunk stored once, in order."""
-    import batch_ingest.pipeline as module
+    import batch_ingest.passage_vectors
+    import batch_ingest.slice_writer
 
-    monkeypatch.setattr(module, "CALL_MAX_CHUNKS", 4)
+    for module in (batch_ingest.slice_writer, batch_ingest.passage_vectors):
+        monkeypatch.setattr(module, "CALL_MAX_CHUNKS", 4)
     sizes: list[int] = []
     upsert = store.upsert
 
@@ -383,3 +386,89 @@ def test_context_header_skips_missing_parts():
 
 def test_build_chunks_is_deterministic(pipeline):
     assert pipeline.build_chunks(source()) == pipeline.build_chunks(source())
+
+
+class GatedEmbedder(FakeEmbedder):
+    """Answers the calls after the first only once ``release`` is set; ``fail_after`` makes
+    those calls fail instead (a replica lost mid-request)."""
+
+    def __init__(self) -> None:
+        super().__init__(dim=16)
+        self.release = asyncio.Event()
+        self.fail_after = False
+        self.answered = 0
+
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
+        first = not self.calls
+        self.calls.append((list(texts), kind))
+        if not first:
+            await self.release.wait()
+            if self.fail_after:
+                raise BackendUnavailable("embedder", "replica died")
+        self.answered += 1
+        return [self.vector(text) for text in texts]
+
+
+def sliced_pipeline(embedder, store, graph, chunker, monkeypatch) -> IngestPipeline:
+    import batch_ingest.pipeline
+
+    monkeypatch.setattr(batch_ingest.pipeline, "WRITE_SLICE_CHUNKS", 1)  # a slice per document
+    return IngestPipeline(
+        embedder=embedder, store=store, graph=graph, chunker=chunker, embed_model=EMBED_MODEL
+    )
+
+
+async def test_a_slice_is_written_while_the_next_is_still_embedding(
+    store, graph, chunker, monkeypatch
+):
+    """The first document's chunks are upserted and merged into the graph before the
+    embedder has answered for the second: writing overlaps embedding."""
+    embedder = GatedEmbedder()
+    pipeline = sliced_pipeline(embedder, store, graph, chunker, monkeypatch)
+    seen_at_first_write: list[int] = []
+    upsert = store.upsert
+
+    async def watched(chunks):
+        seen_at_first_write.append(embedder.answered)
+        embedder.release.set()  # the second slice's embedding may finish only now
+        return await upsert(chunks)
+
+    monkeypatch.setattr(store, "upsert", watched)
+    report = await asyncio.wait_for(pipeline.ingest([source("a"), source("b")]), 10)
+    assert [r.status for r in report.results] == ["indexed", "indexed"]
+    assert seen_at_first_write[0] == 1  # only the first slice embedded at its write
+    assert len(embedder.calls) == 2  # both slices were sent before the first write
+    assert {("dao_greenfood", "a"), ("dao_greenfood", "b")} <= set(graph.docs)
+    assert doc_chunks(store, "b") and all(r.graph for r in report.results)
+
+
+async def test_an_embedding_lost_after_a_written_slice_fails_only_its_documents(
+    store, graph, chunker, monkeypatch
+):
+    """Nothing accepted is lost: the written document stays indexed, the one whose
+    embedding failed is reported failed and retryable (not raised), and a retry indexes it."""
+    embedder = GatedEmbedder()
+    embedder.fail_after = True
+    embedder.release.set()
+    pipeline = sliced_pipeline(embedder, store, graph, chunker, monkeypatch)
+    report = await pipeline.ingest([source("a"), source("b")])
+    a, b = report.results
+    assert (a.doc_id, a.status, a.written) == ("a", "indexed", True)
+    assert (b.doc_id, b.status, b.retryable, b.written) == ("b", "failed", True, False)
+    assert "replica died" in (b.error or "")
+    assert doc_chunks(store, "a") and not doc_chunks(store, "b")
+    assert ("dao_greenfood", "b") not in graph.docs
+    embedder.fail_after = False
+    retry = await pipeline.ingest([source("a"), source("b")])
+    assert [r.status for r in retry.results] == ["unchanged", "indexed"]
+
+
+async def test_an_embedding_lost_before_anything_is_written_raises(
+    store, graph, chunker, monkeypatch
+):
+    embedder = FakeEmbedder(dim=16)
+    embedder.down = True
+    pipeline = sliced_pipeline(embedder, store, graph, chunker, monkeypatch)
+    with pytest.raises(BackendUnavailable):
+        await pipeline.ingest([source("a"), source("b")])
+    assert not store.rows and not graph.docs
