@@ -1,6 +1,7 @@
 """The embedder's Serve shell: ``EmbedderDeployment`` loads ``EmbedderCore``
 (deployments/embedding.py) in the background and batches concurrent requests with
-``@serve.batch``.
+``@serve.batch``. It reports the texts it holds to Serve's autoscaler
+(deployments/models/autoscale.py).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ray import serve
@@ -19,7 +21,9 @@ from deployments.errors import InvalidInput
 from deployments.health import check_model
 from deployments.loading import BackgroundLoad
 from deployments.metrics import EMBEDDER_BATCH_SIZE, EMBEDDER_QUEUE_WAIT
+from deployments.models.autoscale import backlog_metrics
 from deployments.models.embedder_models import DenseFromEncode, EmbedderModels
+from deployments.priority import lower_priority
 from deployments.protocols import Encoded
 from deployments.timing import MeanTimes
 
@@ -64,6 +68,10 @@ class EmbedderDeployment(DenseFromEncode):
 
     During a change of model (``next_settings``) it loads the next model too; a caller names
     it with ``model=<tag>``, and a batch holding texts of both models runs each model once.
+
+    ``backlog`` counts the texts in its batch queues or in a running batch, per kind, and
+    ``record_autoscaling_stats`` reports them, so that an ``autoscaling_config`` with the
+    queued-texts policy (deployments/models/autoscale.py) scales on texts, not requests.
     """
 
     def __init__(
@@ -72,6 +80,8 @@ class EmbedderDeployment(DenseFromEncode):
         self.models = EmbedderModels(settings, next_settings)
         self.core = self.models.primary
         self.niceness = _lower_priority(settings)
+        # Texts queued or in a running batch, per kind (``_through``).
+        self.backlog = {"passage": 0, "query": 0}
         # In-replica time per call and per model batch (status(), so /readyz shows it).
         self._timing = MeanTimes()
         self._loading = BackgroundLoad(self.models.start, "embedder")
@@ -98,6 +108,11 @@ class EmbedderDeployment(DenseFromEncode):
         for core in self.models.cores.values():
             if core.loaded:
                 core.release_memory()
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metrics (Ray 2.60 calls this on the replica every few
+        seconds while the deployment has an ``autoscaling_config``): the texts held now."""
+        return backlog_metrics(self.backlog["passage"], self.backlog["query"])
 
     async def status(self) -> dict[str, Any]:
         more = {"models": self.models.status()} if len(self.models.cores) > 1 else {}
@@ -132,11 +147,24 @@ class EmbedderDeployment(DenseFromEncode):
         queue = self._embed_queries if kind == "query" else self._embed_passages
         started = time.perf_counter()
         if len(texts) == 1:
-            parts: list[Encoded] = [await queue((started, texts[0], tag))]
+            parts: list[Encoded] = [await self._through(queue, (started, texts[0], tag), kind)]
         else:
-            parts = await asyncio.gather(*(queue((started, text, tag)) for text in texts))
+            parts = await asyncio.gather(
+                *(self._through(queue, (started, text, tag), kind) for text in texts)
+            )
         self._timing.add(f"{kind}_call", started)
         return Encoded.join(parts)
+
+    async def _through(
+        self, queue: Callable[[Queued], Awaitable[Encoded]], request: Queued, kind: str
+    ) -> Encoded:
+        """One text through its batch queue, counted in ``backlog`` from the moment it enters
+        the queue until its batch answered (or failed, or its caller gave up)."""
+        self.backlog[kind] += 1
+        try:
+            return await queue(request)
+        finally:
+            self.backlog[kind] -= 1
 
     async def _run(self, requests: list[Queued], kind: str) -> list[Encoded]:
         # Flatten the requests of one batch, embed once, split back. A small query batch runs
@@ -185,11 +213,12 @@ def _by_model(requests: list[Queued]) -> dict[str, list[int]]:
 
 
 def _lower_priority(settings: EmbedderSettings) -> int | None:
-    """Raise this replica's niceness by ``settings.nice`` on a CPU device; the niceness it
-    runs at (``None`` where the OS has none)."""
+    """Raise this replica's niceness by ``settings.nice`` on a CPU device, every thread of
+    its process (deployments/priority.py); the niceness it runs at (``None`` where the OS has
+    none)."""
     try:
         if settings.nice and settings.device == "cpu":
-            return os.nice(settings.nice)
-        return os.nice(0)
+            return lower_priority(settings.nice)
+        return os.getpriority(os.PRIO_PROCESS, 0)
     except (AttributeError, OSError):
         return None

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 from batch_ingest.reindex.options import ReindexError, ReindexOptions
 from batch_ingest.reindex.pool import PoolWorker
-from batch_ingest.reindex.priority import lower_priority
 from batch_ingest.reindex.private_ray import init_ray
+from deployments.priority import lower_priority
 
 logger = logging.getLogger("batch_ingest.reindex")
 

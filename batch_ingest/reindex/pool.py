@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from batch_ingest.reindex.priority import is_idle_policy, lower_priority
+from deployments.priority import is_idle_policy, lower_priority
 
 logger = logging.getLogger("batch_ingest.reindex")
 

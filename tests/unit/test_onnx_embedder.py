@@ -69,7 +69,7 @@ def test_the_export_is_cached_and_redone_when_the_model_changes(model_copy):
 
 def test_quantize_needs_the_onnx_backend():
     with pytest.raises(ValidationError, match="quantize needs embedder.backend onnx"):
-        EmbedderSettings(quantize="int8")
+        EmbedderSettings(backend="transformers", quantize="int8")
 
 
 def test_two_processes_exporting_at_once_leave_one_whole_file(tmp_path):
@@ -124,8 +124,10 @@ def test_the_embedder_replica_lowers_its_priority_only_on_a_cpu(monkeypatch):
     from deployments import embedder
 
     calls: list[int] = []
-    monkeypatch.setattr(os, "nice", lambda n: calls.append(n) or 15 + n)
+    # deployments.priority.lower_priority: every thread of the process (tests/unit/test_reindex.py).
+    monkeypatch.setattr(embedder, "lower_priority", lambda n: calls.append(n) or 15 + n)
+    monkeypatch.setattr(os, "getpriority", lambda which, who: 15)
     assert embedder._lower_priority(EmbedderSettings(nice=4)) == 19
     assert embedder._lower_priority(EmbedderSettings()) == 15
     assert embedder._lower_priority(EmbedderSettings(nice=4, device="cuda")) == 15
-    assert calls == [4, 0, 0]
+    assert calls == [4]
