@@ -52,6 +52,8 @@ class MilvusStore:
         embed_model: the tag of the model making ``dim``-d vectors, noted on the collections
             it creates (``CollectionVersions.model_of``).
         dims: other vector sizes a collection may hold (during a change of model).
+        served: tags of the models this process embeds with: a team's collection of another
+            model's vectors is refused (``CollectionVersions.check_model``). Empty: no check.
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class MilvusStore:
         lexical: bool = False,
         embed_model: str = "",
         dims: tuple[int, ...] = (),
+        served: tuple[str, ...] = (),
     ) -> None:
         self.settings = settings
         self.dim = dim
@@ -86,6 +89,7 @@ class MilvusStore:
             lexical=lexical,
             embed_model=embed_model,
             dims=dims,
+            served=served,
         )
 
     def _switched(self, alias: str) -> None:
@@ -129,6 +133,7 @@ class MilvusStore:
                 self._create(name)
             else:
                 self.versions.check_dim(name)
+                self.versions.check_model(name)
             # Milvus Lite needs an explicit load after a restart.
             self.conn.call("load", "load_collection", name)
             self._open.add(name)

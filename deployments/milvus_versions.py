@@ -47,6 +47,10 @@ class CollectionVersions:
             created without another one (``model_of``).
         dims: other vector sizes a collection may have (the models a change of model moves
             between, docs/operations.md "Changing the embedding model").
+        served: tags of the models the caller embeds with; a live collection of another
+            model's vectors is refused (``check_model``) rather than searched with, or
+            written, vectors it cannot be compared to. Empty: no check (a reindex job, which
+            moves a team from one model to another).
     """
 
     def __init__(
@@ -61,8 +65,10 @@ class CollectionVersions:
         lexical: bool = False,
         embed_model: str = "",
         dims: Collection[int] = (),
+        served: Collection[str] = (),
     ) -> None:
         self.conn = conn
+        self.served = frozenset(served)
         self.settings = settings
         self.dim = dim
         self.embed_model = embed_model
@@ -169,11 +175,9 @@ class CollectionVersions:
             self._describe(physical)
             known = self._shape[physical]
             if known[1] is None:  # created before versions noted their model: its rows say
-                rows = self.conn.call(
-                    "model", "query", physical, filter="", output_fields=["embed_model"], limit=1
-                )
-                if rows:
-                    known = (known[0], str(rows[0]["embed_model"]), known[2])
+                model = self._first_row_model(physical)
+                if model is not None:
+                    known = (known[0], model, known[2])
                     self._shape[physical] = known
         return known[0], known[1]
 
@@ -210,6 +214,33 @@ class CollectionVersions:
                 f"{sizes}-d ones",
                 hint="reindex the team with the new model or point MILVUS__COLLECTION elsewhere",
             )
+
+    def check_model(self, name: str) -> None:
+        """Refuse collection ``name`` (an alias or a physical version) when it holds the
+        vectors of a model not in ``served``: a query or passage vector of one model is
+        meaningless against another's, even where both have one size (an int8 and an fp32
+        export of one model have their own tags, bench/README.md "ONNX")."""
+        if not self.served:
+            return
+        model = embed_model_property(
+            self.conn.call("describe", "describe_collection", name)
+        ) or self._first_row_model(name)
+        if model is not None and model not in self.served:
+            raise BackendUnavailable(
+                "milvus",
+                f"collection {name!r} holds vectors of {model}; this gateway embeds with "
+                f"{', '.join(sorted(self.served))}",
+                hint="reindex the team (python -m batch_ingest.reindex --team ...), or serve "
+                f"{model} as embedder_next while teams move (docs/operations.md, "
+                '"Changing the embedding model")',
+            )
+
+    def _first_row_model(self, name: str) -> str | None:
+        """The model of a collection created before versions noted theirs: its rows say."""
+        rows = self.conn.call(
+            "model", "query", name, filter="", output_fields=["embed_model"], limit=1
+        )
+        return str(rows[0]["embed_model"]) if rows else None
 
     def create(
         self,

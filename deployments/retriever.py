@@ -43,7 +43,8 @@ class RetrieverDeployment:
         store: the store itself (unit tests pass a stand-in); built from the above if unset.
         models: ``model tag → vector size`` of the models served, the primary first (it
             makes ``dim``-d vectors): its tag is noted on the collections the store creates,
-            and each size is one a collection may have.
+            each size is one a collection may have, and a team's collection of a model not
+            among them is refused, never searched or written with these models' vectors.
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class RetrieverDeployment:
                 lexical=lexical,
                 embed_model=tags[0] if tags else "",
                 dims=tuple((models or {}).values()),
+                served=tuple(tags),
             )
         self.store = store
         mem = settings.memory_index
