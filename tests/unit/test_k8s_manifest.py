@@ -82,6 +82,8 @@ BACKEND_URLS = (
 # What the consumer and the gateway must agree on for the vectors it writes to be searchable.
 EMBEDDING_FIELDS = (
     "backend",
+    "quantize",
+    "embed_model_tag",
     "model_path",
     "model_name",
     "model_version",

@@ -25,7 +25,7 @@ from deployments.timing import MeanTimes
 from deployments.vector_store.model_choice import vector_for
 from serve_app.query_models import QueryModels
 
-OLD = EmbedderSettings()
+OLD = EmbedderSettings(backend="transformers")
 NEW = EmbedderSettings(model_name="tiny-embed", model_version="v1", dim=4)
 
 

@@ -20,6 +20,7 @@ from batch_ingest.reindex.state import IllegalTransition, JobStatus, ReindexJob,
 from batch_ingest.reindex.worker import ReindexWorker, worker_spec
 from batch_ingest.settings import BatchSettings
 from batch_ingest.source_store import SourceStore
+from deployments.config import EmbedderSettings
 from deployments.errors import InvalidInput
 from deployments.protocols import ChunkRecord
 from serve_app.settings import GatewaySettings
@@ -27,7 +28,8 @@ from serve_app.testing import build_gateway, claims, mint
 from tests.faults import InjectedFailure, failing_after
 
 TEAM = "dao_re"
-MODEL = "all-MiniLM-L6-v2@v1"
+# The default embedder's tag (the packaged MiniLM, as settings resolve it on this CPU).
+MODEL = EmbedderSettings().embed_model_tag
 
 
 class FakeVersions:
@@ -619,7 +621,7 @@ def test_a_pool_worker_runs_at_a_lower_cpu_priority():
 def _priority_after(nice: int) -> tuple[int, int]:
     import threading
 
-    from batch_ingest.reindex.priority import lower_priority
+    from deployments.priority import lower_priority
 
     before = os.getpriority(os.PRIO_PROCESS, 0)
     started = threading.Event()
@@ -651,7 +653,7 @@ def test_the_idle_policy_covers_every_thread_of_the_worker_only():
 def _policies_after_idle() -> tuple[set[int], int, int]:
     import threading
 
-    from batch_ingest.reindex.priority import is_idle_policy, lower_priority
+    from deployments.priority import is_idle_policy, lower_priority
 
     before = os.getpriority(os.PRIO_PROCESS, 0)
     started = threading.Event()
