@@ -100,12 +100,10 @@ class IngestPipeline:
         self.lexical = lexical
         self.embed_model = embed_model
         self.other_models = tuple(m for m in other_models if m != embed_model)
-        self.embedder = embedder
-        self.store = store
-        self.graph = graph
         self.chunks = ChunkBuilder(chunker, embed_model)
         self.vectors = PassageVectors(embedder, store, embed_model, lexical)
         self.writer = SliceWriter(store, graph, self.vectors, self._meter)
+        self.embedder, self.store, self.graph = embedder, store, graph
         # The source-document registry (reindex reads it); None keeps no registry.
         self.sources = sources
         # Raised after every change a search can see (the semantic cache keys by it).
@@ -115,6 +113,32 @@ class IngestPipeline:
         self.usage_source = usage_source
         # Paused by a reindex switching a team's alias (None without a registry).
         self.barrier = write_barrier(sources)
+
+    # The backends live in the parts that use them; replacing one here (a test's failing
+    # store, a graph that came back) replaces it everywhere.
+    @property
+    def embedder(self) -> Embedder:
+        return self.vectors.embedder
+
+    @embedder.setter
+    def embedder(self, embedder: Embedder) -> None:
+        self.vectors.embedder = embedder
+
+    @property
+    def store(self) -> VectorStore:
+        return self.writer.store
+
+    @store.setter
+    def store(self, store: VectorStore) -> None:
+        self.vectors.store = self.writer.store = store
+
+    @property
+    def graph(self) -> GraphStore | None:
+        return self.writer.graph
+
+    @graph.setter
+    def graph(self, graph: GraphStore | None) -> None:
+        self.writer.graph = graph
 
     def build_chunks(self, doc: SourceDocument) -> list[ChunkRecord]:
         """Chunk records without vectors; ids and hashes are deterministic."""

@@ -50,12 +50,13 @@ URL = "http://127.0.0.1:8000"
 VARIANTS = {
     "torch1": {"backend": "transformers", "torch_threads": 1},
     "torch0": {"backend": "transformers", "torch_threads": 0},
-    "onnx0": {"backend": "onnx", "torch_threads": 0},
+    # fp32 ONNX names quantize: none (with backend onnx, quantize auto is int8).
+    "onnx0": {"backend": "onnx", "quantize": "none", "torch_threads": 0},
     "int80": {"backend": "onnx", "quantize": "int8", "torch_threads": 0},
-    "onnx1": {"backend": "onnx", "torch_threads": 1},
+    "onnx1": {"backend": "onnx", "quantize": "none", "torch_threads": 1},
     "int81": {"backend": "onnx", "quantize": "int8", "torch_threads": 1},
     # The Embedder replica 4 steps nicer than the other replicas (Ray starts them at 15).
-    "onnx0n": {"backend": "onnx", "torch_threads": 0, "nice": 4},
+    "onnx0n": {"backend": "onnx", "quantize": "none", "torch_threads": 0, "nice": 4},
     "int80n": {"backend": "onnx", "quantize": "int8", "torch_threads": 0, "nice": 4},
 }
 

@@ -27,7 +27,7 @@ from deployments.embedding import EmbedderCore
 
 VARIANTS = {
     "torch fp32": {"backend": "transformers"},
-    "onnx fp32": {"backend": "onnx"},
+    "onnx fp32": {"backend": "onnx", "quantize": "none"},
     "onnx int8": {"backend": "onnx", "quantize": "int8"},
 }
 

@@ -472,3 +472,15 @@ async def test_an_embedding_lost_before_anything_is_written_raises(
     with pytest.raises(BackendUnavailable):
         await pipeline.ingest([source("a"), source("b")])
     assert not store.rows and not graph.docs
+
+
+async def test_a_backend_replaced_on_the_pipeline_is_the_one_every_stage_uses(
+    pipeline, embedder, chunker
+):
+    """The bus consumer's tests (and a graph coming back) swap a backend on a built pipeline:
+    the embedding, write and graph stages must all use the new one."""
+    other_store, other_graph, other_embedder = FakeVectorStore(), FakeGraphStore(), FakeEmbedder(16)
+    pipeline.store, pipeline.graph, pipeline.embedder = other_store, other_graph, other_embedder
+    await pipeline.ingest([source("a")])
+    assert doc_chunks(other_store, "a") and ("dao_greenfood", "a") in other_graph.docs
+    assert other_embedder.calls and not embedder.calls
