@@ -14,6 +14,7 @@ from deployments.graph_store import Neo4jGraph
 from deployments.milvus_store import MilvusStore
 from serve_app.settings import GatewaySettings
 from tests.conftest import require_services
+from tests.private_ray import init_private_ray
 
 pytestmark = pytest.mark.integration
 
@@ -67,18 +68,10 @@ def ray_token() -> Path:
 def ray_local(ray_token: Path):
     """A private local Ray of 2 CPUs (the shipped node's size) for the Ray Data jobs of one
     test module (reindex, bulk import), its files in a temp folder, token auth on."""
-    tmp = Path(tempfile.mkdtemp(prefix="rag-it-ray-"))
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    init_private_ray("rag-it-ray-")
+    yield
     import ray
 
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        _temp_dir=str(tmp / "ray"),
-        log_to_driver=False,
-        num_cpus=2,
-    )
-    yield
     ray.shutdown()
 
 

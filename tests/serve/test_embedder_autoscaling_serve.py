@@ -47,21 +47,15 @@ def scenario() -> dict[str, Any]:
     token = tmp / "ray_token"
     token.write_text(secrets.token_hex(32))
     os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
     from ray import serve
 
     from deployments.config import EmbedderSettings
     from deployments.embedder import EmbedderDeployment, deployment_options
     from deployments.models.autoscale import POLICY
+    from tests.private_ray import init_private_ray
 
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        _temp_dir=str(tmp / "ray"),
-        log_to_driver=False,
-        num_cpus=2,
-    )
+    ray_dir = init_private_ray("rag-autoscale-ray-")
     seen: list[tuple[float, int, int]] = []
     start = time.monotonic()
 
@@ -120,6 +114,7 @@ def scenario() -> dict[str, Any]:
         serve.shutdown()
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 def test_the_embedder_scales_out_on_queued_texts_and_back():
