@@ -112,7 +112,7 @@ class EmbedderSettings(BaseModel):
     # at 15, every replica alike): with passage batches on every core, searches' stages in
     # the Ingress and Retriever still get the cores first. 0 = unchanged.
     nice: int = Field(0, ge=0, le=19)
-    # Texts per forward pass inside one batch.
+    # Texts per forward pass inside one batch (int8: always 1, deployments.embedding.forward_step).
     forward_batch_size: int = Field(32, ge=1, le=1024)
     # At most this often (after a batch, and on Serve's health check when idle) hand freed
     # activations back to the OS (glibc malloc_trim). Without it a replica's RSS stays at the

@@ -68,6 +68,15 @@ def embedding_dim(settings: EmbedderSettings) -> int:
         ) from exc
 
 
+def forward_step(settings: EmbedderSettings) -> int:
+    """Texts per forward pass. int8 runs one text per pass: ONNX Runtime's dynamic
+    quantisation scales each layer's activations over the whole batch, so a text's vector
+    would depend on the texts beside it (cosine 0.992 between one passage alone and in a
+    batch of 32); alone, the same text always gets the same vector. On 2 vCPUs that costs
+    nothing against batches of 32 (1.02-1.04x their texts/s, bench/README.md "int8")."""
+    return 1 if settings.quantize == "int8" else settings.forward_batch_size
+
+
 class EmbedderCore:
     """Loads a transformer encoder and turns texts into pooled, optionally normalised vectors.
 
@@ -274,7 +283,7 @@ class EmbedderCore:
         # Sorting by length keeps padding small inside each forward batch.
         order = sorted(range(len(prepared)), key=lambda i: len(prepared[i]))
         out = np.empty((len(prepared), self._dim or 0), dtype=np.float32)
-        step = self.settings.forward_batch_size
+        step = forward_step(self.settings)
         onnx = self.settings.backend == "onnx"
         for start in range(0, len(order), step):
             idx = order[start : start + step]

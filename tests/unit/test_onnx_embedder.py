@@ -56,6 +56,15 @@ def test_int8_has_its_own_tag_and_stays_close(model_copy, texts):
     assert cos.mean() >= 0.98 and np.isfinite(cos).all()
 
 
+def test_an_int8_vector_does_not_depend_on_the_texts_batched_with_it(model_copy, texts):
+    """Dynamic quantisation scales activations over a whole forward pass: int8 runs one
+    text per pass, so a text's vector is the same alone or beside any others."""
+    int8 = core(model_copy, backend="onnx", quantize="int8")
+    together = int8.embed([*texts, "a much longer passage " * 40])
+    alone = np.stack([int8.embed([t])[0] for t in texts])
+    assert np.array_equal(together[: len(texts)], alone)
+
+
 def test_the_export_is_cached_and_redone_when_the_model_changes(model_copy):
     first = onnx_encoder.export(model_copy)
     stamp = first.stat().st_mtime_ns
