@@ -154,6 +154,15 @@ class SourceStore:
             ).all()
         return [_row(r) for r in rows]
 
+    def teams(self) -> list[str]:
+        """Every team with a live document, sorted."""
+        t = self.table
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.c.team_id).where(t.c.deleted.is_(False)).distinct()
+            ).scalars()
+            return sorted(rows)
+
     def count(self, team_id: str) -> int:
         t = self.table
         with self.engine.connect() as conn:

@@ -133,9 +133,10 @@ class MilvusStore:
                 self._create(name)
             else:
                 self.versions.check_dim(name)
-                self.versions.check_model(name)
-            # Milvus Lite needs an explicit load after a restart.
+            # Milvus Lite needs an explicit load after a restart (and before any query,
+            # such as check_model's read of a row when the version noted no model).
             self.conn.call("load", "load_collection", name)
+            self.versions.check_model(name)
             self._open.add(name)
         return name
 

@@ -236,7 +236,9 @@ class CollectionVersions:
             )
 
     def _first_row_model(self, name: str) -> str | None:
-        """The model of a collection created before versions noted theirs: its rows say."""
+        """The model of a collection created before versions noted theirs: its rows say
+        (loaded first: after a restart Milvus Lite answers no query of a released one)."""
+        self.conn.call("load", "load_collection", name)
         rows = self.conn.call(
             "model", "query", name, filter="", output_fields=["embed_model"], limit=1
         )

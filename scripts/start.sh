@@ -27,6 +27,11 @@ if [ "$code" != 200 ]; then
   echo "[start] gateway not ready: $(cat "$VAR/readyz.json" 2>/dev/null)" >&2
   exit 1
 fi
+# Teams indexed by an earlier version with another embedding model (the default became
+# ONNX int8 in issue 36) are refused by the gateway until reindexed: reindex them now, from
+# the source registry, one after another (nothing to do on a fresh machine).
+"$VENV/bin/python" -m batch_ingest.reindex --outdated --engine local --log-every 30 \
+  || echo "[start] some outdated teams could not be reindexed (see above); they stay refused" >&2
 # The sample corpus needs a credential that may write its teams. Development mode (the
 # default) needs none; with AUTH__MODE=jwt a local HS256 token is minted when
 # AUTH__HS256_SECRET is set, otherwise the load is skipped (the gateway runs either way).

@@ -44,7 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m batch_ingest.reindex", description=package.__doc__
     )
-    parser.add_argument("--team", required=True, help="team_id to reindex")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--team", help="team_id to reindex")
+    target.add_argument(
+        "--outdated",
+        action="store_true",
+        help="reindex every team whose live version holds another embedding model's "
+        "vectors than the configured one (after a change of the embedder's defaults; the "
+        "gateway refuses such a team until then)",
+    )
     parser.add_argument("--milvus-uri", help="overrides MILVUS__URI")
     parser.add_argument("--state-url", help="overrides STATE__URL (source registry + jobs)")
     what = parser.add_mutually_exclusive_group()
@@ -104,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.state_url:
         overrides["state"] = {**overrides.get("state", {}), "url": args.state_url}
     settings = BatchSettings(**overrides)
+    if args.outdated:
+        return reindex_outdated(settings, args.engine)
     if args.status:
         state = ReindexState(SourceStore(settings.state.url).engine)
         job = state.latest(args.team)
@@ -138,3 +148,37 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(json.dumps({**result.job.public(), "dropped_versions": result.dropped_versions}))
     return 0
+
+
+def reindex_outdated(settings: BatchSettings, engine: str) -> int:
+    """Reindex, one after another, the teams of the source registry whose live version
+    holds vectors of a model other than ``settings``' (the one a reindex embeds with)."""
+    from deployments.embedding import embedding_dim
+    from deployments.milvus_store import MilvusStore
+
+    tag = settings.reindex_embedder.embed_model_tag
+    store = MilvusStore(settings.milvus, dim=embedding_dim(settings.reindex_embedder))
+    store.start()
+    try:
+        outdated = [
+            (team, model)
+            for team in SourceStore(settings.state.url).teams()
+            if (model := store.live_model(team)) not in (None, tag)
+        ]
+    finally:
+        store.close()
+    if not outdated:
+        print(f"every team's index holds {tag} vectors: nothing to reindex")
+        return 0
+    failed = 0
+    for i, (team, model) in enumerate(outdated, 1):
+        print(f"[{i}/{len(outdated)}] {team}: {model} -> {tag}", flush=True)
+        options = ReindexOptions.from_settings(team, settings.reindex, engine=engine)
+        try:
+            result = reindex(settings, options)
+        except ReindexError as exc:
+            print(f"reindex of {team} failed: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        print(json.dumps(result.job.public()), flush=True)
+    return 1 if failed else 0

@@ -88,3 +88,64 @@ def test_a_collection_of_a_model_not_served_is_refused_on_every_path(milvus):
         mover.close()
     finally:
         close(old, new, both)
+
+
+def test_reindex_outdated_moves_every_team_of_another_model_to_the_configured_one(
+    settings, tmp_path, capsys
+):
+    """The upgrade path (docs/operations.md "Upgrading to the int8 default"): a team
+    indexed with torch fp32 is refused by a gateway serving int8 until
+    ``python -m batch_ingest.reindex --outdated`` (scripts/start.sh runs it) has moved it;
+    a team already on the configured model is left alone."""
+    from batch_ingest.chunks import chunk_builder
+    from batch_ingest.documents import SourceDocument
+    from batch_ingest.pipeline import IngestPipeline
+    from batch_ingest.reindex.cli import reindex_outdated
+    from batch_ingest.source_store import SourceStore
+    from deployments.config import EmbedderSettings
+    from deployments.models.embedder_models import LocalModels
+
+    milvus = settings.milvus.model_copy(update={"collection": f"mo_{uuid.uuid4().hex[:10]}"})
+    state = settings.state.model_copy(update={"url": f"sqlite:///{tmp_path}/state.db"})
+    fp32 = EmbedderSettings(backend="transformers")
+    int8 = EmbedderSettings()  # the default: ONNX int8
+    old_team, new_team = f"old_{uuid.uuid4().hex[:6]}", f"new_{uuid.uuid4().hex[:6]}"
+    sources = SourceStore(state.url)
+
+    def write(team: str, model: EmbedderSettings) -> RetrieverDeployment:
+        store = RetrieverDeployment(milvus, 384, models={model.embed_model_tag: 384})
+        embedder = LocalModels(model)
+        embedder.models.start()
+        pipeline = IngestPipeline(
+            embedder=embedder,
+            store=store,
+            graph=None,
+            chunker=chunk_builder(settings.chunking, model).chunker,
+            embed_model=model.embed_model_tag,
+            sources=sources,
+        )
+        docs = [
+            SourceDocument(team_id=team, doc_id=f"d{i}", title="t", text=f"note {i} on milvus")
+            for i in range(3)
+        ]
+        asyncio.run(pipeline.ingest(docs))
+        return store
+
+    old, new = write(old_team, fp32), write(new_team, int8)
+    gateway = RetrieverDeployment(milvus, 384, models={INT8: 384})
+    try:
+        with pytest.raises(BackendUnavailable):
+            asyncio.run(gateway.count(old_team))
+        job_settings = settings.model_copy(
+            update={"milvus": milvus, "state": state, "embedder": int8}
+        )
+        assert reindex_outdated(job_settings, "local") == 0
+        printed = capsys.readouterr().out
+        assert f"{old_team}: {FP32} -> {INT8}" in printed and new_team not in printed
+        assert asyncio.run(gateway.count(old_team)) == asyncio.run(old.count(old_team)) > 0
+        assert gateway.store.live_model(old_team) == INT8
+        assert reindex_outdated(job_settings, "local") == 0
+        assert "nothing to reindex" in capsys.readouterr().out
+    finally:
+        old.store.drop()
+        close(old, new, gateway)
