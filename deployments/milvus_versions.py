@@ -81,6 +81,9 @@ class CollectionVersions:
         self._seen: dict[str, tuple[bool, bool, float]] = {}
         # name -> (vector size, model tag, when it was described)
         self._shape: dict[str, tuple[int | None, str | None, float]] = {}
+        # Physical versions loaded on this connection (read by name: not through the store,
+        # which loads the alias it opens).
+        self._loaded: set[str] = set()
 
     def name(self, team_id: str, version: int) -> str:
         """The physical collection ``<alias>__v<version>``."""
@@ -197,9 +200,18 @@ class CollectionVersions:
         if name is None:
             self._seen.clear()
             self._shape.clear()
+            self._loaded.clear()
         else:
             self._seen.pop(name, None)
             self._shape.pop(name, None)
+            self._loaded.discard(name)
+
+    def ensure_loaded(self, physical: str) -> None:
+        """Load ``physical`` once per connection: after a restart Milvus Lite answers no
+        read of a released collection (a reindex reading the version it replaces)."""
+        if physical not in self._loaded:
+            self.conn.call("load", "load_collection", physical)
+            self._loaded.add(physical)
 
     def check_dim(self, name: str, expected: int | None = None) -> None:
         """Refuse a collection whose vectors are not ``expected``-d (default: a size of a
@@ -324,6 +336,7 @@ class CollectionVersions:
 
     def count(self, physical: str, expr: str = "") -> int:
         """Rows of one physical collection matching ``expr`` (all rows when empty)."""
+        self.ensure_loaded(physical)
         rows = self.conn.call("count", "query", physical, filter=expr, output_fields=["count(*)"])
         return int(rows[0]["count(*)"]) if rows else 0
 
@@ -402,12 +415,14 @@ class CollectionVersions:
         return None if version is None else self.name(team_id, version)
 
     def count_team(self, physical: str, team_id: str) -> int:
+        self.ensure_loaded(physical)
         return self.count(physical, f"team_id == {milvus_literal(team_id)}")
 
     def iter_rows(
         self, physical: str, team_id: str, batch: int = 1000
     ) -> Iterator[list[ChunkRecord]]:
         """Every chunk of ``team_id`` in ``physical``, with its vector, ``batch`` at a time."""
+        self.ensure_loaded(physical)
         try:
             iterator = self.conn.client.query_iterator(
                 physical,
@@ -426,6 +441,7 @@ class CollectionVersions:
 
     def fetch_rows(self, physical: str, chunk_ids: list[str]) -> list[ChunkRecord]:
         """The stored chunks (with vectors) among ``chunk_ids``; primary-key reads."""
+        self.ensure_loaded(physical)
         out: list[ChunkRecord] = []
         for start in range(0, len(chunk_ids), 256):
             rows = self.conn.call(

@@ -176,7 +176,7 @@ def reindex_outdated(settings: BatchSettings, engine: str) -> int:
         options = ReindexOptions.from_settings(team, settings.reindex, engine=engine)
         try:
             result = reindex(settings, options)
-        except ReindexError as exc:
+        except Exception as exc:  # the next team may still succeed: try every one
             print(f"reindex of {team} failed: {exc}", file=sys.stderr)
             failed += 1
             continue
