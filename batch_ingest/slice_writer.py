@@ -139,7 +139,6 @@ class SliceWriter:
             doc_type=doc.doc_type,
             embedded_chunks=sum(1 for c in chunks if c.chunk_id not in kept),
         )
-        writes.report.results.append(result)
         try:
             with_vectors = [
                 _with_vector(c, kept.get(c.chunk_id) or fresh[c.chunk_id]) for c in chunks
@@ -156,15 +155,15 @@ class SliceWriter:
             )
         except GatewayError as exc:
             if not writes.written and isinstance(exc, BackendUnavailable) and writes.is_first(doc):
-                writes.report.results.pop()
                 raise
             result.status, result.error = "failed", exc.message
             result.retryable = isinstance(exc, BackendUnavailable)
             logger.warning("ingest of %s/%s failed: %s", doc.team_id, doc.doc_id, exc)
-            return False
-        result.written = True
-        writes.written.append(doc)
-        return True
+        else:
+            result.written = True
+            writes.written.append(doc)
+        writes.report.results.append(result)
+        return result.written
 
     async def merge_graph(self, docs: list[SourceDocument], writes: Writes) -> None:
         """MERGE ``docs`` into the graph; a failure leaves them searchable and says the

@@ -234,9 +234,9 @@ class CollectionVersions:
         export of one model have their own tags, bench/README.md "ONNX")."""
         if not self.served:
             return
-        model = embed_model_property(
-            self.conn.call("describe", "describe_collection", name)
-        ) or self._first_row_model(name)
+        # Described just before by check_dim when the store opens an alias; a physical
+        # version's model never changes.
+        model = self.model_of(name)
         if model is not None and model not in self.served:
             raise BackendUnavailable(
                 "milvus",
