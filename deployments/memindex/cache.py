@@ -94,7 +94,9 @@ class HotIndex:
             other_bytes=self.staging.nbytes,
             on_evict=lambda team_id: self.staging.drop(team_id, "team evicted"),
         )
-        self.stats = dict.fromkeys(("hits", "misses", "loads", "replays", "adoptions"), 0)
+        self.stats = dict.fromkeys(
+            ("hits", "misses", "loads", "replays", "adoptions", "shared_checks"), 0
+        )
         # Per search answered from memory: the change-log check, then the search itself.
         self.timing = MeanTimes()
 
@@ -176,23 +178,36 @@ class HotIndex:
         self.timing.add("search", started)
         return found
 
-    def _sync(self, team: LiveTeam, read_id: str = "") -> LiveTeam | None:
+    def _sync(
+        self, team: LiveTeam, read_id: str = "", arrived: float | None = None
+    ) -> LiveTeam | None:
         """Bring ``team`` up to every write acknowledged before this call: the copy to
         search (``team``, or the staged copy adopted at a swap), or ``None`` when it has to
-        be loaded again (a swap without a staged copy, log pruned past it, or an error)."""
+        be loaded again (a swap without a staged copy, log pruned past it, or an error).
+
+        Concurrent searches share one read of the change log: a check that *began* after
+        this call arrived (it ran while this call waited for the team's lock) saw every
+        write acknowledged before this call, so this call reads nothing itself."""
+        if arrived is None:
+            arrived = time.monotonic()
         with team.lock:
             if self._teams.get(team.team_id) is team:
                 if read_id and read_id in team.reads:  # checked meanwhile by this read's call
                     return team
+                if team.check_began >= arrived:
+                    self.stats["shared_checks"] += 1
+                    _remember(team, read_id)
+                    return team
                 return self._sync_locked(team, read_id)
         # Replaced (a staged copy adopted, a reload) or evicted while this call waited.
         current = self._teams.get(team.team_id)
-        return self._sync(current, read_id) if current is not None else None
+        return self._sync(current, read_id, arrived) if current is not None else None
 
     def _sync_locked(self, team: LiveTeam, read_id: str) -> LiveTeam | None:
         try:
             if time.monotonic() - team.checked_at > self._max_idle_s():
                 raise _Reload("idle longer than the change log keeps")
+            began = time.monotonic()
             heads = self.source.changes.heads(team.alias)
             if heads.swap != team.heads.swap:
                 team = self._follow_swap(team, heads)
@@ -206,10 +221,8 @@ class HotIndex:
             self.staging.expire(team.team_id, self._max_idle_s())
             team.heads = heads
             team.checked_at = time.monotonic()
-            if read_id:
-                team.reads[read_id] = None
-                if len(team.reads) > READS_KEPT:
-                    team.reads.popitem(last=False)
+            team.check_began = began
+            _remember(team, read_id)
             return team
         except (_Reload, TooManyChanges) as why:
             logger.info("memory index: reloading team %s (%s)", team.team_id, why)
@@ -358,3 +371,11 @@ class HotIndex:
 
 class _Reload(Exception):
     """The team's in-memory copy cannot be brought up to date; load it again."""
+
+
+def _remember(team: LiveTeam, read_id: str) -> None:
+    """Note that search ``read_id`` was checked (its other calls need no check)."""
+    if read_id:
+        team.reads[read_id] = None
+        if len(team.reads) > READS_KEPT:
+            team.reads.popitem(last=False)

@@ -26,6 +26,9 @@ class LiveTeam(TeamCopy):
     # Searches (read ids) already checked against the change log, newest last.
     reads: OrderedDict[str, None] = field(default_factory=OrderedDict)
     checked_at: float = field(default_factory=time.monotonic)
+    # When the last successful check of the change log began (-inf: none yet); a search
+    # that arrived before it is covered by it.
+    check_began: float = float("-inf")
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -16,6 +16,9 @@ Ray, beside its own gateway); nothing else changed.
 - No ACL tightening or delete is undone by a reindex, with 1 Retriever replica and then with
   2: 55 of them each, fired over HTTP at random phases of back-to-back ``POST
   /admin/reindex`` jobs (tests/serve/revocations.py; issue 33).
+- With two Retriever replicas, every search sent right after an acknowledged ingest finds the
+  new document, whichever replica answers (each checks the change log, concurrent searches
+  sharing one read: issue 37).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -283,3 +287,28 @@ def test_two_retriever_replicas_log_every_call_in_their_own_files(shipped):
 def test_no_revocation_is_undone_by_a_reindex_with_two_retrievers(shipped):
     wait_settled(deploy(with_retrievers(shipped["config"], 2, 2)), retrievers=2)
     assert_no_revocation_undone(shipped["base"], retrievers=2, seed=332)
+
+
+def test_two_retrievers_find_every_document_right_after_its_ingest(shipped):
+    wait_settled(deploy(with_retrievers(shipped["config"], 2, 2)), retrievers=2)
+    n, missed = 24, []
+    with httpx.Client(base_url=shipped["base"], timeout=60) as c:
+        # Warm both replicas' memory copies first, so the searches below read memory.
+        for i in range(8):
+            c.post("/rag/search_docs", json={"team_id": TEAM, "query": f"peak {i}"})
+        for i in range(n):
+            word = f"fresh{uuid.uuid4().hex[:10]}"
+            doc = {"team_id": TEAM, "doc_id": f"raw{i}", "text": f"Storage report {i}: {word}."}
+            r = c.post("/ingest/documents", json={"documents": [doc]})
+            assert r.status_code == 200, r.text
+            # Eight searches at once: both replicas answer, several share a change-log check.
+            body = {"team_id": TEAM, "query": word, "search_mode": "bm25"}
+            with ThreadPoolExecutor(8) as pool:
+                answers = list(
+                    pool.map(lambda _, b=body: c.post("/rag/search_docs", json=b), range(8))
+                )
+            for a in answers:
+                assert a.status_code == 200, a.text
+                if f"raw{i}" not in [m["source_ref"]["id"] for m in a.json()["matches"]]:
+                    missed.append((i, word))
+    assert missed == [], missed

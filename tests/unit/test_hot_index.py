@@ -5,8 +5,10 @@ The real Milvus change log is exercised in tests/integration/test_memory_index.p
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import pytest
@@ -317,6 +319,70 @@ def test_synced_candidates_answer_only_a_search_already_checked(hot, source):
     assert hot.synced_candidates(*args, "r9") is not None
     assert hot.synced_candidates(*args, "") is None
     assert f"{TEAM}-c77" in search(hot, read_id="r10")
+
+
+# --- concurrent searches share one read of the change log --------------------------------
+class GatedHeads:
+    """``heads`` of ``changes`` that counts its reads and, while ``gate`` is clear, holds
+    each read until it is set (so searches pile up behind the team's lock)."""
+
+    def __init__(self, changes: FakeChanges) -> None:
+        self.changes = changes
+        self.reads = 0
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, alias: str) -> Heads:
+        self.reads += 1
+        self.entered.set()
+        assert self.gate.wait(10)
+        return FakeChanges.heads(self.changes, alias)
+
+
+def gated(source: FakeSource) -> GatedHeads:
+    heads = GatedHeads(source.changes)
+    source.changes.heads = heads  # type: ignore[method-assign]
+    return heads
+
+
+def test_searches_waiting_behind_a_check_share_the_next_one(hot, source):
+    hot.wait_loaded(TEAM, timeout_s=10)
+    heads = gated(source)
+    heads.gate.clear()
+    first = threading.Thread(target=search, args=(hot,), kwargs={"read_id": "first"})
+    first.start()
+    assert heads.entered.wait(10)  # the first check is reading; the write below is after it
+    source.write([chunk(60, "written while a check was running")])
+    with ThreadPoolExecutor(8) as pool:
+        waiting = [pool.submit(search, hot, read_id=f"r{i}") for i in range(8)]
+        time.sleep(0.2)  # all eight queue behind the first check
+        heads.gate.set()
+        answers = [f.result(timeout=10) for f in waiting]
+    first.join(10)
+    # None of the eight may take the running check's answer (it began before they
+    # arrived, and before the write); one new check covers them all.
+    assert all(f"{TEAM}-c60" in a for a in answers)
+    assert heads.reads == 2
+    assert hot.stats["shared_checks"] == 7
+
+
+def test_a_search_arriving_after_a_check_began_does_not_reuse_it(hot, source):
+    hot.wait_loaded(TEAM, timeout_s=10)
+    heads = gated(source)
+    heads.gate.clear()
+    first = threading.Thread(target=search, args=(hot,), kwargs={"read_id": "first"})
+    first.start()
+    assert heads.entered.wait(10)
+    source.write([chunk(61)])  # acknowledged after the running check began
+    with ThreadPoolExecutor(1) as pool:
+        later = pool.submit(search, hot, read_id="later")
+        time.sleep(0.1)
+        heads.gate.set()
+        assert f"{TEAM}-c61" in later.result(timeout=10)
+    first.join(10)
+    assert heads.reads == 2
+    assert hot.stats["shared_checks"] == 0
 
 
 # --- a reindex that announces its version: staged before the swap, adopted at it ---------
