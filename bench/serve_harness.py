@@ -200,6 +200,13 @@ class ServeHarness:
         self._set_env("RAY_AUTH_TOKEN_PATH", str(token_path))
         self._set_env("HF_HUB_OFFLINE", "1")
         self._set_env("TRANSFORMERS_OFFLINE", "1")
+        # The shipped Ray Serve environment (HAProxy ingress), unless the caller set its own,
+        # with HAProxy's side ports of its own (a gateway may run beside the benchmark).
+        from deployments import serve_env
+
+        for name, value in serve_env.apply({**os.environ}, own_ports=True).items():
+            if name not in os.environ:
+                self._set_env(name, value)
         if "ray._raylet" in sys.modules:
             # ray was imported before this harness: refresh its cached config the way
             # ray._private.authentication.authentication_token_setup does.

@@ -12,6 +12,8 @@ export RAY_AUTH_MODE=token
 export RAY_AUTH_TOKEN_PATH="$VAR/ray_auth_token"
 [ -s "$RAY_AUTH_TOKEN_PATH" ] || "$VENV/bin/python" -c "import secrets; print(secrets.token_hex(32))" > "$RAY_AUTH_TOKEN_PATH"
 chmod 600 "$RAY_AUTH_TOKEN_PATH"
+# Ray Serve's HAProxy ingress and whatever else deployments/serve_env.py names.
+eval "$(cd "$ROOT" && "$VENV/bin/python" -m deployments.serve_env)"
 
 case "${1:-}" in
   up)

@@ -3,9 +3,10 @@ middleware).
 
 * ``http.max_url_bytes``: a longer URL (path and query string) gets ``414`` at once
   (``UrlLimit``). The gateway's routes take their input in JSON bodies; a URL of kilobytes
-  is a mistake or a probe. Longer than 65,535 bytes, a URL never reaches the gateway: the
-  HTTP parser of Ray Serve's proxy (uvicorn with httptools) refuses it with its own
-  plain-text ``400 Invalid HTTP request received.`` (docs/operations.md, "Request limits").
+  is a mistake or a probe. A request head over 16 KiB never reaches the gateway: HAProxy,
+  Ray Serve's HTTP front (deployments/serve_env.py), refuses it with its own HTML ``400``
+  (with Serve's Python proxy instead: past 65,535 bytes, a plain-text 400; docs/operations.md,
+  "Request limits").
 
 * ``http.body_read_timeout_s``: the whole body must arrive within this time after the request
   starts; a client that sends part of a body and stalls gets ``408`` instead of holding a

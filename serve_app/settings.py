@@ -249,9 +249,10 @@ class CacheSettings(BaseModel):
 class HttpSettings(BaseModel):
     """Bounds on reading a request (serve_app/body_limits.py)."""
 
-    # A longer URL (path and query string) is refused with 414. At most 65,535: the proxy's
-    # HTTP parser refuses longer ones itself, with a plain-text 400 (docs/operations.md).
-    max_url_bytes: int = Field(8192, ge=256, le=65_535)
+    # A longer URL (path and query string) is refused with 414. At most 12,288: in front of
+    # the gateway, HAProxy (deployments/serve_env.py) refuses a request head over its 16 KiB
+    # buffer itself, with an HTML 400 (docs/operations.md, "Request limits").
+    max_url_bytes: int = Field(8192, ge=256, le=12_288)
     # The whole body must arrive within this time (408 otherwise).
     body_read_timeout_s: float = Field(30.0, gt=0.0)
     # A larger body is refused with 413 (64 MiB: a few long documents per request).
@@ -260,14 +261,14 @@ class HttpSettings(BaseModel):
 
 class RateLimitSettings(BaseModel):
     """``RATE_LIMIT__*`` (serve_app/rate_limits.py). Generous defaults: a 2-core machine
-    serves ~35 searches/s in all, so they only stop a runaway client; set them per
-    deployment."""
+    serves ~100 searches/s in all (bench/README.md, "Search plumbing"), so they only stop a
+    runaway client, never a busy team on a bigger machine; set them per deployment."""
 
     enabled: bool = True
-    per_credential_per_s: float = Field(50.0, gt=0, le=1_000_000)
-    per_credential_burst: int = Field(100, ge=1, le=10_000_000)
-    per_team_per_s: float = Field(100.0, gt=0, le=1_000_000)
-    per_team_burst: int = Field(200, ge=1, le=10_000_000)
+    per_credential_per_s: float = Field(200.0, gt=0, le=1_000_000)
+    per_credential_burst: int = Field(400, ge=1, le=10_000_000)
+    per_team_per_s: float = Field(1_000.0, gt=0, le=1_000_000)
+    per_team_burst: int = Field(2_000, ge=1, le=10_000_000)
     # "memory": per replica; "redis": shared by all replicas at redis_url (empty: the
     # cache's cache.redis_url); "auto": redis when cache.backend is redis.
     backend: Literal["auto", "memory", "redis"] = "auto"

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from deployments.serve_env import SERVE_ENV
+
 ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(__file__).with_name("rayservice.yaml")
 IMAGE = "ghcr.io/example/rag-gateway:0.1.0"
@@ -46,6 +48,8 @@ ENV = [
         # PGPASSWORD: libpq (psycopg) reads it for STATE__URL and AUDIT__URL.
         for name in ("NEO4J__PASSWORD", "MILVUS__TOKEN", "AUTH__API_KEY_PEPPER", "PGPASSWORD")
     ),
+    # Ray Serve's HAProxy ingress (deployments/serve_env.py), in every Ray container.
+    *({"name": name, "value": value} for name, value in SERVE_ENV.items()),
 ]
 
 

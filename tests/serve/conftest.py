@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from deployments import serve_env
 from deployments.milvus_store import MilvusStore
 from deployments.tiny_models import build_tiny_cross_encoder
 from serve_app.testing import PEPPER, write_api_keys
@@ -67,6 +68,9 @@ def gateway(run_id: str):
     token.write_text(secrets.token_hex(32))
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+    # The Ray Serve environment scripts/ray_local.sh starts users' clusters with (HAProxy's
+    # side ports free ones: a gateway started by start.sh may run beside the suite).
+    serve_env.apply(own_ports=True)
     import ray
     from ray import serve
 
