@@ -29,7 +29,7 @@ from deployments.reranker import deployment_options as reranker_options
 from deployments.retriever import RetrieverDeployment
 from deployments.retriever import deployment_options as retriever_options
 from serve_app.composition import build_service
-from serve_app.handles import HandleProxy
+from serve_app.handles import HandleProxy, StoreProxy
 from serve_app.http import create_app
 from serve_app.policy import Policy
 from serve_app.settings import GatewaySettings
@@ -77,7 +77,7 @@ class Ingress:
         remote_embedder = HandleProxy(_direct(embedder), "embedder")
         backends = Backends(
             embedder=_query_embedder(settings, remote_embedder, self.in_flight),
-            store=HandleProxy(_direct(retriever), "milvus"),
+            store=StoreProxy(_direct(retriever), "milvus"),
             graph=HandleProxy(_direct(graph), "neo4j") if graph is not None else None,
             reranker=HandleProxy(_direct(reranker), "reranker") if reranker is not None else None,
         )

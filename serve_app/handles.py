@@ -8,6 +8,7 @@ unexpected crash) becomes ``BackendUnavailable`` naming the backend.
 from __future__ import annotations
 
 import logging
+import pickle
 import re
 from typing import Any
 
@@ -65,3 +66,12 @@ class HandleProxy:
                 raise BackendUnavailable(backend, short_reason(exc)) from exc
 
         return call
+
+
+class StoreProxy(HandleProxy):
+    """The Retriever's handle: ``candidates`` travel as one standard pickle
+    (``RetrieverDeployment.candidates_packed``), every other method as any handle call."""
+
+    async def candidates(self, *args: Any, **kwargs: Any) -> Any:
+        # The payload comes from the gateway's own Retriever replica, never from a caller.
+        return pickle.loads(await self.candidates_packed(*args, **kwargs))  # noqa: S301

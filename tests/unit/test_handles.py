@@ -95,3 +95,37 @@ async def test_a_replica_failure_reaches_the_caller_as_one_short_line():
     assert "\x1b" not in message and "\n" not in message and "pid=" not in message
     assert "Traceback" not in message and "/opt/ray" not in message
     assert "MilvusException" in message and len(message) <= 320
+
+
+async def test_the_retrievers_candidates_travel_packed_and_arrive_as_hits():
+    """StoreProxy calls ``candidates_packed`` (one standard pickle, what
+    RetrieverDeployment returns) and hands the caller the candidates themselves; an error
+    of the replica is mapped as for any call."""
+    import pickle
+
+    from deployments.protocols import ChunkRecord, SearchFilter, SearchHit
+    from deployments.retriever import RetrieverDeployment
+    from serve_app.handles import StoreProxy
+
+    chunk = ChunkRecord("c1", "d1", "t1", 0, "text", "title", "h", "m", tags=("a",))
+    found = {"dense": [SearchHit(chunk, 0.9, {"dense": 0.9})], "bm25": []}
+
+    class Shell(RetrieverDeployment):
+        def __init__(self) -> None:  # no store: only candidates_packed is under test
+            pass
+
+        async def candidates(self, *args, **kwargs):
+            self.args = (args, kwargs)
+            return found
+
+    shell = Shell()
+    packed = await shell.candidates_packed("q", [0.1], SearchFilter(team_id="t1"), 5, ("dense",))
+    assert isinstance(packed, bytes) and pickle.loads(packed) == found
+    method = FakeMethod(packed)
+    proxy = StoreProxy(FakeHandle(candidates_packed=method), "milvus")
+    flt = SearchFilter(team_id="t1")
+    assert await proxy.candidates("q", [0.1], flt, 5, ("dense",), "r1") == found
+    assert method.calls == [(("q", [0.1], flt, 5, ("dense",), "r1"), {})]
+    failing = StoreProxy(FakeHandle(candidates_packed=FakeMethod(RuntimeError("died"))), "milvus")
+    with pytest.raises(BackendUnavailable):
+        await failing.candidates("q", None, flt, 5, ("bm25",))
