@@ -17,7 +17,6 @@ search runs uncached and says so in ``cache.status``."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -30,6 +29,7 @@ from batch_ingest.generations import IndexGenerations
 from deployments.errors import BackendUnavailable
 from deployments.protocols import SearchFilter
 from serve_app.cache.protocol import CacheHit, CacheStore
+from serve_app.cache.shared_reads import SharedReads
 from serve_app.settings import CacheSettings
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,9 @@ class SemanticCache:
         self.settings = settings
         self.store = store
         self.generations = generations
+        # Concurrent lookups of a team share one read of its generation (never one that
+        # began before they arrived: a write acknowledged before a search is always seen).
+        self._generation_reads = SharedReads(generations.get) if generations else None
         # The search pipeline's own query embedding (Retrieval.query_vector), so the vector
         # made here is the one the search then uses.
         self.embed_query = embed_query
@@ -115,12 +118,12 @@ class SemanticCache:
     ) -> Lookup:
         """The cached answer of this request, if any. ``dense``: the search embeds the query
         anyway, so a near-duplicate lookup costs nothing extra."""
-        if ttl_s <= 0 or self.generations is None:
+        if ttl_s <= 0 or self._generation_reads is None:
             return Lookup(status="bypass")
         if time.monotonic() < self._down_until:
             return Lookup(status=f"unavailable: {self._down_reason} (retrying shortly)")
         try:
-            generation = await asyncio.to_thread(self.generations.get, flt.team_id)
+            generation = await self._generation_reads.get(flt.team_id)
         except Exception as exc:
             logger.warning("semantic cache skipped: index generation unreadable: %s", exc)
             return Lookup(status=f"unavailable: index generation unreadable: {exc}")
