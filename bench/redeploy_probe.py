@@ -26,10 +26,12 @@ the application took the config and is RUNNING, every deployment HEALTHY with on
 replicas and the changed one at its count: 2 up; back down, anything inside the shipped
 autoscaling bounds, as Serve removes a replica only after the block's downscale delay), and
 the searches sent from the call until 2 s after it settled: count, statuses, p50, the longest,
-and how many took over 1 s. At the end it counts the access lines (``CALL candidates OK
-3.1ms``, ``POST /rag/search_docs 200 41.0ms``) of every replica the run saw, in its JSON log
-file (``logs/serve/replica_*.log``) and in its worker's stderr (``logs/worker-<worker
-id>-*.err``, Serve's text lines), which must agree.
+and how many took over 1 s. At the end it counts the access lines (``CALL candidates_packed
+OK 3.1ms``, ``POST /rag/search_docs 200 41.0ms``) of every replica the run saw, in its JSON
+log file (``logs/serve/replica_*.log``) and in its worker's stderr (``logs/worker-<worker
+id>-*.err``, Serve's text lines), which must agree: export ``RAY_SERVE_LOG_TO_STDERR=1``
+before ``scripts/ray_local.sh up``, since the shipped environment writes no stderr copy
+(deployments/serve_env.py).
 
 At the end it drops the collection and deletes the team's Neo4j nodes; the other services
 are left alone. The result goes to ``bench/results/redeploy_probe-<time>.json`` (``--out``)

@@ -1,4 +1,5 @@
-"""The environment every Ray node of the gateway starts with: Ray Serve's HAProxy ingress.
+"""The environment every Ray node of the gateway starts with: Ray Serve's HAProxy ingress,
+one event loop per replica, logs written once.
 
 Ray Serve's own HTTP proxy is a Python actor: every request crosses it and then an actor
 call into the Ingress replica. With ``RAY_SERVE_ENABLE_HA_PROXY=1`` (Ray ≥ 2.55, the
@@ -7,7 +8,10 @@ call into the Ingress replica. With ``RAY_SERVE_ENABLE_HA_PROXY=1`` (Ray ≥ 2.5
 forwards each request to the Ingress replica's own HTTP server (Serve's "direct ingress"),
 so a request costs no Python proxy and no actor call. On 2 vCPUs that took a search from
 26.2 to 18.3 ms at c=1 and from 53 to 93 requests/s at c=8 (bench/README.md, "Search
-plumbing"). The port, host and routes stay what ``http_options`` says.
+plumbing"). The port, host and routes stay what ``http_options`` says. Three of the settings
+Ray's ``RAY_SERVE_THROUGHPUT_OPTIMIZED`` bundles come with it (one loop per replica, no
+stderr copy of the logs: 49.5 → 55.7 searches/s at c=8, same section); its request-log
+buffer does not (a replica's access lines would reach its file up to 1,000 requests late).
 
 The variables must be set before Ray starts (they are read when Serve's modules load, in the
 controller and in every replica), so every place that starts a gateway cluster applies them:
@@ -32,6 +36,14 @@ from collections.abc import MutableMapping
 
 SERVE_ENV: dict[str, str] = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    # A replica runs the gateway's code and its handles' router on its own event loop
+    # instead of one thread and loop each: no hand-off between loops per request. Blocking
+    # work (models, Milvus, the state database) runs in worker threads either way.
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    # Serve's log lines go to each replica's JSON file only, not a second time, as text, to
+    # the worker's stderr (docs/operations.md, "Tracing and logs").
+    "RAY_SERVE_LOG_TO_STDERR": "0",
 }
 
 

@@ -44,6 +44,7 @@ run sends the same requests each time (~3,800 over 20 operations, ~2 min on 2 co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -417,11 +418,19 @@ def test_deep_params_are_422_in_the_ingress_not_503_from_the_graph_replica(jwt_a
 def raw_get(base: str, target: str) -> tuple[int, str, bytes]:
     """``GET target`` on a raw socket (no client-side URL limits): status, content type, body."""
     host, port = base.removeprefix("http://").split("/")[0].split(":")
+    data = b""
     with socket.create_connection((host, int(port)), timeout=60) as s:
-        s.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
+        try:
+            s.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            while chunk := s.recv(65536):
+                data += chunk
+        except (BrokenPipeError, ConnectionResetError):
+            # The front answered and closed before reading it all: its answer, if it came.
+            with contextlib.suppress(OSError):
+                while chunk := s.recv(65536):
+                    data += chunk
+    if not data:
+        return 0, "", b""  # closed without an answer the client could read
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     ctype = next(
@@ -444,6 +453,8 @@ def test_long_urls_get_414_in_the_error_shape_up_to_what_the_proxy_parses(jwt_ap
     for size in (20_000, 1_000_000) if haproxy else (65_536, 1_000_000):
         status, ctype, body = raw_get(jwt_app, path + "a" * (size - len(path)))
         if haproxy:  # over HAProxy's 16 KiB buffer
+            if status == 0 and size > 100_000:
+                continue  # HAProxy's 400 was lost in the reset of a socket still sending
             assert (status, ctype) == (400, "text/html"), (size, status, ctype, body[:200])
             assert b"400 Bad request" in body
         else:  # over the 16-bit offsets of uvicorn's httptools parser in Serve's proxy

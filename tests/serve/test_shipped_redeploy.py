@@ -8,7 +8,7 @@ Ray, beside its own gateway); nothing else changed.
 - Retriever 1 -> 2 replicas, asked the way the config says (``min_replicas`` inside its
   ``autoscaling_config``), while a client searches every 0.2 s: no replica of the other
   deployments is replaced, the first Retriever is kept, no search fails.
-- With two Retriever replicas, N searches leave N ``CALL candidates`` access lines across the
+- With two Retriever replicas, N searches leave N ``CALL candidates_packed`` access lines across the
   two replicas' log files, one per search (joined by Serve's request id), each in the file of
   the replica that served it, both replicas among them; and the Ingress, Embedder and Graph
   files have their calls too (issue 32: a Retriever replica used to write only its start
@@ -247,7 +247,8 @@ def test_two_retriever_replicas_log_every_call_in_their_own_files(shipped):
             (rid, line)
             for rid, lines in retriever.items()
             for line in lines
-            if line["message"].startswith("CALL candidates ") and line.get("request_id") in wanted
+            if line["message"].startswith("CALL candidates_packed ")
+            and line.get("request_id") in wanted
         ]
         if len(calls) >= n or time.monotonic() > deadline:
             break

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_apply_sets_what_is_missing_and_keeps_what_the_operator_set():
     env = {"RAY_SERVE_ENABLE_HA_PROXY": "0", "OTHER": "x"}
-    assert serve_env.apply(env) == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    assert serve_env.apply(env) == {**serve_env.SERVE_ENV, "RAY_SERVE_ENABLE_HA_PROXY": "0"}
     assert env["OTHER"] == "x"
     fresh: dict[str, str] = {}
     assert serve_env.apply(fresh) == serve_env.SERVE_ENV
