@@ -136,6 +136,13 @@ class EmbedderSettings(BaseModel):
     # and fewer than this many queries are being embedded (there or by the Embedder);
     # otherwise the Embedder deployment takes it.
     ingress_query_slots: int = Field(1, ge=1, le=64)
+    # Where a search's single query goes while the ingress serves other requests too:
+    # "when_busy" hands it to the Embedder deployment (another core; the ingress's loop is
+    # not held: a torch query takes ~10 ms), "never" embeds it in the ingress all the same
+    # (an int8 query takes ~2 ms, less than the hop costs the two processes), "auto" is
+    # "never" for ONNX int8 and "when_busy" otherwise. Batches of queries (enrich's claims)
+    # follow "when_busy" either way. bench/README.md, "Search plumbing".
+    query_spill: Literal["auto", "when_busy", "never"] = "auto"
 
     @model_validator(mode="after")
     def _flag_needs_a_model(self) -> EmbedderSettings:
@@ -177,6 +184,14 @@ class EmbedderSettings(BaseModel):
         if self.query_location == "auto":
             return not wants_gpu(self.device)
         return self.query_location == "ingress"
+
+    @property
+    def spills_queries_when_busy(self) -> bool:
+        """Whether a lone query goes to the Embedder while the ingress is busy
+        (``query_spill`` resolved)."""
+        if self.query_spill == "auto":
+            return not (self.backend == "onnx" and self.quantize == "int8")
+        return self.query_spill == "when_busy"
 
     @property
     def embed_model_tag(self) -> str:

@@ -103,7 +103,10 @@ def _query_embedder(settings: GatewaySettings, remote: Any, in_flight: InFlight)
     local = InlineQueryEmbedder(settings.embedder)
     local.start_loading()
     slots = settings.embedder.ingress_query_slots
-    return SplitEmbedder(local, remote, local_slots=slots, busy=in_flight.busy)
+    spill = settings.embedder.spills_queries_when_busy
+    return SplitEmbedder(
+        local, remote, local_slots=slots, busy=in_flight.busy, spill_when_busy=spill
+    )
 
 
 def _direct(handle: Any) -> Any:

@@ -180,6 +180,33 @@ def test_a_query_goes_to_the_shared_embedder_while_the_process_is_busy():
     assert [c[0] for c in shared.calls] == [["in a crowd"]]
 
 
+def test_with_no_spill_a_lone_query_stays_local_however_busy_but_a_batch_does_not():
+    local, shared = Recording("q"), Recording("p")
+    split = SplitEmbedder(
+        queries=local, passages=shared, busy=lambda: True, spill_when_busy=False
+    )
+    asyncio.run(split.embed(["in a crowd"], "query"))
+    asyncio.run(split.embed(["claim one", "claim two"], "query"))  # enrich's claims
+    asyncio.run(split.embed(["a passage"], "passage"))
+    assert [c[0] for c in local.calls] == [["in a crowd"]]
+    assert [c[0] for c in shared.calls] == [["claim one", "claim two"], ["a passage"]]
+
+
+@pytest.mark.parametrize(
+    ("spill", "backend", "quantize", "when_busy"),
+    [
+        ("auto", "auto", "auto", False),  # the packaged MiniLM on a CPU: ONNX int8
+        ("auto", "onnx", "none", True),
+        ("auto", "transformers", "none", True),
+        ("when_busy", "auto", "auto", True),
+        ("never", "transformers", "none", False),
+    ],
+)
+def test_query_spill_resolves_by_the_query_models_speed(spill, backend, quantize, when_busy):
+    settings = EmbedderSettings(query_spill=spill, backend=backend, quantize=quantize)
+    assert settings.spills_queries_when_busy is when_busy
+
+
 def test_the_in_flight_middleware_counts_requests_in_progress():
     import httpx
     from fastapi import FastAPI
