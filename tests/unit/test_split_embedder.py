@@ -182,9 +182,7 @@ def test_a_query_goes_to_the_shared_embedder_while_the_process_is_busy():
 
 def test_with_no_spill_a_lone_query_stays_local_however_busy_but_a_batch_does_not():
     local, shared = Recording("q"), Recording("p")
-    split = SplitEmbedder(
-        queries=local, passages=shared, busy=lambda: True, spill_when_busy=False
-    )
+    split = SplitEmbedder(queries=local, passages=shared, busy=lambda: True, spill_when_busy=False)
     asyncio.run(split.embed(["in a crowd"], "query"))
     asyncio.run(split.embed(["claim one", "claim two"], "query"))  # enrich's claims
     asyncio.run(split.embed(["a passage"], "passage"))
