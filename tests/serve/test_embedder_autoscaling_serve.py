@@ -65,7 +65,8 @@ def scenario() -> dict[str, Any]:
         return running, total
 
     try:
-        serve.start()
+        # Handles only: no HTTP port of its own that a gateway on this host (8000) could hold.
+        serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
         # The packaged MiniLM on torch, one thread (the backend pinned: the test is about scaling).
         settings = EmbedderSettings(backend="transformers", num_cpus=0)
         options = {
@@ -138,3 +139,11 @@ def test_the_embedder_scales_out_on_queued_texts_and_back():
     assert result["scaled_up"] == 2, result["seen"]
     assert result["backlog_after"]["queued_texts"] == 0
     assert result["scaled_down"] == [1, 1], result["seen"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
