@@ -19,6 +19,7 @@ alone exceeds the budget is not cached (and re-checked after ``too_large_retry_s
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -308,6 +309,10 @@ class HotIndex:
         self._teams.put(team)
         self.pins.learn(alias, heads.swap, physical)
         self._make_room(0, team_id)
+        # The copy's records live until it is replaced: out of the cyclic collector's sight,
+        # a full collection no longer walks tens of thousands of them during a search (they
+        # hold no cycles; reference counting still frees them).
+        gc.freeze()
         self.stats["loads"] += 1
         if heads.next:  # a reindex announced its version before this load: stage it too
             self.staging.notice(team_id, physical, heads)
