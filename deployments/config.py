@@ -237,15 +237,23 @@ class RerankerSettings(BaseModel):
 
 
 class MemoryIndexSettings(BaseModel):
-    """The Retriever's exact in-memory index of the teams it searches (deployments/memindex).
+    """The exact in-memory index of the teams searched (deployments/memindex).
 
     Milvus stays the system of record: a team is loaded from it in the background on its first
     search (searched in Milvus meanwhile), every search first checks the team's change-log
     heads in Milvus (one primary-key read) and applies what other writers recorded, and a
     reindex swap reloads the team. Off: every search goes to Milvus.
+
+    ``serve_from``: which process holds it. ``ingress`` (what ``auto`` means unless the
+    embedder makes learned sparse weights): each Ingress replica, so a search of a loaded team
+    makes no hop to the Retriever (bench/README.md, "Search plumbing"); the Retriever then
+    answers only what memory cannot (a team still loading or over the budget, the learned
+    sparse method, a change of model) from Milvus. ``retriever``: each Retriever replica, as
+    before (the memory then sits in one place however many Ingress replicas run).
     """
 
     enabled: bool = True
+    serve_from: Literal["auto", "ingress", "retriever"] = "auto"
     # All teams together, estimated; the least recently searched team is evicted first, and a
     # team larger than this alone is always searched in Milvus.
     max_mb: float = Field(1024.0, gt=0)

@@ -12,16 +12,13 @@ from typing import Any
 
 from deployments.config import MilvusSettings
 from deployments.health import BackendHealth
-from deployments.memindex.cache import HotIndex
+from deployments.memindex.front import MemoryFront, hot_index
 from deployments.memindex.pins import VersionPins
 from deployments.milvus_store import MilvusStore
 from deployments.protocols import (
     ChunkRecord,
     SearchFilter,
     SearchHit,
-)
-from deployments.search_filter import (
-    compile_filter,
 )
 from deployments.vector_store.model_choice import QueryVectors, vector_for
 
@@ -32,6 +29,24 @@ def deployment_options(settings: MilvusSettings) -> dict[str, Any]:
     """Serve options of ``RetrieverDeployment`` (its work is I/O and a millisecond of
     numpy per search: a tenth of a CPU, many requests in flight)."""
     return {"name": "Retriever", "max_ongoing_requests": 64, "ray_actor_options": {"num_cpus": 0.1}}
+
+
+def build_store(
+    settings: MilvusSettings,
+    dim: int,
+    lexical: bool = False,
+    models: Mapping[str, int] | None = None,
+) -> MilvusStore:
+    """The store of a process serving ``models`` (``tag → vector size``, the primary first)."""
+    tags = list(models or {})
+    return MilvusStore(
+        settings,
+        dim=dim,
+        lexical=lexical,
+        embed_model=tags[0] if tags else "",
+        dims=tuple((models or {}).values()),
+        served=tuple(tags),
+    )
 
 
 class RetrieverDeployment:
@@ -46,6 +61,9 @@ class RetrieverDeployment:
             makes ``dim``-d vectors): its tag is noted on the collections the store creates,
             each size is one a collection may have, and a team's collection of a model not
             among them is refused, never searched or written with these models' vectors.
+        memory_index: hold the in-memory index here (when ``settings.memory_index`` enables
+            it); ``False`` when the Ingress replicas hold it (``serve_from``): this replica
+            then answers from Milvus what their memory cannot.
     """
 
     def __init__(
@@ -56,31 +74,12 @@ class RetrieverDeployment:
         *,
         store: MilvusStore | None = None,
         models: Mapping[str, int] | None = None,
+        memory_index: bool = True,
     ) -> None:
-        if store is None:
-            tags = list(models or {})
-            store = MilvusStore(
-                settings,
-                dim=dim,
-                lexical=lexical,
-                embed_model=tags[0] if tags else "",
-                dims=tuple((models or {}).values()),
-                served=tuple(tags),
-            )
-        self.store = store
-        mem = settings.memory_index
-        self.hot = (
-            HotIndex(
-                self.store.versions,
-                metric=settings.metric_type,
-                max_mb=mem.max_mb,
-                lookback_s=mem.lookback_s,
-                k1=settings.bm25_k1,
-                b=settings.bm25_b,
-            )
-            if mem.enabled
-            else None
-        )
+        self.store = store or build_store(settings, dim, lexical, models)
+        enabled = memory_index and settings.memory_index.enabled
+        self.hot = hot_index(settings, self.store.versions) if enabled else None
+        self.memory = MemoryFront(self.hot) if self.hot is not None else None
         # The version each search reads (shared with the in-memory index when it is on).
         self.pins = self.hot.pins if self.hot is not None else VersionPins(self.store.versions)
         self.health = BackendHealth("milvus", self.status)
@@ -126,6 +125,7 @@ class RetrieverDeployment:
         read_id: str = "",
         query_lexical: Mapping[int, float] | None = None,
         query_vectors: QueryVectors | None = None,
+        pinned: str | None = None,
     ) -> dict[str, list[SearchHit]]:
         """Each method's candidates, all of one physical version of the team's collection:
         from memory when the team is loaded, in sync and of the version this search
@@ -134,7 +134,11 @@ class RetrieverDeployment:
 
         ``query_vectors`` (during a change of model: the query's vector per model tag) is
         used instead of ``query_vector``: the version this search reads is pinned first, and
-        the vector of that version's model is searched (``model_choice``)."""
+        the vector of that version's model is searched (``model_choice``). ``pinned``: the
+        version an earlier call of this search read from the caller's own memory (an
+        Ingress holding the index): this call reads that one too."""
+        if pinned and read_id:
+            self.pins.pin(flt.team_id, read_id, pinned)
         strict = False
         if query_vectors is not None and "dense" in methods:
             read_id = read_id or uuid.uuid4().hex  # one version for every method of this call
@@ -142,15 +146,9 @@ class RetrieverDeployment:
             strict = True
         # The in-memory index holds dense vectors and BM25 postings; the learned sparse
         # weights (``lexical``) are always searched in Milvus, in the version memory answered.
-        in_memory = tuple(m for m in methods if m != "lexical")
         found: dict[str, list[SearchHit]] | None = None
-        if self.hot is not None and in_memory:
-            compiled = compile_filter(flt)
-            args = (query_text, query_vector, compiled, limit, in_memory, read_id)
-            # The second call of a search needs no I/O: answer it on the loop.
-            found = self.hot.synced_candidates(*args)
-            if found is None:
-                found = await asyncio.to_thread(self.hot.candidates, *args)
+        if self.memory is not None:
+            found = await self.memory.answer(query_text, query_vector, flt, limit, methods, read_id)
         rest = tuple(m for m in methods if found is None or m not in found)
         if not rest:
             return found or {}

@@ -18,18 +18,20 @@ from ray import serve
 from ray.serve import Application
 
 from batch_ingest.source_store import SourceStore
+from deployments.config import EmbedderSettings
 from deployments.embedder import EmbedderDeployment
 from deployments.embedder import deployment_options as embedder_options
 from deployments.embedding import InlineQueryEmbedder, SplitEmbedder, embedding_dim
 from deployments.graph import GraphDeployment
 from deployments.graph import deployment_options as graph_options
+from deployments.memindex.front import MemoryFront, hot_index
 from deployments.protocols import Backends
 from deployments.reranker import RerankerDeployment
 from deployments.reranker import deployment_options as reranker_options
-from deployments.retriever import RetrieverDeployment
+from deployments.retriever import RetrieverDeployment, build_store
 from deployments.retriever import deployment_options as retriever_options
 from serve_app.composition import build_service
-from serve_app.handles import HandleProxy, StoreProxy
+from serve_app.handles import HandleProxy, MemoryFirstStore, StoreProxy
 from serve_app.http import create_app
 from serve_app.policy import Policy
 from serve_app.settings import GatewaySettings
@@ -75,9 +77,12 @@ class Ingress:
         self.settings = settings
         self.in_flight = InFlight()
         remote_embedder = HandleProxy(_direct(embedder), "embedder")
+        store: Any = StoreProxy(_direct(retriever), "milvus")
+        if settings.memory_index_in_ingress:
+            self.local_store = store = _memory_first(settings, store)
         backends = Backends(
             embedder=_query_embedder(settings, remote_embedder, self.in_flight),
-            store=StoreProxy(_direct(retriever), "milvus"),
+            store=store,
             graph=HandleProxy(_direct(graph), "neo4j") if graph is not None else None,
             reranker=HandleProxy(_direct(reranker), "reranker") if reranker is not None else None,
         )
@@ -91,6 +96,25 @@ class Ingress:
         service = getattr(self, "service", None)
         if service is not None:
             service.audit.close()
+        local_store = getattr(self, "local_store", None)
+        if local_store is not None:
+            local_store.close()
+
+
+def _served_models(settings: GatewaySettings) -> dict[str, int]:
+    """``model tag → vector size`` of the models served, the primary first (during a change
+    of model both are; every collection notes its own)."""
+    return {e.embed_model_tag: embedding_dim(e) for e in settings.embedders}
+
+
+def _memory_first(settings: GatewaySettings, remote: StoreProxy) -> MemoryFirstStore:
+    """The in-memory index in this replica, over its own connection to Milvus, in front of
+    the Retriever's handle (``milvus.memory_index.serve_from``)."""
+    embedder: EmbedderSettings = settings.embedder
+    store = build_store(
+        settings.milvus, embedding_dim(embedder), embedder.lexical, _served_models(settings)
+    )
+    return MemoryFirstStore(remote, MemoryFront(hot_index(settings.milvus, store.versions)))
 
 
 def _query_embedder(settings: GatewaySettings, remote: Any, in_flight: InFlight) -> Any:
@@ -129,8 +153,7 @@ def build_app(args: AppArgs) -> Application:
     # A broken policy file fails the deploy here, not in every Ingress replica.
     Policy.load(settings.auth.policy_file)
     dim = embedding_dim(settings.embedder)
-    # During a change of model both are served; every collection notes its own.
-    models = {e.embed_model_tag: embedding_dim(e) for e in settings.embedders}
+    models = _served_models(settings)
     embedder = _deployment(EmbedderDeployment, embedder_options(settings.embedder))
     retriever = _deployment(RetrieverDeployment, retriever_options(settings.milvus))
     graph = reranker = None
@@ -142,7 +165,13 @@ def build_app(args: AppArgs) -> Application:
     return ingress.bind(
         settings,
         embedder.bind(settings.embedder, settings.embedder_next),
-        retriever.bind(settings.milvus, dim, settings.embedder.lexical, models=models),
+        retriever.bind(
+            settings.milvus,
+            dim,
+            settings.embedder.lexical,
+            models=models,
+            memory_index=not settings.memory_index_in_ingress,
+        ),
         graph.bind(settings.neo4j) if graph is not None else None,
         reranker.bind(settings.reranker) if reranker is not None else None,
     )

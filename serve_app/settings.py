@@ -337,6 +337,16 @@ class GatewaySettings(BatchSettings):
             return self.surface_open_by_default
         return self.surface.readyz == "full"
 
+    @property
+    def memory_index_in_ingress(self) -> bool:
+        """Whether each Ingress replica holds the in-memory index (``milvus.memory_index.
+        serve_from``; ``auto``: yes unless the embedder makes learned sparse weights, whose
+        search runs in Milvus through the Retriever anyway)."""
+        mem = self.milvus.memory_index
+        if not mem.enabled or mem.serve_from == "retriever":
+            return False
+        return mem.serve_from == "ingress" or not self.embedder.lexical
+
     @model_validator(mode="after")
     def _verified_identity_in_production(self) -> GatewaySettings:
         if self.environment != "production":

@@ -19,6 +19,10 @@ Ray, beside its own gateway); nothing else changed.
 - With two Retriever replicas, every search sent right after an acknowledged ingest finds the
   new document, whichever replica answers (each checks the change log, concurrent searches
   sharing one read: issue 37).
+- The three tests with two Retrievers hold the in-memory index there
+  (``milvus.memory_index.serve_from: retriever``); by default each Ingress replica holds it
+  (issue 37): with two Ingress replicas, no ACL tightening or delete is undone by a reindex
+  and every search right after an ingest finds the new document.
 """
 
 from __future__ import annotations
@@ -69,10 +73,27 @@ def shipped_config(collection: str, logs: Path) -> dict[str, Any]:
 
 def with_retrievers(config: dict[str, Any], at_least: int, at_most: int) -> dict[str, Any]:
     """``config`` with the Retriever's autoscaling bounds changed, as an operator scales it."""
+    return with_replicas(config, "Retriever", at_least, at_most)
+
+
+def with_replicas(config: dict[str, Any], name: str, at_least: int, at_most: int) -> dict[str, Any]:
+    """``config`` with deployment ``name``'s autoscaling bounds changed."""
     config = copy.deepcopy(config)
-    (retriever,) = [d for d in config["applications"][0]["deployments"] if d["name"] == "Retriever"]
-    retriever["autoscaling_config"].update(min_replicas=at_least, max_replicas=at_most)
+    (deployment,) = [d for d in config["applications"][0]["deployments"] if d["name"] == name]
+    deployment["autoscaling_config"].update(min_replicas=at_least, max_replicas=at_most)
     return config
+
+
+def memory_in(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """``config`` with the in-memory index held by ``where`` (ingress, retriever)."""
+    config = copy.deepcopy(config)
+    milvus = config["applications"][0]["args"]["settings"]["milvus"]
+    milvus.setdefault("memory_index", {})["serve_from"] = where
+    return config
+
+
+def two_retrievers_holding_the_index(config: dict[str, Any]) -> dict[str, Any]:
+    return memory_in(with_retrievers(config, 2, 2), "retriever")
 
 
 def deploy(config: dict[str, Any]) -> float:
@@ -102,10 +123,12 @@ def replicas(app: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def wait_settled(since: float, retrievers: int | None, timeout: float = 300) -> dict[str, Any]:
+def wait_settled(
+    since: float, retrievers: int | None, timeout: float = 300, ingresses: int | None = None
+) -> dict[str, Any]:
     """The application once it took the config sent at ``since``, is RUNNING with every
-    deployment HEALTHY, only RUNNING replicas and ``retrievers`` Retrievers (any number:
-    ``None``)."""
+    deployment HEALTHY, only RUNNING replicas, ``retrievers`` Retrievers and ``ingresses``
+    Ingress replicas (any number: ``None``)."""
     deadline = time.monotonic() + timeout
     app: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -118,6 +141,7 @@ def wait_settled(since: float, retrievers: int | None, timeout: float = 300) -> 
             and all(d.get("status") == "HEALTHY" for d in deployments.values())
             and all(s == "RUNNING" for sts in states.values() for s in sts)
             and retrievers in (None, len(states.get("Retriever", [])))
+            and ingresses in (None, len(states.get("Ingress", [])))
         ):
             return app
         time.sleep(0.5)
@@ -229,7 +253,8 @@ def access_lines(logs: Path, deployment: str) -> dict[str, list[dict[str, Any]]]
 
 
 def test_two_retriever_replicas_log_every_call_in_their_own_files(shipped):
-    app = wait_settled(deploy(with_retrievers(shipped["config"], 2, 2)), retrievers=2)
+    config = two_retrievers_holding_the_index(shipped["config"])
+    app = wait_settled(deploy(config), retrievers=2, timeout=600)
     running = {rid for rid, r in replicas(app).items() if r["deployment"] == "Retriever"}
     n = 40
     request_ids = []
@@ -286,17 +311,30 @@ def test_two_retriever_replicas_log_every_call_in_their_own_files(shipped):
 
 
 def test_no_revocation_is_undone_by_a_reindex_with_two_retrievers(shipped):
-    wait_settled(deploy(with_retrievers(shipped["config"], 2, 2)), retrievers=2)
+    wait_settled(deploy(two_retrievers_holding_the_index(shipped["config"])), retrievers=2)
     assert_no_revocation_undone(shipped["base"], retrievers=2, seed=332)
 
 
 def test_two_retrievers_find_every_document_right_after_its_ingest(shipped):
-    wait_settled(deploy(with_retrievers(shipped["config"], 2, 2)), retrievers=2)
+    wait_settled(deploy(two_retrievers_holding_the_index(shipped["config"])), retrievers=2)
+    assert_found_right_after_ingest(shipped["base"])
+
+
+def test_two_ingress_replicas_holding_the_index_undo_no_revocation_and_miss_no_ingest(shipped):
+    """The default: each Ingress replica holds the in-memory index (``serve_from: auto``)."""
+    config = with_replicas(with_retrievers(shipped["config"], 1, 1), "Ingress", 2, 2)
+    wait_settled(deploy(config), retrievers=1, ingresses=2, timeout=600)
+    assert_found_right_after_ingest(shipped["base"])
+    assert_no_revocation_undone(shipped["base"], retrievers=1, seed=333)
+
+
+def assert_found_right_after_ingest(base: str) -> None:
     n, missed = 24, []
-    with httpx.Client(base_url=shipped["base"], timeout=60) as c:
+    with httpx.Client(base_url=base, timeout=60) as c:
         # Warm both replicas' memory copies first, so the searches below read memory.
         for i in range(8):
             c.post("/rag/search_docs", json={"team_id": TEAM, "query": f"peak {i}"})
+        time.sleep(2)  # a copy loads in the background (the team is small)
         for i in range(n):
             word = f"fresh{uuid.uuid4().hex[:10]}"
             doc = {"team_id": TEAM, "doc_id": f"raw{i}", "text": f"Storage report {i}: {word}."}

@@ -1,0 +1,62 @@
+"""``MemoryFront``: the part of a ``candidates`` call the in-memory index answers, shared by
+the process that holds it (a Retriever replica, or an Ingress replica that holds it itself:
+``milvus.memory_index.serve_from``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from deployments.memindex.cache import HotIndex
+from deployments.protocols import SearchFilter, SearchHit
+from deployments.search_filter import compile_filter
+
+if TYPE_CHECKING:
+    from deployments.config import MilvusSettings
+    from deployments.memindex.copies import RowSource
+
+# What memory holds: dense vectors and BM25 postings (learned sparse weights stay in Milvus).
+MEMORY_METHODS = frozenset({"dense", "bm25"})
+
+
+def hot_index(settings: MilvusSettings, source: RowSource) -> HotIndex:
+    """The in-memory index of ``settings.memory_index`` over ``source`` (the store's versions)."""
+    mem = settings.memory_index
+    return HotIndex(
+        source,
+        metric=settings.metric_type,
+        max_mb=mem.max_mb,
+        lookback_s=mem.lookback_s,
+        k1=settings.bm25_k1,
+        b=settings.bm25_b,
+    )
+
+
+class MemoryFront:
+    """Answers the memory methods of a search from ``hot`` when its team is loaded and in sync.
+
+    ``answer`` returns each memory method's candidates, or ``None`` (the team is not loaded,
+    out of sync, or of another version than this search reads): the caller asks Milvus.
+    """
+
+    def __init__(self, hot: HotIndex) -> None:
+        self.hot = hot
+
+    async def answer(
+        self,
+        query_text: str,
+        query_vector: list[float] | None,
+        flt: SearchFilter,
+        limit: int,
+        methods: tuple[str, ...],
+        read_id: str = "",
+    ) -> dict[str, list[SearchHit]] | None:
+        in_memory = tuple(m for m in methods if m in MEMORY_METHODS)
+        if not in_memory:
+            return None
+        args = (query_text, query_vector, compile_filter(flt), limit, in_memory, read_id)
+        # A later call of a search already checked needs no I/O: answer it on the loop.
+        found = self.hot.synced_candidates(*args)
+        if found is None:  # the change-log check reads Milvus: in a thread
+            found = await asyncio.to_thread(self.hot.candidates, *args)
+        return found
