@@ -67,7 +67,7 @@ from bench.common import (
 )
 from bench.profiles import SpyGroup
 from bench.quality.metrics import distinct, evaluate
-from bench.serve_harness import ServeHarness, run_benchmark
+from bench.serve_harness import ServeHarness, deep_merge, run_benchmark
 
 logger = logging.getLogger("bench.plumbing")
 stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -125,6 +125,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME=VALUE",
         help="environment of the local Ray cluster (e.g. RAY_SERVE_ENABLE_HA_PROXY=0)",
+    )
+    p.add_argument(
+        "--ingress-replicas",
+        type=int,
+        default=None,
+        help="Ingress replicas (default: the app's one; each holds its own in-memory index)",
+    )
+    p.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help='GatewaySettings overrides, deep-merged, e.g. \'{"milvus": {"memory_index": '
+        '{"serve_from": "retriever"}}}\'',
     )
     p.add_argument("--out", default=None)
     p.add_argument("-v", "--verbose", action="store_true")
@@ -361,12 +375,36 @@ async def gateway(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
                     log_level(rep, res)
                     levels.setdefault((path, c), []).append(res)
         components = (await client.get("/readyz", headers=auth(warm[0]))).json()
+        result["empty"] = [
+            await empty_level(client, c, n)
+            for c, n in zip(args.concurrency, args.requests, strict=True)
+        ]
     after = floor(settings, chunks, texts, args)
     result["floor"] = floor_per_path(before, after)
     logger.info("floor: %s", result["floor"])
     result["levels"] = [summarise(reps, labeled.qrels) for reps in levels.values()]
     result["components"] = components.get("components", {})
     return result
+
+
+async def empty_level(client: httpx.AsyncClient, concurrency: int, n: int) -> dict[str, Any]:
+    """``GET /healthz`` (no credential, no backend): what a request costs through the HTTP
+    front, Serve's replica and FastAPI before the gateway does anything."""
+
+    async def call(_: int) -> None:
+        resp = await client.get("/healthz")
+        if resp.status_code != 200:
+            raise RuntimeError(f"/healthz answered {resp.status_code}")
+
+    wall, latencies, _, errors = await closed_loop(list(range(n)), concurrency, call)
+    summary = latency_summary(latencies)
+    return {
+        "concurrency": concurrency,
+        "errors": len(errors),
+        "requests_per_s": round(len(latencies) / wall, 2),
+        "p50_ms": summary.get("p50_ms"),
+        "p95_ms": summary.get("p95_ms"),
+    }
 
 
 def auth(tok: str) -> dict[str, str]:
@@ -380,15 +418,30 @@ async def warm_up(
     tokens: list[str],
     chunks: int,
 ) -> None:
-    """Search until the Retriever answers from memory with every chunk, then 30 more."""
+    """Search until the in-memory index answers with every chunk, then 30 more. With
+    several Ingress replicas (each holds its own index; the HTTP front spreads requests by
+    connection) eight searches go at once, and every replica's state must show it loaded:
+    ``/readyz`` is asked on fresh connections until 3 × the replicas in a row say so."""
     t0 = time.perf_counter()
-    extra = 0
+    extra, width = 0, 8 if (args.ingress_replicas or 1) > 1 else 1
+    needed = 3 * (args.ingress_replicas or 1)
     for i in range(100_000):
-        body = search_body(args, queries[i % len(queries)][1], "hybrid")
-        resp = await client.post("/rag/search_docs", json=body, headers=auth(tokens[0]))
-        resp.raise_for_status()
-        state = await memory_state(client, tokens[0])
-        if not state.get("enabled") or (state.get("chunks") == chunks and not state["loading"]):
+        bodies = [
+            search_body(args, queries[(i * width + j) % len(queries)][1], "hybrid")
+            for j in range(width)
+        ]
+        answers = await asyncio.gather(
+            *(client.post("/rag/search_docs", json=b, headers=auth(tokens[0])) for b in bodies)
+        )
+        for resp in answers:
+            resp.raise_for_status()
+        states = []
+        for _ in range(needed if width > 1 else 1):
+            async with httpx.AsyncClient(base_url=client.base_url, timeout=30.0) as fresh:
+                states.append(await memory_state(fresh if width > 1 else client, tokens[0]))
+        if all(
+            not s.get("enabled") or (s.get("chunks") == chunks and not s["loading"]) for s in states
+        ):
             extra += 1
             if extra >= 30:
                 break
@@ -513,6 +566,20 @@ def render(result: dict[str, Any]) -> str:
     for path in ("hybrid", "dense", "bm25"):
         if path in fl:
             rows.append([f"floor, {path}", "", fl[path], "", "", "", "", "", ""])
+    for lv in gw.get("empty", []):
+        rows.append(
+            [
+                "empty request (GET /healthz)",
+                lv["concurrency"],
+                lv["p50_ms"],
+                lv["p95_ms"],
+                lv["requests_per_s"],
+                "",
+                "",
+                f"{lv['errors']} / 0",
+                "",
+            ]
+        )
     for lv in gw.get("levels", []):
         base = fl.get(lv["path"] if lv["path"] != "cached" else "hybrid")
         ratio = f"{lv['p50_ms'] / base:.2f}×" if base and lv["concurrency"] == 1 else ""
@@ -603,8 +670,18 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.serve_env:
         name, _, value = item.partition("=")
         os.environ[name] = value
-    settings = {"auth": {"mode": "jwt", "hs256_secret": SECRET}, "cache": {"enabled": True}}
-    harness = ServeHarness(port=args.port, collection=args.collection, settings=settings)
+    settings: dict[str, Any] = {
+        "auth": {"mode": "jwt", "hs256_secret": SECRET},
+        "cache": {"enabled": True},
+    }
+    for item in args.setting:
+        settings = deep_merge(settings, json.loads(item))
+    harness = ServeHarness(
+        port=args.port,
+        collection=args.collection,
+        settings=settings,
+        ingress_replicas=args.ingress_replicas,
+    )
     result: dict[str, Any] = {
         "benchmark": "plumbing",
         "args": vars(args),

@@ -111,6 +111,8 @@ class ServeHarness:
         ready_timeout_s: how long to wait for ``/readyz``.
         num_cpus: CPUs Ray may schedule (default: all).
         keep_temp: keep Ray's temp folder (logs) after a clean stop.
+        ingress_replicas: Ingress replicas (default: the app's own, one), as an operator
+            sets ``num_replicas`` in serve_config.yaml.
     """
 
     def __init__(
@@ -124,6 +126,7 @@ class ServeHarness:
         ready_timeout_s: float = 300.0,
         num_cpus: int | None = None,
         keep_temp: bool = False,
+        ingress_replicas: int | None = None,
     ) -> None:
         if not collection.startswith(COLLECTION_PREFIX):
             raise ValueError(f"benchmark collections must start with {COLLECTION_PREFIX!r}")
@@ -142,6 +145,7 @@ class ServeHarness:
         self.ready_timeout_s = ready_timeout_s
         self.num_cpus = num_cpus
         self.keep_temp = keep_temp
+        self.ingress_replicas = ingress_replicas
         overrides = dict(settings or {})
         overrides["milvus"] = {**overrides.get("milvus", {}), "collection": collection}
         # Benchmarks measure the search itself and repeat their queries: the semantic cache
@@ -273,7 +277,7 @@ class ServeHarness:
             self.collection,
             "on" if self.graph_enabled else "off",
         )
-        serve.run(build_app(self.app_args), name=APP_NAME, route_prefix="/")
+        serve.run(self._build(build_app), name=APP_NAME, route_prefix="/")
         self.wait_ready()
         self.startup_s = round(time.perf_counter() - started, 1)
         logger.info("gateway ready in %.1fs", self.startup_s)
@@ -289,8 +293,22 @@ class ServeHarness:
         self.app_args = AppArgs(settings=merged, graph_enabled=self.graph_enabled)
         self.settings = self.app_args.gateway_settings()
         logger.info("redeploying app %r with %s", APP_NAME, settings)
-        serve.run(build_app(self.app_args), name=APP_NAME, route_prefix="/")
+        serve.run(self._build(build_app), name=APP_NAME, route_prefix="/")
         self.wait_ready()
+
+    def _build(self, build_app: Any) -> Any:
+        """``build_app(self.app_args)``, with ``ingress_replicas`` when set (the Ingress's
+        options are read when the app is built, as a deployment override would set them)."""
+        import serve_app.app as app_module
+
+        if self.ingress_replicas is None:
+            return build_app(self.app_args)
+        saved = app_module.INGRESS_OPTIONS
+        app_module.INGRESS_OPTIONS = {**saved, "num_replicas": self.ingress_replicas}
+        try:
+            return build_app(self.app_args)
+        finally:
+            app_module.INGRESS_OPTIONS = saved
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
