@@ -192,4 +192,7 @@ class SemanticCache:
             similarity=self.settings.similarity,
             took_ms=round((time.perf_counter() - started) * 1000, 2),
         )
+        if self._generation_reads is not None:  # generation reads made, and lookups sharing one
+            reads = self._generation_reads
+            body.update(generation_reads=reads.reads, generation_reads_shared=reads.shared)
         return body

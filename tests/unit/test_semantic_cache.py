@@ -4,6 +4,7 @@ duplicates, never across scopes, gone after any write to the team."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -46,6 +47,9 @@ def test_a_repeat_is_served_from_the_cache_with_the_same_matches(make):
     # Case and spacing do not make another query.
     third = search(gw, QUERY | {"query": "  MILVUS gateway   search notes deploy "})
     assert third["cache"]["hit"] and third["cache"]["similarity"] == 1.0
+    # One generation read per lookup here (one at a time: nothing to share).
+    status = asyncio.run(gw.service.cache.status())
+    assert status["generation_reads"] == 3 and status["generation_reads_shared"] == 0
 
 
 def test_a_near_duplicate_hits_and_an_unrelated_query_misses(make):
