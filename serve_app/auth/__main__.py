@@ -30,6 +30,23 @@ def team_roles(value: str) -> tuple[str, list[str]]:
     return team, [r for r in roles.split(",") if r]
 
 
+# The longest a minted token may live: these tokens are for development and operations.
+MAX_TTL_S = 30 * 86_400
+
+
+def ttl_seconds(value: str) -> int:
+    """A token lifetime: whole seconds, 1 to ``MAX_TTL_S``."""
+    try:
+        seconds = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole seconds, got {value!r}") from None
+    if not 1 <= seconds <= MAX_TTL_S:
+        raise argparse.ArgumentTypeError(
+            f"must be between 1 and {MAX_TTL_S} seconds (30 days), got {seconds}"
+        )
+    return seconds
+
+
 def mint_token(args: argparse.Namespace, settings: GatewaySettings) -> str:
     auth = settings.auth
     secret = args.secret or auth.hs256_secret.get_secret_value()
@@ -82,20 +99,43 @@ def new_api_key(args: argparse.Namespace, settings: GatewaySettings) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serve_app.auth", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    helps = {
+        "mint-token": "an HS256 token for local testing (AUTH__HS256_SECRET, issuer, audience)",
+        "new-api-key": "a new API key for a service agent and its key-file entry",
+    }
     for name in ("mint-token", "new-api-key"):
-        sub = commands.add_parser(name)
-        sub.add_argument("--team", type=team_roles, action="append", required=True)
-        sub.add_argument("--group", action="append", default=[])
-        sub.add_argument("--permission", action="append", default=[])
-        sub.add_argument("--agent-id", default="")
+        sub = commands.add_parser(name, help=helps[name], description=helps[name])
+        sub.add_argument(
+            "--team",
+            type=team_roles,
+            action="append",
+            required=True,
+            metavar="TEAM=ROLE[,ROLE...]",
+            help="a team and the roles in it (repeat for several teams)",
+        )
+        sub.add_argument(
+            "--group", action="append", default=[], help="a group of the caller (repeatable)"
+        )
+        sub.add_argument(
+            "--permission",
+            action="append",
+            default=[],
+            help="a permission, e.g. ops:read or rag:route_agents (repeatable)",
+        )
+        sub.add_argument("--agent-id", default="", help="the agent id the credential names")
         if name == "mint-token":
-            sub.add_argument("--sub", required=True)
-            sub.add_argument("--ttl", type=int, default=3600, help="seconds")
+            sub.add_argument("--sub", required=True, help="the subject (user or service id)")
+            sub.add_argument(
+                "--ttl",
+                type=ttl_seconds,
+                default=3600,
+                help=f"lifetime in seconds, 1 to {MAX_TTL_S} (default: 3600)",
+            )
             sub.add_argument("--secret", default="", help="default: AUTH__HS256_SECRET")
-            sub.add_argument("--issuer", default="")
-            sub.add_argument("--audience", default="")
+            sub.add_argument("--issuer", default="", help="default: AUTH__ISSUER")
+            sub.add_argument("--audience", default="", help="default: AUTH__AUDIENCE")
         else:
-            sub.add_argument("--name", default="")
+            sub.add_argument("--name", default="", help="a name for the key in the key file")
     args = parser.parse_args(argv)
     settings = GatewaySettings()
     if args.command == "mint-token":

@@ -40,3 +40,34 @@ def test_new_api_key_entry_verifies_the_printed_key(monkeypatch, capsys, tmp_pat
     principal = ApiKeyStore(str(path), PEPPER).verify(key)
     assert principal.agent_id == "ag_ingest"
     assert dict(principal.teams) == {"dao_a": ("service",)}
+
+
+@pytest.mark.parametrize("ttl", ["-60", "0", "2592001", "1h"])
+def test_mint_token_refuses_a_lifetime_that_is_not_1_s_to_30_days(monkeypatch, capsys, ttl):
+    monkeypatch.setenv("AUTH__HS256_SECRET", SECRET)
+    with pytest.raises(SystemExit) as stop:
+        main(["mint-token", "--sub", "alice", "--team", "dao_a=owner", "--ttl", ttl])
+    assert stop.value.code == 2
+    assert "--ttl" in capsys.readouterr().err
+
+
+def test_every_option_has_help(capsys):
+    wanted = {
+        "mint-token": (
+            "roles in it",
+            "a group of",
+            "a permission",
+            "agent id",
+            "subject",
+            "lifetime in seconds",
+            "AUTH__ISSUER",
+            "AUTH__AUDIENCE",
+        ),
+        "new-api-key": ("roles in it", "a group of", "a permission", "agent id", "a name for"),
+    }
+    for command, phrases in wanted.items():
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        for phrase in phrases:
+            assert phrase in text, (command, phrase)
