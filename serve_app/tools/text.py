@@ -88,7 +88,7 @@ def _rows(r: GraphQueryResponse) -> list[str]:
 
 def _cap(head: list[str], body: list[str], max_bytes: int) -> str:
     """``head`` then as many whole lines of ``body`` as fit in ``max_bytes``; a line that
-    alone does not fit is cut at a character boundary."""
+    alone does not fit is cut at a character boundary, any other is left out whole."""
     marker = len(TRUNCATED.encode()) + 1
     # The head (the degraded warning) comes first and stays, cut to half the budget at most.
     text = _cut("\n".join(head), max_bytes // 2)
@@ -101,8 +101,11 @@ def _cap(head: list[str], body: list[str], max_bytes: int) -> str:
             kept.append(line)
             used += size
             continue
+        # Cut at a line: the answer ends with the last whole line that fits. Only a line
+        # that could never fit (longer than what the head leaves) is cut inside, at a
+        # character boundary, so that its start is not lost too.
         room = max_bytes - used - marker - 1
-        if room > 0:
+        if room > 0 and size > max_bytes - len(text.encode()) - marker:
             kept.append(_cut(line, room))
         kept.append(TRUNCATED)
         break

@@ -254,6 +254,8 @@ def assert_capped(resp: SearchDocsResponse) -> str:
     if lines[cut - 1] != whole[cut - 1]:
         cut -= 1
         assert whole[cut].startswith(lines[cut])
+        # Only a line that could never fit is cut inside; any other is left out whole.
+        assert len(whole[cut].encode()) > MAX_TEXT_BYTES // 2, "cut inside a line that fits"
     assert lines[:cut] == whole[:cut]
     return text
 
