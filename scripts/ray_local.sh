@@ -2,6 +2,7 @@
 # Start or stop a one-node Ray cluster on loopback for `serve deploy`.
 #   scripts/ray_local.sh up | down
 # Ray 2.60 enables token auth: the token lives in $RAG_VAR_DIR/ray_auth_token.
+# Prometheus metrics on 127.0.0.1:${RAG_METRICS_PORT:-8080}/metrics (docs/operations.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VAR="${RAG_VAR_DIR:-$ROOT/var}"
@@ -22,7 +23,8 @@ case "${1:-}" in
     else
       "$VENV/bin/ray" start --head --node-ip-address 127.0.0.1 --port 6379 \
         --dashboard-host 127.0.0.1 --dashboard-port 8265 --include-dashboard true \
-        --num-cpus "${RAG_RAY_CPUS:-2}" --disable-usage-stats
+        --num-cpus "${RAG_RAY_CPUS:-2}" --disable-usage-stats \
+        --metrics-export-port "${RAG_METRICS_PORT:-8080}"
     fi
     ;;
   down)
