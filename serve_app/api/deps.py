@@ -35,23 +35,25 @@ ACTIONS = {
 }
 
 
-def _service(request: Request) -> GatewayService:
+# Async on purpose: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop
+# on every request for a single attribute read.
+async def _service(request: Request) -> GatewayService:
     return request.app.state.service
 
 
-def _graph_tools(request: Request) -> GraphTools:
+async def _graph_tools(request: Request) -> GraphTools:
     return request.app.state.service.graph_tools
 
 
-def _search(request: Request) -> SearchService:
+async def _search(request: Request) -> SearchService:
     return request.app.state.service.search
 
 
-def _enrich(request: Request) -> EnrichService:
+async def _enrich(request: Request) -> EnrichService:
     return request.app.state.service.enrich
 
 
-def _ingest(request: Request) -> IngestService:
+async def _ingest(request: Request) -> IngestService:
     return request.app.state.service.ingest
 
 
