@@ -136,7 +136,7 @@ def _ranked(
 
 
 def shingles(text: str, size: int = 4) -> set[tuple[str, ...]]:
-    words = [w.lower() for w in WORD.findall(text)]
+    words = WORD.findall(text.lower())  # one lower() per text, not one per word
     if len(words) <= size:
         return {tuple(words)} if words else set()
     # zip of shifted word lists: the same tuples as slicing, ~1.3x faster (the step runs
