@@ -275,7 +275,8 @@ class IngestPipeline:
         problem = await self.bump_generations(teams)
         if problem:
             report.degraded.append(
-                f"index generation not raised (cached answers may lag): {problem}"
+                "index generation not raised (cached answers may lag; in-memory indexes "
+                f"notice the write within milvus.memory_index.generation_trust_s): {problem}"
             )
 
     async def bump_generations(self, teams: set[str]) -> str | None:
@@ -283,12 +284,17 @@ class IngestPipeline:
         one can no longer answer); what went wrong, if it could not be raised."""
         if not teams or self.generations is None:
             return None
-        try:
-            await asyncio.to_thread(self.generations.bump, teams)
-        except Exception as exc:
-            logger.warning("index generation not raised for %s: %s", sorted(teams), exc)
-            return str(exc)
-        return None
+        for attempt in (1, 2):  # once more: searches trust an unchanged generation
+            try:
+                await asyncio.to_thread(self.generations.bump, teams)
+                return None
+            except Exception as exc:
+                logger.warning(
+                    "index generation not raised for %s (try %d): %s", sorted(teams), attempt, exc
+                )
+                problem = str(exc)
+                await asyncio.sleep(0.1)
+        return problem
 
     async def delete(self, keys: list[Key], versions: dict[Key, int] | None = None) -> IngestReport:
         """Delete documents by ``(team_id, doc_type, doc_id)``: their chunks from Milvus (by

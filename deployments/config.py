@@ -242,7 +242,9 @@ class MemoryIndexSettings(BaseModel):
     Milvus stays the system of record: a team is loaded from it in the background on its first
     search (searched in Milvus meanwhile), every search first checks the team's change-log
     heads in Milvus (one primary-key read) and applies what other writers recorded, and a
-    reindex swap reloads the team. Off: every search goes to Milvus.
+    reindex swap reloads the team (a search that knows the team's index generation skips
+    that read while nothing was written: ``generation_trust_s``). Off: every search goes to
+    Milvus.
 
     ``serve_from``: which process holds it. ``ingress`` (what ``auto`` means unless the
     embedder makes learned sparse weights): each Ingress replica, so a search of a loaded team
@@ -262,6 +264,13 @@ class MemoryIndexSettings(BaseModel):
     lookback_s: float = Field(30.0, ge=1.0)
     # Change rows older than this are pruned; a team not searched for longer is reloaded.
     retention_s: float = Field(3600.0, ge=120.0)
+    # A search that brings the team's index generation (the gateway reads it for the semantic
+    # cache) skips the change-log read when that generation is the one read before the last
+    # check, and that check began at most this long ago: every writer raises the generation
+    # after recording its change, so none was acknowledged since. The bound covers a raise
+    # that failed (that write's response says so) and a reindex's announcement (raises
+    # nothing). 0: read the change log on every search.
+    generation_trust_s: float = Field(1.0, ge=0.0, le=60.0)
 
     @model_validator(mode="after")
     def _retention_covers_lookback(self) -> MemoryIndexSettings:

@@ -252,12 +252,16 @@ class VectorStore(Protocol):
         methods: tuple[str, ...],
         read_id: str = "",
         query_lexical: Mapping[int, float] | None = None,
+        *,
+        generation: int | None = None,
     ) -> dict[str, list[SearchHit]]:
         """Top ``limit`` chunks of each single method (``dense``, ``bm25``, ``lexical``: the
         learned sparse weights, ``query_lexical``), for fusion.
 
         Calls with the same non-empty ``read_id`` belong to one search (BM25 while the query
-        is embedded, then dense): a store that must check it is up to date may check once."""
+        is embedded, then dense): a store that must check it is up to date may check once.
+        ``generation``: the team's index generation read after the search arrived (passed
+        only when known); a store may take an unchanged one as "nothing written since"."""
         ...
 
     async def count(self, team_id: str) -> int: ...

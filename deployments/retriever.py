@@ -126,6 +126,7 @@ class RetrieverDeployment:
         query_lexical: Mapping[int, float] | None = None,
         query_vectors: QueryVectors | None = None,
         pinned: str | None = None,
+        generation: int | None = None,
     ) -> dict[str, list[SearchHit]]:
         """Each method's candidates, all of one physical version of the team's collection:
         from memory when the team is loaded, in sync and of the version this search
@@ -136,7 +137,8 @@ class RetrieverDeployment:
         used instead of ``query_vector``: the version this search reads is pinned first, and
         the vector of that version's model is searched (``model_choice``). ``pinned``: the
         version an earlier call of this search read from the caller's own memory (an
-        Ingress holding the index): this call reads that one too."""
+        Ingress holding the index): this call reads that one too. ``generation``: the
+        team's index generation, read after the search arrived (``HotIndex.fresh``)."""
         if pinned and read_id:
             self.pins.pin(flt.team_id, read_id, pinned)
         strict = False
@@ -148,7 +150,9 @@ class RetrieverDeployment:
         # weights (``lexical``) are always searched in Milvus, in the version memory answered.
         found: dict[str, list[SearchHit]] | None = None
         if self.memory is not None:
-            found = await self.memory.answer(query_text, query_vector, flt, limit, methods, read_id)
+            found = await self.memory.answer(
+                query_text, query_vector, flt, limit, methods, read_id, generation
+            )
         rest = tuple(m for m in methods if found is None or m not in found)
         if not rest:
             return found or {}

@@ -286,6 +286,8 @@ class FakeVectorStore:
         methods: tuple[str, ...],
         read_id: str = "",
         query_lexical: Mapping[int, float] | None = None,
+        *,
+        generation: int | None = None,  # always current: nothing to skip
     ) -> dict[str, list[SearchHit]]:
         return {
             m: await self.search(query_text, query_vector, flt, limit, m, query_lexical)

@@ -117,15 +117,20 @@ class MemoryFirstStore:
         read_id: str = "",
         query_lexical: Mapping[int, float] | None = None,
         query_vectors: QueryVectors | None = None,
+        generation: int | None = None,
     ) -> dict[str, list[SearchHit]]:
         """``RetrieverDeployment.candidates``, the same arguments."""
         local = query_vectors is None and not query_lexical
         if local and set(methods) <= MEMORY_METHODS and read_id not in self._sent:
-            found = await self.memory.answer(query_text, query_vector, flt, limit, methods, read_id)
+            found = await self.memory.answer(
+                query_text, query_vector, flt, limit, methods, read_id, generation
+            )
             if found is not None:
                 return found
         # Only what is set is passed (a Retriever of an older version need not know it).
         more: dict[str, Any] = {"query_lexical": query_lexical} if query_lexical else {}
+        if generation is not None:
+            more["generation"] = generation
         if query_vectors is not None:
             more["query_vectors"] = query_vectors
         pinned = self.memory.hot.pins.get(flt.team_id, read_id)

@@ -96,6 +96,7 @@ class Retrieval:
         vector: list[float] | None = None,
         embed_error: str | None = None,
         read_id: str = "",
+        generation: int | None = None,
     ) -> RetrievalResult:
         """The hits of ``req.query`` inside ``ctx``/``flt``: candidates, the result filter,
         fusion, rerank, score threshold, near-duplicates and token budget, in search order.
@@ -104,7 +105,9 @@ class Retrieval:
         for many queries); ``embed_error`` what that embedding failed with (the search falls
         back to BM25 and says so); with neither, ``req.query`` is embedded here. Retrievals
         sharing a ``read_id`` (the claims of one enrich request) are one read for the
-        Retriever's consistency check."""
+        Retriever's consistency check; ``generation`` is the team's index generation when the
+        caller read it after the request arrived (the in-memory index may then skip that
+        check: deployments/memindex/cache.py, ``HotIndex.fresh``)."""
         cfg = self.settings.search
         degraded: list[str] = []
         linked: dict[str, float] = {}
@@ -127,7 +130,9 @@ class Retrieval:
         read = read_id or uuid.uuid4().hex
         together = mode == "hybrid" and self.settings.milvus.memory_index.enabled
         bm25_task = (
-            asyncio.create_task(self._candidates(req.query, None, flt, fetch, ("bm25",), read))
+            asyncio.create_task(
+                self._candidates(req.query, None, flt, fetch, ("bm25",), read, None, generation)
+            )
             if mode in ("hybrid", "bm25") and not together
             else None
         )
@@ -154,7 +159,7 @@ class Retrieval:
                     if query_lexical:
                         methods += ("lexical",)
                     lists |= await self._candidates(
-                        req.query, vector, flt, fetch, methods, read, query_lexical
+                        req.query, vector, flt, fetch, methods, read, query_lexical, generation
                     )
             if bm25_task is not None:
                 lists |= await bm25_task
@@ -307,11 +312,13 @@ class Retrieval:
         methods: tuple[str, ...],
         read_id: str,
         query_lexical: Mapping[int, float] | None = None,
+        generation: int | None = None,
     ) -> dict[str, list[SearchHit]]:
         deadline = self.settings.search.store_deadline_s
-        # Only a search with learned sparse weights passes them (a store written before the
-        # lexical method need not know the argument).
+        # Only what is set is passed (a store written before an argument need not know it).
         more: dict[str, Any] = {"query_lexical": query_lexical} if query_lexical else {}
+        if generation is not None:
+            more["generation"] = generation
         if "dense" in methods:
             vectors = await self.query_models.vectors(query, vector)
             if vectors is not None:  # the Retriever picks the one of the version it reads

@@ -129,6 +129,7 @@ class SearchService:
             plan.method,
             vector=lookup.vector,
             embed_error=lookup.embed_error,
+            generation=lookup.generation,
         )
         with stage("snippets"):
             matches = self._to_matches(found.hits, req)

@@ -58,6 +58,8 @@ class HotIndex:
         metric: dense metric of the collections.
         max_mb: memory budget of all teams together.
         lookback_s: how far before the newest applied change the log is re-read.
+        generation_trust_s: how long after a check a search's unchanged index generation
+            stands for the change-log read (``fresh``; 0: never).
         k1, b: BM25 parameters (the collections' own).
         too_large_retry_s: how long a team over the budget is not tried again.
     """
@@ -72,8 +74,10 @@ class HotIndex:
         k1: float = 1.5,
         b: float = 0.75,
         too_large_retry_s: float = 600.0,
+        generation_trust_s: float = 0.0,
     ) -> None:
         self.source = source
+        self.generation_trust_s = generation_trust_s
         self.metric = metric
         self.lookback_ms = int(lookback_s * 1000)
         self.k1, self.b = k1, b
@@ -96,7 +100,16 @@ class HotIndex:
             on_evict=lambda team_id: self.staging.drop(team_id, "team evicted"),
         )
         self.stats = dict.fromkeys(
-            ("hits", "misses", "loads", "replays", "adoptions", "shared_checks"), 0
+            (
+                "hits",
+                "misses",
+                "loads",
+                "replays",
+                "adoptions",
+                "shared_checks",
+                "generation_checks",
+            ),
+            0,
         )
         # Per search answered from memory: the change-log check, then the search itself.
         self.timing = MeanTimes()
@@ -119,9 +132,14 @@ class HotIndex:
         limit: int,
         methods: tuple[str, ...],
         read_id: str = "",
+        generation: int | None = None,
     ) -> dict[str, list[SearchHit]] | None:
         """Each method's top ``limit`` from memory, or ``None``: search Milvus instead (the
         version ``pins.resolve`` names).
+
+        ``generation``: the team's index generation (batch_ingest/generations.py) from a read
+        that began after this search arrived. When ``fresh`` says nothing was written since
+        the last check of the change log, that check stands for this search's.
 
         A call whose ``read_id`` an earlier call of the same search synced with skips the
         change-log check: that check ran after the search began, so every write acknowledged
@@ -134,7 +152,12 @@ class HotIndex:
         pinned = self.pins.get(flt.team_id, read_id)
         synced = None
         if team is not None:
-            synced = team if read_id in team.reads else self._sync(team, read_id)
+            if read_id in team.reads or self.fresh(team, generation):
+                synced = team
+                self.stats["generation_checks"] += read_id not in team.reads
+                _remember(team, read_id)
+            else:
+                synced = self._sync(team, read_id, generation=generation)
         if synced is None or pinned not in (None, synced.physical):
             self.stats["misses"] += 1
             self._schedule(flt.team_id)
@@ -151,15 +174,37 @@ class HotIndex:
         limit: int,
         methods: tuple[str, ...],
         read_id: str,
+        generation: int | None = None,
     ) -> dict[str, list[SearchHit]] | None:
-        """``candidates`` when this search (``read_id``) was checked already, without any
-        I/O (the caller may run it on its event loop); ``None`` otherwise."""
+        """``candidates`` when this search (``read_id``) was checked already, or its
+        ``generation`` is ``fresh``, without any I/O (the caller may run it on its event
+        loop); ``None`` otherwise."""
         team = self._teams.get(flt.team_id)
-        if team is None or not read_id or read_id not in team.reads:
+        if team is None:
+            return None
+        checked = bool(read_id) and read_id in team.reads
+        if not checked and not self.fresh(team, generation):
             return None
         if self.pins.get(flt.team_id, read_id) not in (None, team.physical):
             return None
+        if not checked:
+            self.stats["generation_checks"] += 1
+            _remember(team, read_id)
+            self.pins.pin(flt.team_id, read_id, team.physical)
         return self._search(team, query_text, query_vector, flt, limit, methods)
+
+    def fresh(self, team: LiveTeam, generation: int | None) -> bool:
+        """Whether ``generation`` shows that no write of ``team`` was acknowledged since its
+        last check of the change log began: it is the generation read before that check,
+        and every writer raises it after recording its change rows and before it answers
+        (so a write acknowledged since would have raised it). Trusted only for
+        ``generation_trust_s`` after the check: a raise that failed (that write's response
+        says so) and a reindex's announcement (which raises nothing) wait no longer."""
+        return (
+            generation is not None
+            and generation == team.checked_generation
+            and time.monotonic() - team.check_began <= self.generation_trust_s
+        )
 
     def _search(
         self,
@@ -180,7 +225,12 @@ class HotIndex:
         return found
 
     def _sync(
-        self, team: LiveTeam, read_id: str = "", arrived: float | None = None
+        self,
+        team: LiveTeam,
+        read_id: str = "",
+        arrived: float | None = None,
+        *,
+        generation: int | None = None,
     ) -> LiveTeam | None:
         """Bring ``team`` up to every write acknowledged before this call: the copy to
         search (``team``, or the staged copy adopted at a swap), or ``None`` when it has to
@@ -199,12 +249,16 @@ class HotIndex:
                     self.stats["shared_checks"] += 1
                     _remember(team, read_id)
                     return team
-                return self._sync_locked(team, read_id)
+                return self._sync_locked(team, read_id, generation)
         # Replaced (a staged copy adopted, a reload) or evicted while this call waited.
         current = self._teams.get(team.team_id)
-        return self._sync(current, read_id, arrived) if current is not None else None
+        if current is None:
+            return None
+        return self._sync(current, read_id, arrived, generation=generation)
 
-    def _sync_locked(self, team: LiveTeam, read_id: str) -> LiveTeam | None:
+    def _sync_locked(
+        self, team: LiveTeam, read_id: str, generation: int | None = None
+    ) -> LiveTeam | None:
         try:
             if time.monotonic() - team.checked_at > self._max_idle_s():
                 raise _Reload("idle longer than the change log keeps")
@@ -223,6 +277,8 @@ class HotIndex:
             team.heads = heads
             team.checked_at = time.monotonic()
             team.check_began = began
+            if generation is not None:  # read before this check began
+                team.checked_generation = generation
             _remember(team, read_id)
             return team
         except (_Reload, TooManyChanges) as why:

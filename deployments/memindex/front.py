@@ -27,6 +27,7 @@ def hot_index(settings: MilvusSettings, source: RowSource) -> HotIndex:
         metric=settings.metric_type,
         max_mb=mem.max_mb,
         lookback_s=mem.lookback_s,
+        generation_trust_s=mem.generation_trust_s,
         k1=settings.bm25_k1,
         b=settings.bm25_b,
     )
@@ -50,13 +51,17 @@ class MemoryFront:
         limit: int,
         methods: tuple[str, ...],
         read_id: str = "",
+        generation: int | None = None,
     ) -> dict[str, list[SearchHit]] | None:
+        """``generation``: the team's index generation, from a read that began after this
+        search arrived (``HotIndex.candidates``); ``None`` when the caller has none."""
         in_memory = tuple(m for m in methods if m in MEMORY_METHODS)
         if not in_memory:
             return None
         args = (query_text, query_vector, compile_filter(flt), limit, in_memory, read_id)
-        # A later call of a search already checked needs no I/O: answer it on the loop.
-        found = self.hot.synced_candidates(*args)
+        # A search already checked, or one whose generation shows nothing was written since
+        # the last check, needs no I/O: answer it on the loop.
+        found = self.hot.synced_candidates(*args, generation=generation)
         if found is None:  # the change-log check reads Milvus: in a thread
-            found = await asyncio.to_thread(self.hot.candidates, *args)
+            found = await asyncio.to_thread(self.hot.candidates, *args, generation=generation)
         return found

@@ -29,6 +29,8 @@ class LiveTeam(TeamCopy):
     # When the last successful check of the change log began (-inf: none yet); a search
     # that arrived before it is covered by it.
     check_began: float = float("-inf")
+    # The team's index generation read before a successful check began (None: not known).
+    checked_generation: int | None = None
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
 

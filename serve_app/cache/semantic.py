@@ -67,6 +67,9 @@ class Lookup:
     hit: CacheHit | None = None
     # "hit", "miss", "bypass" (not cacheable: ttl 0) or "unavailable: <reason>".
     status: str = "miss"
+    # The team's index generation, read after the request arrived (None: not read). The
+    # in-memory index skips its change-log read when it shows nothing was written since.
+    generation: int | None = None
 
 
 class SemanticCache:
@@ -128,7 +131,9 @@ class SemanticCache:
             logger.warning("semantic cache skipped: index generation unreadable: %s", exc)
             return Lookup(status=f"unavailable: index generation unreadable: {exc}")
         bucket = digest([agent_id, scope, flt, shape, generation])
-        found = Lookup(bucket=bucket, key=digest(normalise(query)), ttl_s=ttl_s)
+        found = Lookup(
+            bucket=bucket, key=digest(normalise(query)), ttl_s=ttl_s, generation=generation
+        )
         try:
             found.hit = await self.store.get(bucket, found.key)
             if found.hit is None and dense and self.settings.similarity < 1.0:

@@ -10,8 +10,11 @@ import time
 import uuid
 
 import pytest
+import sqlalchemy as sa
 
+from batch_ingest.generations import IndexGenerations
 from deployments.memindex.cache import HotIndex
+from deployments.memindex.front import MemoryFront
 from deployments.milvus_store import MilvusStore
 from deployments.protocols import SearchFilter
 from deployments.retriever import RetrieverDeployment
@@ -410,3 +413,120 @@ async def test_one_search_reads_one_version_when_the_swap_lands_between_its_call
     )
     assert {h.chunk.chunk_id for hits in found.values() for h in hits} <= {c.chunk_id for c in v2}
     retriever.store.close()
+
+
+def counting_heads(hot: HotIndex) -> list[str]:
+    """Record every change-log heads read ``hot`` makes."""
+    changes = hot.source.changes
+    reads: list[str] = []
+    real = changes.heads
+
+    def heads(alias: str):
+        reads.append(alias)
+        return real(alias)
+
+    changes.heads = heads  # type: ignore[method-assign]
+    return reads
+
+
+def test_an_unchanged_generation_skips_the_change_log_and_every_write_is_still_found(
+    stores, team, tmp_path
+):
+    """Issue 37: a search that brings its team's index generation (read after it arrived, as
+    the gateway reads it for the semantic cache) skips the heads read while nothing was
+    written. The writer raises the generation after each write, before acknowledging, as
+    every writer of the gateway does (batch_ingest/pipeline.py): every acknowledged write is
+    still found by the search right after it."""
+    writer, reader = stores
+    generations = IndexGenerations(sa.create_engine(f"sqlite:///{tmp_path / 'state.db'}"))
+    writer.upsert(corpus(team, 5))
+    generations.bump([team])
+    s = reader.settings
+    hot = HotIndex(
+        reader.versions, metric=s.metric_type, k1=s.bm25_k1, b=s.bm25_b, generation_trust_s=30
+    )
+    assert hot.wait_loaded(team, timeout_s=60)
+    flt = compile_filter(SearchFilter(team_id=team))
+    reads = counting_heads(hot)
+    acked: queue.Queue = queue.Queue()
+
+    def write() -> None:
+        for i in range(15):
+            c = chunk(team, f"gen{i}", 0, text=f"genword{i} appears here")
+            writer.upsert([c])
+            generations.bump([team])
+            acked.put((f"genword{i}", c.chunk_id))
+        acked.put(None)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    missed, skipped = [], 0
+    while (item := acked.get(timeout=60)) is not None:
+        word, chunk_id = item
+        generation = generations.get(team)  # after the acknowledgement, as a search would
+        found = hot.candidates(word, None, flt, 5, ("bm25",), uuid.uuid4().hex, generation)
+        if found is None or ids(found, "bm25")[:1] != [chunk_id]:
+            missed.append(word)
+        # Again, the generation unchanged unless the writer raised it meanwhile.
+        before = len(reads)
+        again = hot.candidates(word, None, flt, 5, ("bm25",), uuid.uuid4().hex, generation)
+        assert again is not None and ids(again, "bm25")[:1] == [chunk_id]
+        skipped += len(reads) == before
+    thread.join()
+    assert missed == []
+    # More skips than the repeats when the writer ran ahead: a search read a generation
+    # the last check had already covered.
+    assert skipped == 15 and hot.stats["generation_checks"] >= 15
+    hot.close()
+
+
+def test_the_generation_is_trusted_for_generation_trust_s_only(stores, team, tmp_path):
+    """A write whose generation raise failed (its response says so) is found once the trust
+    window after the last check has passed; with no window, every search reads the log."""
+    writer, reader = stores
+    writer.upsert(corpus(team, 5))
+    s = reader.settings
+    flt = compile_filter(SearchFilter(team_id=team))
+    for trust in (0.0, 0.3):
+        hot = HotIndex(
+            reader.versions,
+            metric=s.metric_type,
+            k1=s.bm25_k1,
+            b=s.bm25_b,
+            generation_trust_s=trust,
+        )
+        assert hot.wait_loaded(team, timeout_s=60)
+        reads = counting_heads(hot)
+        assert hot.candidates("item1", None, flt, 5, ("bm25",), "a", 7) is not None
+        late = chunk(team, f"late{trust}", 0, text=f"unraised{int(trust * 10)} marker")
+        writer.upsert([late])  # acknowledged, but the generation stays 7
+        if trust:
+            time.sleep(trust + 0.1)
+        found = hot.candidates(f"unraised{int(trust * 10)}", None, flt, 5, ("bm25",), "b", 7)
+        assert found is not None and ids(found, "bm25") == [late.chunk_id]
+        assert len(reads) == 2 and hot.stats["generation_checks"] == 0
+        hot.close()
+
+
+async def test_memory_front_answers_a_fresh_generation_on_the_loop(stores, team):
+    """The Ingress's path: with the generation unchanged the front makes no thread hop and
+    no Milvus read; another generation reads the log again."""
+    writer, reader = stores
+    writer.upsert(corpus(team, 5))
+    s = reader.settings
+    hot = HotIndex(
+        reader.versions, metric=s.metric_type, k1=s.bm25_k1, b=s.bm25_b, generation_trust_s=30
+    )
+    assert hot.wait_loaded(team, timeout_s=60)
+    front = MemoryFront(hot)
+    reads = counting_heads(hot)
+    flt = SearchFilter(team_id=team)
+    assert await front.answer("item2", None, flt, 5, ("bm25",), "r1", 3) is not None
+    assert len(reads) == 1
+    assert await front.answer("item2", None, flt, 5, ("bm25",), "r2", 3) is not None
+    assert len(reads) == 1 and hot.stats["generation_checks"] == 1
+    assert await front.answer("item2", None, flt, 5, ("bm25",), "r3", 4) is not None
+    assert len(reads) == 2
+    assert await front.answer("item2", None, flt, 5, ("bm25",), "r4") is not None
+    assert len(reads) == 3, "a search without a generation must read the log"
+    hot.close()

@@ -116,6 +116,22 @@ async def test_a_search_whose_first_call_went_to_the_retriever_stays_there():
     store.close()
 
 
+async def test_the_generation_reaches_whichever_index_answers():
+    """The team's index generation (read by the Ingress for the semantic cache) reaches the
+    Retriever when memory cannot answer, and memory's own check when it can."""
+    source, _ = source_with_new_version()
+    store, remote = memory_first(source)
+    await store.candidates("milvus", None, FLT, 100, ("bm25",), "r1", generation=4)
+    assert remote.calls[-1][2].get("generation") == 4
+    assert store.memory.hot.wait_loaded(TEAM, timeout_s=10)
+    store.memory.hot.generation_trust_s = 60.0
+    await store.candidates("milvus", None, FLT, 100, ("bm25",), "r2", generation=5)
+    await store.candidates("milvus", None, FLT, 100, ("bm25",), "r3", generation=5)
+    assert len(remote.calls) == 1
+    assert store.memory.hot.stats["generation_checks"] == 1
+    store.close()
+
+
 def test_auto_holds_the_index_in_the_ingress_unless_the_embedder_makes_sparse_weights():
     assert GatewaySettings().memory_index_in_ingress is True
     lexical = GatewaySettings(embedder={"backend": "flag_m3", "model_path": "/models/bge-m3"})

@@ -69,7 +69,7 @@ def live(monkeypatch: pytest.MonkeyPatch):
         # batch_ingest/pipeline.py
         ("graph not updated: ServiceUnavailable", "graph"),
         ("source registry not updated: OperationalError", "store"),
-        ("index generation not raised (cached answers may lag): boom", "store"),
+        ("index generation not raised (cached answers may lag; in-memory …): boom", "store"),
         ("milvus: collection not loaded", "store"),
         ("something else entirely", "other"),
         ("", "other"),

@@ -188,3 +188,50 @@ def test_the_lookups_embedding_is_the_searchs_whatever_type_the_embedder_returns
     body = search(gw, QUERY | {"graph": "boost", "search_mode": "dense"})
     assert body["matches"] and body["graph"]["applied"] and not body["cache"]["hit"]
     assert search(gw, QUERY | {"graph": "boost", "search_mode": "dense"})["cache"]["hit"]
+
+
+def test_the_search_hands_the_generation_it_read_to_the_store(make):
+    """The generation the cache read for this search reaches the store, which may take an
+    unchanged one as "nothing written since its last check" (HotIndex.fresh)."""
+    gw = make()
+    store = gw.service.retrieval.store
+    real, seen = store.candidates, []
+
+    async def candidates(*args, **kwargs):
+        seen.append(kwargs.get("generation"))
+        return await real(*args, **kwargs)
+
+    store.candidates = candidates
+    search(gw)
+    generation = gw.service.pipeline.generations.get("dao_a")
+    assert seen and set(seen) == {generation}
+    # A write raises it; the next search brings the new one.
+    asyncio.run(gw.service.pipeline.delete([("dao_a", "doc", "dao_a_pub_doc")]))
+    seen.clear()
+    search(gw)
+    assert set(seen) == {generation + 1}
+
+
+def test_a_failed_generation_raise_is_tried_once_more_then_reported(make):
+    """Searches take an unchanged generation as "nothing written": a raise that fails is
+    tried again, and one that fails twice is reported to the writer."""
+    gw = make()
+    pipeline = gw.service.pipeline
+    real, calls = pipeline.generations.bump, []
+
+    def flaky(teams):
+        calls.append(sorted(teams))
+        if len(calls) == 1:
+            raise RuntimeError("state database restarting")
+        real(teams)
+
+    before = pipeline.generations.get("dao_a")
+    pipeline.generations.bump = flaky
+    assert asyncio.run(pipeline.bump_generations({"dao_a"})) is None
+    assert len(calls) == 2 and pipeline.generations.get("dao_a") == before + 1
+
+    def down(teams):
+        raise RuntimeError("state database down")
+
+    pipeline.generations.bump = down
+    assert asyncio.run(pipeline.bump_generations({"dao_a"})) == "state database down"
