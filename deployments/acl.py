@@ -70,7 +70,11 @@ def group_tokens(principals: Sequence[str]) -> tuple[str, ...]:
 
 def admits(allow: Sequence[str], deny: Sequence[str], principals: Sequence[str]) -> bool:
     """The rule: a caller token in ``allow`` (empty counts as open) and none in ``deny``."""
-    held = set(principals)
+    return admits_held(allow, deny, frozenset(principals))
+
+
+def admits_held(allow: Sequence[str], deny: Sequence[str], held: frozenset[str]) -> bool:
+    """``admits`` with the caller's tokens as a set already (one per request, not per chunk)."""
     allowed = held.intersection(allow) if allow else OPEN in held
     return bool(allowed) and not held.intersection(deny)
 

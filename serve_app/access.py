@@ -11,6 +11,7 @@ names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from batch_ingest.documents import SourceDocument
 from deployments import acl
@@ -161,10 +162,19 @@ class AccessContext:
             self.auth_method,
         )
 
-    @property
+    @cached_property
     def acl_principals(self) -> tuple[str, ...]:
         """The caller's document-ACL tokens: its subject and its verified groups."""
         return acl.principal_tokens(self.user_id, self.groups)
+
+    # Computed once per context (per request), read for every candidate chunk by ``may_see``.
+    @cached_property
+    def _held(self) -> frozenset[str]:
+        return frozenset(self.acl_principals)
+
+    @cached_property
+    def _resources_open(self) -> bool:
+        return self.policy.resources_open()
 
     # --- searching -------------------------------------------------------------------------
     def search_filter(self, filters: SearchFilters) -> SearchFilter:
@@ -235,8 +245,10 @@ class AccessContext:
             return False
         if self.allowed_doc_types is not None and chunk.doc_type not in self.allowed_doc_types:
             return False
-        if not acl.admits(chunk.acl_allow, chunk.acl_deny, self.acl_principals):
+        if not acl.admits_held(chunk.acl_allow, chunk.acl_deny, self._held):
             return False
+        if self._resources_open:
+            return True
         return self.policy.resource_decision(
             self.team_id,
             chunk.project_id,

@@ -40,6 +40,10 @@ class Decision(NamedTuple):
     reason: str
 
 
+# A chunk whose project and skills (if any) all allow the caller.
+ALLOWED = Decision(True, "team_member")
+
+
 class ResourcePolicy(BaseModel):
     """Who may read one project or shared skill (the ``_access.yaml`` of the spec)."""
 
@@ -142,6 +146,12 @@ class Policy(BaseModel):
         return frozenset(allowed)
 
     # --- resources -------------------------------------------------------------------------
+    def resources_open(self) -> bool:
+        """Whether every project and skill is readable by every member of a team: no project
+        or skill policy, and unlisted resources allowed (``resource_decision`` always
+        allows)."""
+        return not self._projects and not self._skills and self.unlisted_resources == "allow"
+
     @staticmethod
     def _lookup(index: dict, team_id: str, resource_id: str) -> ResourcePolicy | None:
         return index.get((team_id, resource_id)) or index.get((None, resource_id))
@@ -192,16 +202,20 @@ class Policy(BaseModel):
     ) -> Decision:
         """Whether a caller may see a chunk of ``project_id`` / document ``doc_id``: the
         project's policy and the policy of every skill it belongs to must allow it."""
-        if project_id:
+        # With no policy of a kind and unlisted resources allowed, that kind never denies.
+        strict = self.unlisted_resources != "allow"
+        if project_id and (self._projects or strict):
             decision = self.project_decision(team_id, project_id, roles, groups, permissions)
             if not decision.allowed:
                 return decision
+        if not (self._skills or strict):
+            return ALLOWED
         for skill in self.skill_ids(team_id, doc_id, tags):
             entry = self._lookup(self._skills, team_id, skill)
             decision = self._decide(entry, roles, groups, permissions)
             if not decision.allowed:
                 return Decision(False, f"skill {skill}: {decision.reason}")
-        return Decision(True, "team_member")
+        return ALLOWED
 
     # --- graph -----------------------------------------------------------------------------
     def _listed(self, index: dict, team_id: str) -> dict[str, ResourcePolicy]:

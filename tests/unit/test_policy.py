@@ -112,6 +112,32 @@ def test_unlisted_projects_follow_unlisted_resources():
     assert strict.resource_decision("t", "", "doc", (), ["owner"], set(), set()).allowed
 
 
+def test_resource_decisions_skip_only_what_can_never_deny():
+    """The per-chunk shortcut (a kind without any policy never denies while unlisted
+    resources are allowed) decides exactly what the full rules decide."""
+    skill_tag = ("skill:s1",)
+    open_policy = Policy()
+    assert open_policy.resources_open()
+    assert open_policy.resource_decision("t", "p", "d", skill_tag, ["guest"], set(), set()) == (
+        True,
+        "team_member",
+    )
+    strict = Policy(unlisted_resources="deny")
+    assert not strict.resources_open()
+    assert not strict.resource_decision("t", "", "d", skill_tag, ["owner"], set(), set()).allowed
+    assert not strict.resource_decision("t", "p", "d", (), ["owner"], set(), set()).allowed
+    # Projects listed, skills not: a skill tag still never denies; the project does.
+    projects = Policy(projects=[{"project": "p", "access_level": "private"}])
+    assert not projects.resources_open()
+    assert projects.resource_decision("t", "q", "d", skill_tag, ["member"], set(), set()).allowed
+    denied = projects.resource_decision("t", "p", "d", skill_tag, ["member"], set(), set())
+    assert not denied.allowed
+    # Skills listed, projects not: an unlisted project never denies; the skill does.
+    skills = Policy(skills=[{"skill": "s1", "access_level": "private"}])
+    assert not skills.resource_decision("t", "q", "d", skill_tag, ["member"], set(), set()).allowed
+    assert skills.resource_decision("t", "q", "d", (), ["member"], set(), set()).allowed
+
+
 def test_team_specific_policy_wins_over_the_global_one():
     policy = Policy(
         projects=[
