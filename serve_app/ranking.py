@@ -161,13 +161,20 @@ def drop_near_duplicates(
         if limit is not None and len(kept) >= limit:
             break
         current = shingles(text_of(hit))
+        size = len(current)
         duplicate = False
         for other in kept_shingles:
-            if current and other:
-                common = len(current & other)
-                if common / (len(current) + len(other) - common) >= threshold:
-                    duplicate = True
-                    break
+            if not size or not other:
+                continue
+            # |A ∩ B| / |A ∪ B| ≤ min / max: sets of too different sizes cannot reach the
+            # threshold, so most pairs need no intersection (exact, not a heuristic).
+            small, large = (size, len(other)) if size <= len(other) else (len(other), size)
+            if small < threshold * large:
+                continue
+            common = len(current & other)
+            if common / (size + len(other) - common) >= threshold:
+                duplicate = True
+                break
         if not duplicate:
             kept.append(hit)
             kept_shingles.append(current)
