@@ -5,7 +5,9 @@ these add the graph's own rules, document ACLs included)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from typing import Any
 
 from deployments import acl
 from deployments.errors import Forbidden
@@ -24,6 +26,37 @@ def graph_scope(ctx: AccessContext) -> GraphScope:
         ),
         acl_principals=ctx.acl_principals,
     )
+
+
+# Node properties that serve only the gateway's own access checks (``may_see_entity`` reads
+# them): who a document admits or denies is never part of an answer, nor of what an LLM
+# sees (issue 38, item 6).
+ACCESS_PROPERTIES = frozenset({"acl_allow", "acl_deny", "acl_restricted"})
+_ACCESS_NAME = re.compile(r"acl_(?:allow|deny|restricted)", re.IGNORECASE)
+
+
+def without_access_properties(value: Any) -> Any:
+    """``value`` (rows, paths, nodes as the graph store serialises them) without any
+    ``ACCESS_PROPERTIES`` key, at any depth. Apply after the ``may_see_*`` checks."""
+    if isinstance(value, dict):
+        return {
+            k: without_access_properties(v) for k, v in value.items() if k not in ACCESS_PROPERTIES
+        }
+    if isinstance(value, list):
+        return [without_access_properties(v) for v in value]
+    return value
+
+
+def check_cypher_names(cypher: str) -> None:
+    """Raises Forbidden when Cypher names an access property: ``RETURN d.acl_allow`` would
+    hand out the tokens (subjects, group names) ``without_access_properties`` keeps in."""
+    if _ACCESS_NAME.search(cypher):
+        raise forbidden(
+            "Cypher may not read documents' access lists (acl_allow, acl_deny, acl_restricted)",
+            "cypher_reads_access_lists",
+            field="cypher",
+            hint="leave them out: the gateway applies them to every answer",
+        )
 
 
 def check_cypher(ctx: AccessContext) -> None:

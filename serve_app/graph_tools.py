@@ -122,6 +122,7 @@ class GraphTools:
                 )
             else:
                 graph_access.check_cypher(ctx)
+                graph_access.check_cypher_names(req.cypher or "")
                 await graph_access.check_cypher_acl(ctx, self._graph_store())
                 result = await self._graph_store().run_cypher(
                     req.cypher or "", req.params, graph_access.graph_scope(ctx)
@@ -130,6 +131,7 @@ class GraphTools:
             kept, filtered = [], 0
             for row in result["rows"]:
                 if graph_access.may_see_value(ctx, row):
+                    row = graph_access.without_access_properties(row)
                     kept.append(dict(zip(columns, row, strict=True)))
                 else:
                     filtered += 1
@@ -179,6 +181,7 @@ class GraphTools:
                 if not graph_access.may_see_value(ctx, path):
                     filtered += 1
                     continue
+                path = graph_access.without_access_properties(path)
                 paths.append(
                     PathOut(
                         length=len(path["relationships"]),
@@ -200,8 +203,8 @@ class GraphTools:
             response = ExplainPathResponse(
                 explanation=explanation,
                 paths=paths,
-                source=sources,
-                target=targets,
+                source=graph_access.without_access_properties(sources),
+                target=graph_access.without_access_properties(targets),
                 filtered_paths=filtered,
                 took_ms=round((time.perf_counter() - started) * 1000, 1),
                 trace_id=rc.trace_id,

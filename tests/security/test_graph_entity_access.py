@@ -426,3 +426,36 @@ async def test_the_store_never_writes_a_document_or_an_edge_to_one(graph):
     }
     with pytest.raises(InvalidInput):
         await graph.upsert_entities("dao_ea_nowhere", [], [rel], scope)
+
+
+def test_graph_answers_never_carry_access_lists(gw, team):
+    """Issue 38, item 6: the document's access list (its tokens name subjects and groups) is
+    read by the gateway's checks, never returned: not by any intent, not in an explain_path
+    node or path, not through caller Cypher."""
+    ingest(gw, team, {"allowed_groups": ["hr"], "denied_groups": ["contractors"]})
+    insider = headers(team, "owner", groups=("hr",))
+    texts = dict(answers(gw, team, insider))
+    for source, target in (("ceo-jane", "salary-layoffs-q3"), ("ceo-jane", "ch-restructuring")):
+        r = explain(gw, team, insider, source, target)
+        assert r.status_code == 200 and r.json()["paths"], r.text
+        texts[f"explain {source} {target}"] = r.text
+    # Cypher from an owner who sees the whole team: a whole node, and its properties as a map.
+    for cypher in (
+        "MATCH (d:Doc {team_id: $team_id}) RETURN d",
+        "MATCH (d:Doc {team_id: $team_id}) RETURN properties(d) AS p",
+    ):
+        r = gw.post("/graph/query", {"team_id": team, "cypher": cypher}, insider)
+        assert r.status_code == 200, r.text
+        assert r.json()["rows"], r.text
+        texts[cypher] = r.text
+    for path, text in texts.items():
+        for leaked in ("acl_allow", "acl_deny", "acl_restricted", "group:hr", "group:contractors"):
+            assert leaked not in text, (path, leaked, text[:500])
+    # Naming the properties is refused outright (a plain list would carry the tokens).
+    for cypher in (
+        "MATCH (d:Doc {team_id: $team_id}) RETURN d.acl_allow AS a",
+        "MATCH (d:Doc {team_id: $team_id}) WHERE 'group:hr' IN d.ACL_DENY RETURN d.id",
+    ):
+        r = gw.post("/graph/query", {"team_id": team, "cypher": cypher}, insider)
+        assert r.status_code == 403, r.text
+        assert r.json()["reason"] == "cypher_reads_access_lists", r.text
