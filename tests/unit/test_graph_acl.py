@@ -260,3 +260,32 @@ def test_intent_rows_with_an_acld_doc_are_filtered(gw, groups, kept):
     assert len(r.json()["rows"]) == kept and r.json()["filtered_rows"] == 1 - kept
     scope = gw.service.graph.calls[-1][2]
     assert scope.acl_principals == ("*", "user:bob", *(f"group:{g}" for g in sorted(groups)))
+
+
+def test_access_properties_are_removed_at_every_depth_and_cypher_naming_them_is_refused():
+    from deployments.errors import Forbidden
+    from serve_app.graph_access import check_cypher_names, without_access_properties
+
+    doc = {
+        "_type": "node",
+        "labels": ["Doc"],
+        "id": "hr.md",
+        "acl_allow": ["group:hr"],
+        "acl_deny": ["group:contractors"],
+        "acl_restricted": True,
+    }
+    value = [{"d": doc, "p": {"nodes": [doc], "props": {"acl_allow": ["user:alice"], "x": 1}}}]
+    assert without_access_properties(value) == [
+        {
+            "d": {"_type": "node", "labels": ["Doc"], "id": "hr.md"},
+            "p": {
+                "nodes": [{"_type": "node", "labels": ["Doc"], "id": "hr.md"}],
+                "props": {"x": 1},
+            },
+        }
+    ]
+    assert doc["acl_allow"] == ["group:hr"]  # the checks' input is left as it was
+    check_cypher_names("MATCH (d:Doc) RETURN d.title")
+    for cypher in ("RETURN d.acl_allow", "WHERE x IN d.Acl_Deny", "RETURN d.`acl_restricted`"):
+        with pytest.raises(Forbidden):
+            check_cypher_names(cypher)
