@@ -64,7 +64,10 @@ def _tool_error(body: dict[str, Any]) -> types.CallToolResult:
 
 def build_server(app: FastAPI) -> Server[Any]:
     """The MCP server of the catalog's tools, each call run by ``app.state.tools``."""
-    listing = types.ListToolsResult(tools=[types.Tool.model_validate(t) for t in mcp_tools()])
+    settings = app.state.service.settings
+    listing = types.ListToolsResult(
+        tools=[types.Tool.model_validate(t) for t in mcp_tools(settings)]
+    )
     schemas = {t.name: t.input_schema for t in listing.tools}
 
     async def list_tools(

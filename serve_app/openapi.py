@@ -23,6 +23,7 @@ from fastapi.openapi.utils import get_openapi
 from deployments.validation import plain_schema
 from serve_app.graph_contracts import query_forms
 from serve_app.settings import GatewaySettings
+from serve_app.tools.bounds import request_bounds, tighten, tool_bounds
 from serve_app.tools.catalog import TOOL_ROUTE, TOOLS, ToolSpec
 
 OPEN_PATHS = ("/healthz", "/readyz")
@@ -58,65 +59,29 @@ def install_openapi(app: FastAPI, settings: GatewaySettings) -> None:
 
 def _configured_bounds(doc: dict[str, Any], settings: GatewaySettings) -> None:
     """The limits the services check against settings, on the models' properties."""
-    search, enrich, ingest, neo4j = (
-        settings.search,
-        settings.enrich,
-        settings.ingest,
-        settings.neo4j,
-    )
-    bounds: dict[str, dict[str, tuple[str, int]]] = {
-        "SearchDocsRequest": {
-            "top_k": ("maximum", search.max_top_k),
-            "query": ("maxLength", search.max_query_chars),
-        },
-        "EnrichAnswerRequest": {"draft_answer": ("maxLength", enrich.max_draft_chars)},
-        "ExplainPathRequest": {
-            "max_paths": ("maximum", neo4j.max_paths),
-            "max_hops": ("maximum", neo4j.max_path_hops),
-        },
-        "IngestDocumentsRequest": {"documents": ("maxItems", ingest.max_documents)},
-        "SourceDocument": {"text": ("maxLength", ingest.max_document_chars)},
-        "IngestEventsRequest": {"events": ("maxItems", ingest.max_documents)},
-    }
     models = doc["components"].get("schemas", {})
-    for model, fields in bounds.items():
+    for model, fields in request_bounds(settings).items():
         for name, (keyword, limit) in fields.items():
             prop = models.get(model, {}).get("properties", {}).get(name)
             if prop is not None:
-                _tighten(prop, keyword, limit)
+                tighten(prop, keyword, limit)
     # An event's document text, in each payload of the envelope schema.
     events = models.get("IngestEventsRequest", {}).get("properties", {}).get("events", {})
     for form in events.get("items", {}).get("oneOf", []):
         text = form["properties"]["payload"]["properties"].get("text")
         if text is not None:
-            _tighten(text, "maxLength", ingest.max_document_chars)
+            tighten(text, "maxLength", settings.ingest.max_document_chars)
     audit = doc["paths"].get("/audit/decisions", {}).get("get", {})
     for parameter in audit.get("parameters", []):
         if parameter.get("name") == "limit":
-            _tighten(parameter["schema"], "maximum", settings.audit.max_query_limit)
+            tighten(parameter["schema"], "maximum", settings.audit.max_query_limit)
     # The tool operations: the same limits where a tool argument becomes the field.
-    tool_bounds = {
-        "rag_search_docs": {"query": ("maxLength", search.max_query_chars)},
-        "rag_enrich_answer": {"draft_answer": ("maxLength", enrich.max_draft_chars)},
-        "graph_explain_path": {
-            "max_paths": ("maximum", neo4j.max_paths),
-            "max_hops": ("maximum", neo4j.max_path_hops),
-        },
-    }
-    for function, fields in tool_bounds.items():
+    for function, fields in tool_bounds(settings).items():
         body = _body_schema(doc, TOOL_ROUTE.format(function=function))
         for name, (keyword, limit) in fields.items():
             prop = body.get("properties", {}).get(name)
             if prop is not None:
-                _tighten(prop, keyword, limit)
-
-
-def _tighten(prop: dict[str, Any], keyword: str, limit: int) -> None:
-    """``keyword`` (an upper bound) of ``prop`` at most ``limit``, also inside ``anyOf`` (an
-    optional field): the schema's own bound stays where it is lower."""
-    targets = [p for p in prop.get("anyOf", []) if p.get("type") not in (None, "null")] or [prop]
-    for target in targets:
-        target[keyword] = min(limit, target.get(keyword, limit))
+                tighten(prop, keyword, limit)
 
 
 def _body_schema(doc: dict[str, Any], path: str) -> dict[str, Any]:

@@ -26,15 +26,18 @@ async def tools(
         "gateway", description="The shape of the listing."
     ),
 ) -> dict[str, Any]:
-    """The four tools with their argument schemas, in the shape ``format`` names."""
+    """The four tools with their argument schemas, in the shape ``format`` names; every bound
+    is the one this server enforces (its settings)."""
+    settings = request.app.state.service.settings
     if format == "openai":
-        return {"tools": openai_tools()}
+        return {"tools": openai_tools(settings)}
     if format == "mcp":
-        return {"tools": mcp_tools()}
+        return {"tools": mcp_tools(settings)}
     if format == "router":
         base = str(request.base_url).rstrip("/")
-        return {"provider": {"id": "rag-gateway", "base_url": base}, "tools": router_entries()}
-    return {"tools": gateway_tools()}
+        entries = router_entries(settings=settings)
+        return {"provider": {"id": "rag-gateway", "base_url": base}, "tools": entries}
+    return {"tools": gateway_tools(settings)}
 
 
 @router.post("/tools/{function}", response_model=None)

@@ -25,7 +25,9 @@ from serve_app.graph_contracts import (
     GraphQueryRequest,
     GraphQueryResponse,
 )
+from serve_app.settings import GatewaySettings
 from serve_app.tools.args import EnrichAnswerArgs, ExplainPathArgs, GraphQueryArgs, SearchDocsArgs
+from serve_app.tools.bounds import apply, request_bounds, tool_bounds
 from serve_app.tools.tenancy import ToolTenancy
 
 # The function-name rule of OpenAI, Anthropic and Gemini tool calling.
@@ -82,11 +84,21 @@ class ToolSpec:
     def description(self) -> str:
         return " ".join((self.args.__doc__ or self.name).split())
 
-    def parameters(self) -> dict[str, Any]:
+    def parameters(self, settings: GatewaySettings | None = None) -> dict[str, Any]:
         """The argument model's JSON schema, references inlined and titles dropped (the
-        plain shape every function-calling API accepts)."""
+        plain shape every function-calling API accepts); with ``settings``, the bounds the
+        server enforces from them (serve_app/tools/bounds.py) instead of the model's."""
         schema = plain_schema(self.args.model_json_schema(by_alias=True))
         schema.pop("description", None)  # the tool's own description says it
+        if settings is not None:
+            apply(schema, tool_bounds(settings).get(self.function, {}))
+        return schema
+
+    def request_schema(self, settings: GatewaySettings | None = None) -> dict[str, Any]:
+        """The full request's JSON schema, with the configured bounds when given."""
+        schema = self.request.model_json_schema()
+        if settings is not None:
+            apply(schema, request_bounds(settings).get(self.request.__name__, {}))
         return schema
 
     def build(self, args: BaseModel, tenancy: ToolTenancy) -> BaseModel:
@@ -137,37 +149,39 @@ TOOLS: tuple[ToolSpec, ...] = (
 BY_FUNCTION = {t.function: t for t in TOOLS} | {t.name: t for t in TOOLS}
 
 
-def openai_tools() -> list[dict[str, Any]]:
+def openai_tools(settings: GatewaySettings | None = None) -> list[dict[str, Any]]:
     """Chat Completions ``tools``: ``{"type": "function", "function": {name, description,
-    parameters}}``."""
+    parameters}}``. Every listing takes the settings the server enforces its bounds from."""
     return [
         {
             "type": "function",
             "function": {
                 "name": t.function,
                 "description": t.description,
-                "parameters": t.parameters(),
+                "parameters": t.parameters(settings),
             },
         }
         for t in TOOLS
     ]
 
 
-def mcp_tools() -> list[dict[str, Any]]:
+def mcp_tools(settings: GatewaySettings | None = None) -> list[dict[str, Any]]:
     """The MCP ``tools/list`` entries: name, description, inputSchema, outputSchema."""
     return [
         {
             "name": t.function,
             "title": t.name,
             "description": t.description,
-            "inputSchema": t.parameters(),
+            "inputSchema": t.parameters(settings),
             "outputSchema": plain_schema(t.response.model_json_schema(mode="serialization")),
         }
         for t in TOOLS
     ]
 
 
-def router_entries(base_url: str = "") -> list[dict[str, Any]]:
+def router_entries(
+    base_url: str = "", settings: GatewaySettings | None = None
+) -> list[dict[str, Any]]:
     """DAGI-Router tool entries (``agents.<id>.tools``): ``{id, type: external, endpoint,
     description}``; ``endpoint`` is absolute when ``base_url`` is given."""
     base = base_url.rstrip("/")
@@ -178,13 +192,13 @@ def router_entries(base_url: str = "") -> list[dict[str, Any]]:
             "endpoint": f"{base}{t.endpoint}",
             "method": "POST",
             "description": t.description,
-            "parameters": t.parameters(),
+            "parameters": t.parameters(settings),
         }
         for t in TOOLS
     ]
 
 
-def gateway_tools() -> list[dict[str, Any]]:
+def gateway_tools(settings: GatewaySettings | None = None) -> list[dict[str, Any]]:
     """The gateway's own listing: both names, both routes, arguments, the full request and
     the response schema."""
     return [
@@ -195,8 +209,8 @@ def gateway_tools() -> list[dict[str, Any]]:
             "endpoint": f"POST {t.route}",
             "tool_endpoint": f"POST {t.endpoint}",
             "description": t.description,
-            "arguments": t.parameters(),
-            "input_schema": t.request.model_json_schema(),
+            "arguments": t.parameters(settings),
+            "input_schema": t.request_schema(settings),
             "output_schema": t.response.model_json_schema(),
             "auth": "Authorization: Bearer <JWT or API key>",
         }

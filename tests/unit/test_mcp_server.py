@@ -101,7 +101,7 @@ async def test_lists_exactly_the_catalog_tools_with_its_schemas(gw, mode):
             assert client.protocol_version == "2026-07-28"
         assert client.server_capabilities.tools is not None
         listed = (await client.list_tools()).tools
-    catalog = mcp_tools()
+    catalog = mcp_tools(gw.service.settings)
     assert [t.name for t in listed] == [t.function for t in TOOLS]
     for tool, entry in zip(listed, catalog, strict=True):
         assert tool.name == entry["name"] and tool.title == entry["title"]
