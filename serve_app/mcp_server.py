@@ -121,6 +121,9 @@ class McpEndpoint:
     """The ASGI app at /mcp: authenticates, then hands the request to the SDK's session
     manager, which ``running()`` (the FastAPI lifespan) creates, starts and stops."""
 
+    # The metrics' endpoint label (serve_app/metrics.py, ``endpoint_of``).
+    route_path = MCP_PATH
+
     def __init__(self, app: FastAPI) -> None:
         self.app = app
         self.server = build_server(app)
@@ -166,5 +169,8 @@ def mount_mcp(app: FastAPI) -> McpEndpoint:
     """Mount the MCP server at /mcp; the app's lifespan must enter ``.running()``."""
     endpoint = McpEndpoint(app)
     # An ASGI app as the endpoint: Starlette calls it with (scope, receive, send) as is.
-    app.add_route(MCP_PATH, cast(Any, endpoint), include_in_schema=False)
+    # POST only: the server is stateless, so a GET would open an event stream that never
+    # carries anything and holds a request until the proxy's timeout; the transport spec's
+    # answer for a server that offers none is 405 (the gateway's error shape, Allow: POST).
+    app.add_route(MCP_PATH, cast(Any, endpoint), methods=["POST"], include_in_schema=False)
     return endpoint

@@ -103,9 +103,10 @@ def status_class(status: int) -> str:
 
 def endpoint_of(scope: dict[str, Any]) -> str:
     """The route template the router matched (``/graph/entities/{id}``), not the raw path
-    (bounded); ``unmatched`` for a path no route serves."""
+    (bounded); ``unmatched`` for a path no route serves. A plain ASGI endpoint (``/mcp``)
+    names its path as ``route_path``: Starlette puts only the endpoint in the scope."""
     route = scope.get("route")
-    path = getattr(route, "path", None)
+    path = getattr(route, "path", None) or getattr(scope.get("endpoint"), "route_path", None)
     return path if isinstance(path, str) and path else "unmatched"
 
 

@@ -332,3 +332,24 @@ async def test_a_tool_call_is_audited_with_the_verified_caller_and_trace_id(gw):
     (denied,) = gw.service.audit.query(trace_id=second, action="search")
     assert denied["decision"] == "deny" and denied["reason"] == "team_not_granted"
     assert denied["team_id"] == "dao_b" and denied["http_status"] == 403
+
+
+async def test_get_is_405_not_an_event_stream_and_requests_count_under_mcp(gw, monkeypatch):
+    """Issue 38, item 5: the stateless server offers no server-to-client stream, so GET /mcp
+    is answered at once (405, Allow: POST, the gateway's error shape) instead of holding a
+    request open; /mcp requests are labelled endpoint="/mcp" in the metrics."""
+    from serve_app import metrics as sm
+
+    labels: list[dict[str, str]] = []
+    monkeypatch.setattr(sm.REQUEST_DURATION, "observe", lambda value, **tags: labels.append(tags))
+    monkeypatch.setattr(type(sm.REQUEST_DURATION), "live", property(lambda self: True))
+    async with running(gw.client.app) as http:
+        got = await http.get("/mcp", headers={**ACCEPT, "authorization": f"Bearer {token()}"})
+        posted = await http.post(
+            "/mcp", json=INITIALIZE, headers={**ACCEPT, "authorization": f"Bearer {token()}"}
+        )
+    assert got.status_code == 405 and got.headers["allow"] == "POST"
+    assert got.json()["error"] == "method_not_allowed"
+    assert posted.status_code == 200, posted.text
+    assert [t["endpoint"] for t in labels] == ["/mcp", "/mcp"]
+    assert [t["status"] for t in labels] == ["4xx", "2xx"]
