@@ -75,12 +75,17 @@ class Unauthorized(GatewayError):
     ) -> None:
         super().__init__(message, hint=hint)
         self.error = error
+        # Where the protected resource's metadata is (RFC 9728), for an OAuth client to
+        # discover the authorization server: set by the MCP endpoint.
+        self.resource_metadata: str | None = None
 
     @property
     def headers(self) -> dict[str, str]:
         challenge = 'Bearer realm="rag-gateway"'
         if self.error:
             challenge += f', error="{self.error}"'
+        if self.resource_metadata:
+            challenge += f', resource_metadata="{self.resource_metadata}"'
         return {"WWW-Authenticate": challenge}
 
 

@@ -39,6 +39,9 @@ from serve_app.tools.runner import ToolRunner
 logger = logging.getLogger(__name__)
 
 MCP_PATH = "/mcp"
+# OAuth 2.0 Protected Resource Metadata (RFC 9728) of /mcp, as the MCP authorization spec
+# asks a server to publish: the well-known path with the resource's path appended.
+METADATA_PATH = "/.well-known/oauth-protected-resource"
 AUDIT_ACTION = "mcp"
 # The ASGI scope key the authenticating wrapper stores the verified principal under.
 PRINCIPAL_KEY = "rag_gateway.principal"
@@ -156,6 +159,8 @@ class McpEndpoint:
             if self.manager is None:
                 raise BackendUnavailable("mcp", "the MCP server is not running (no app lifespan)")
         except GatewayError as exc:
+            if isinstance(exc, Unauthorized):  # tell an OAuth client where to start
+                exc.resource_metadata = _base_url(request) + METADATA_PATH + MCP_PATH
             response = JSONResponse(
                 error_body(exc, trace_id), status_code=exc.status_code, headers=exc.headers or None
             )
@@ -165,9 +170,35 @@ class McpEndpoint:
         await self.manager.handle_request(scope, receive, send)
 
 
+def _base_url(request: Request) -> str:
+    return str(request.base_url).rstrip("/")
+
+
+async def protected_resource_metadata(request: Request) -> JSONResponse:
+    """RFC 9728 metadata of /mcp: the resource, the authorization server whose tokens it
+    takes (``auth.issuer``; none in dev mode, where no token is needed) and how a token is
+    sent. Public, like any discovery document. ``jwks_uri`` is left out on purpose: in
+    RFC 9728 it names the resource's own signing keys, and the gateway signs nothing; the
+    issuer's keys are found through the issuer's own metadata."""
+    auth = request.app.state.service.settings.auth
+    issuers = [auth.issuer] if auth.mode == "jwt" and auth.issuer else []
+    return JSONResponse(
+        {
+            "resource": _base_url(request) + MCP_PATH,
+            "authorization_servers": issuers,
+            "bearer_methods_supported": ["header"],
+            "resource_name": "RAG Gateway (MCP)",
+        },
+        headers={"Cache-Control": "max-age=3600"},
+    )
+
+
 def mount_mcp(app: FastAPI) -> McpEndpoint:
-    """Mount the MCP server at /mcp; the app's lifespan must enter ``.running()``."""
+    """Mount the MCP server at /mcp (and its RFC 9728 metadata at the well-known paths);
+    the app's lifespan must enter ``.running()``."""
     endpoint = McpEndpoint(app)
+    for path in (METADATA_PATH + MCP_PATH, METADATA_PATH):
+        app.add_route(path, protected_resource_metadata, methods=["GET"], include_in_schema=False)
     # An ASGI app as the endpoint: Starlette calls it with (scope, receive, send) as is.
     # POST only: the server is stateless, so a GET would open an event stream that never
     # carries anything and holds a request until the proxy's timeout; the transport spec's

@@ -276,7 +276,9 @@ async def test_no_or_a_bad_credential_is_401_before_the_mcp_layer_and_audited(
             "/mcp", json=INITIALIZE, headers={**ACCEPT, **headers, "x-trace-id": trace}
         )
     assert r.status_code == 401
-    assert r.headers["www-authenticate"] == challenge
+    # RFC 9728 / MCP authorization: the challenge points at the resource's metadata.
+    metadata = f"{BASE}/.well-known/oauth-protected-resource/mcp"
+    assert r.headers["www-authenticate"] == f'{challenge}, resource_metadata="{metadata}"'
     body = r.json()
     assert body["error"] == "unauthorized" and body["trace_id"] == trace
     assert "Bearer" in body["hint"]
@@ -353,3 +355,20 @@ async def test_get_is_405_not_an_event_stream_and_requests_count_under_mcp(gw, m
     assert posted.status_code == 200, posted.text
     assert [t["endpoint"] for t in labels] == ["/mcp", "/mcp"]
     assert [t["status"] for t in labels] == ["4xx", "2xx"]
+
+
+async def test_the_protected_resource_metadata_names_the_issuer_and_is_public(gw):
+    """Issue 38, item 5: an OAuth client that got the 401 finds the authorization server
+    from the metadata the challenge names (RFC 9728), without a credential."""
+    async with running(gw.client.app) as http:
+        unauthorised = await http.post("/mcp", json=INITIALIZE, headers=ACCEPT)
+        challenge = unauthorised.headers["www-authenticate"]
+        url = challenge.split('resource_metadata="', 1)[1].rstrip('"')
+        r = await http.get(url)
+        root = await http.get("/.well-known/oauth-protected-resource")
+    assert r.status_code == 200 and root.status_code == 200
+    body = r.json()
+    assert body == root.json()
+    assert body["resource"] == f"{BASE}/mcp"
+    assert body["authorization_servers"] == [gw.service.settings.auth.issuer]
+    assert body["bearer_methods_supported"] == ["header"]
