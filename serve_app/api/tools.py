@@ -1,8 +1,9 @@
 """The agent tools: ``GET /tools`` lists them in the shape a caller loads (``format=openai``
-function-calling tools, ``mcp`` the MCP tool list, ``router`` DAGI-Router entries, or the
-gateway's own listing), and ``POST /tools/{function}`` runs one with an LLM's arguments as
-the body — the endpoint router entries point at. Tenancy comes from the credential and the
-router's headers (serve_app/tools/tenancy.py), never from the arguments."""
+function-calling tools, ``openai-strict`` the same in OpenAI's strict subset, ``mcp`` the MCP
+tool list, ``router`` DAGI-Router entries, or the gateway's own listing), and
+``POST /tools/{function}`` runs one with an LLM's arguments as the body — the endpoint router
+entries point at. Tenancy comes from the credential and the router's headers
+(serve_app/tools/tenancy.py), never from the arguments."""
 
 from __future__ import annotations
 
@@ -22,15 +23,17 @@ router = APIRouter(tags=["tools"])
 @router.get("/tools", dependencies=[Depends(catalog_access)])
 async def tools(
     request: Request,
-    format: Literal["gateway", "openai", "mcp", "router"] = Query(
-        "gateway", description="The shape of the listing."
+    format: Literal["gateway", "openai", "openai-strict", "mcp", "router"] = Query(
+        "gateway",
+        description="The shape of the listing; openai-strict: OpenAI function tools in the "
+        "strict subset (every property required, optional ones nullable; strict: true).",
     ),
 ) -> dict[str, Any]:
     """The four tools with their argument schemas, in the shape ``format`` names; every bound
     is the one this server enforces (its settings)."""
     settings = request.app.state.service.settings
-    if format == "openai":
-        return {"tools": openai_tools(settings)}
+    if format in ("openai", "openai-strict"):
+        return {"tools": openai_tools(settings, strict=format == "openai-strict")}
     if format == "mcp":
         return {"tools": mcp_tools(settings)}
     if format == "router":

@@ -152,6 +152,21 @@ class GraphQueryArgs(_Args):
     def _any_case(cls, value: Any) -> Any:
         return value.strip().upper() if isinstance(value, str) else value
 
+    @field_validator("params", mode="before")
+    @classmethod
+    def _pairs(cls, value: Any) -> Any:
+        """``[{"name": n, "value": v}, ...]`` (the strict listing's shape) as a mapping."""
+        if not isinstance(value, list):
+            return value
+        out: dict[str, Any] = {}
+        for pair in value:
+            if not (isinstance(pair, dict) and set(pair) == {"name", "value"}):
+                raise ValueError('each parameter is {"name": ..., "value": ...}')
+            if not isinstance(pair["name"], str) or pair["name"] in out:
+                raise ValueError(f"parameter name {pair['name']!r} is not a new string")
+            out[pair["name"]] = pair["value"]
+        return out
+
 
 EntityName = Annotated[
     str,

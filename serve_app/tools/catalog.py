@@ -28,6 +28,7 @@ from serve_app.graph_contracts import (
 from serve_app.settings import GatewaySettings
 from serve_app.tools.args import EnrichAnswerArgs, ExplainPathArgs, GraphQueryArgs, SearchDocsArgs
 from serve_app.tools.bounds import apply, request_bounds, tool_bounds
+from serve_app.tools.strict import strict_parameters
 from serve_app.tools.tenancy import ToolTenancy
 
 # The function-name rule of OpenAI, Anthropic and Gemini tool calling.
@@ -149,20 +150,23 @@ TOOLS: tuple[ToolSpec, ...] = (
 BY_FUNCTION = {t.function: t for t in TOOLS} | {t.name: t for t in TOOLS}
 
 
-def openai_tools(settings: GatewaySettings | None = None) -> list[dict[str, Any]]:
+def openai_tools(
+    settings: GatewaySettings | None = None, *, strict: bool = False
+) -> list[dict[str, Any]]:
     """Chat Completions ``tools``: ``{"type": "function", "function": {name, description,
-    parameters}}``. Every listing takes the settings the server enforces its bounds from."""
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": t.function,
-                "description": t.description,
-                "parameters": t.parameters(settings),
-            },
-        }
-        for t in TOOLS
-    ]
+    parameters}}``. Every listing takes the settings the server enforces its bounds from;
+    ``strict`` gives the schemas in OpenAI's strict subset (serve_app/tools/strict.py) and
+    marks each function ``strict: true``."""
+    out = []
+    for t in TOOLS:
+        function: dict[str, Any] = {"name": t.function, "description": t.description}
+        if strict:
+            function["parameters"] = strict_parameters(t.function, t.parameters(settings))
+            function["strict"] = True
+        else:
+            function["parameters"] = t.parameters(settings)
+        out.append({"type": "function", "function": function})
+    return out
 
 
 def mcp_tools(settings: GatewaySettings | None = None) -> list[dict[str, Any]]:

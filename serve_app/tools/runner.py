@@ -44,6 +44,22 @@ def tool(function: str) -> ToolSpec:
     return spec
 
 
+# Objects of the arguments whose null members mean "not given", like the top level's.
+NULLABLE_MEMBERS = ("filters", "args")
+
+
+def without_nulls(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """``arguments`` without the members a strict caller sets to null because it must send
+    every property (``GET /tools?format=openai-strict``): null means "not given", so the
+    server's default applies. Cypher ``params`` keep theirs (a null there is a value)."""
+    out = {k: v for k, v in arguments.items() if v is not None}
+    for name in NULLABLE_MEMBERS:
+        member = out.get(name)
+        if isinstance(member, dict):
+            out[name] = {k: v for k, v in member.items() if v is not None}
+    return out
+
+
 def invalid_arguments(exc: ValidationError, prefix: str = "") -> InvalidInput:
     """One InvalidInput naming every bad argument (the first one as its field)."""
     problems = []
@@ -83,7 +99,7 @@ class ToolRunner:
         """
         spec = tool(function)
         try:
-            args = spec.args.model_validate(dict(arguments or {}))
+            args = spec.args.model_validate(without_nulls(arguments or {}))
         except ValidationError as exc:
             raise invalid_arguments(exc) from None
         tenancy = ToolTenancy.resolve(rc.principal, headers)
