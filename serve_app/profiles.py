@@ -1,6 +1,8 @@
 """Per-agent RAG profiles: how much retrieval an agent gets, from a YAML file keyed by agent
 id (``profiles.file``; the packaged serve_app/profiles.yaml by default). A DAGI-Router config
-works as that file too: an agent block's ``rag_profile`` is its profile.
+works as that file too: its rag-gateway provider entry's ``rag_profiles`` block is read
+(docs/router-config.example.yml); in a plain profiles file an agent block's ``rag_profile``
+is its profile.
 
 The agent is the verified one — the token's agent claim or the API key's agent — and only a
 credential holding ``profiles.route_permission`` (a router calling for its agents) may name
@@ -87,6 +89,8 @@ class ProfileSet:
     def parse(cls, data: dict[str, Any], source: str = "") -> ProfileSet:
         if not isinstance(data, dict):
             raise ValueError(f"profiles file {source}: expected a mapping")
+        if "orchestrator_providers" in data:
+            data = router_profiles(data, source)
 
         def one(name: str, raw: Any) -> Profile:
             if isinstance(raw, dict) and "rag_profile" in raw:  # a router agent block
@@ -103,6 +107,32 @@ class ProfileSet:
     def for_agent(self, agent_id: str) -> AgentProfile:
         profile = self.agents.get(agent_id) if agent_id else None
         return AgentProfile(agent_id, profile) if profile else AgentProfile("", self.default)
+
+
+def router_profiles(config: dict[str, Any], source: str) -> dict[str, Any]:
+    """The ``{default, agents}`` of a DAGI-Router config: the ``rag_profiles`` block of the
+    one provider entry that has it (``orchestrator_providers.<id>.rag_profiles``; the
+    router's loader keeps a provider entry whole and ignores keys it does not know).
+
+    Raises:
+        ValueError: no provider, or more than one, carries ``rag_profiles``.
+    """
+    providers = config.get("orchestrator_providers") or {}
+    found = {
+        name: entry["rag_profiles"]
+        for name, entry in providers.items()
+        if isinstance(entry, dict) and "rag_profiles" in entry
+    }
+    if len(found) != 1:
+        which = ", ".join(sorted(found)) or "none"
+        raise ValueError(
+            f"profiles file {source}: a router config needs exactly one "
+            f"orchestrator_providers.<id>.rag_profiles block (found: {which})"
+        )
+    block = next(iter(found.values()))
+    if not isinstance(block, dict):
+        raise ValueError(f"profiles file {source}: rag_profiles must be a mapping")
+    return block
 
 
 # The profiles of a service built without a file (unit tests, the library API): the default

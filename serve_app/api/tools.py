@@ -14,7 +14,7 @@ from fastapi.responses import PlainTextResponse
 
 from serve_app.api.deps import Caller
 from serve_app.api.surface import catalog_access
-from serve_app.tools.catalog import gateway_tools, mcp_tools, openai_tools, router_entries
+from serve_app.tools.catalog import gateway_tools, mcp_tools, openai_tools, router_listing
 from serve_app.tools.runner import ToolRunner
 
 router = APIRouter(tags=["tools"])
@@ -37,9 +37,7 @@ async def tools(
     if format == "mcp":
         return {"tools": mcp_tools(settings)}
     if format == "router":
-        base = str(request.base_url).rstrip("/")
-        entries = router_entries(settings=settings)
-        return {"provider": {"id": "rag-gateway", "base_url": base}, "tools": entries}
+        return router_listing(str(request.base_url), settings)
     return {"tools": gateway_tools(settings)}
 
 

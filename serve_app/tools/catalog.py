@@ -183,23 +183,45 @@ def mcp_tools(settings: GatewaySettings | None = None) -> list[dict[str, Any]]:
     ]
 
 
-def router_entries(
-    base_url: str = "", settings: GatewaySettings | None = None
-) -> list[dict[str, Any]]:
-    """DAGI-Router tool entries (``agents.<id>.tools``): ``{id, type: external, endpoint,
-    description}``; ``endpoint`` is absolute when ``base_url`` is given."""
+# The provider id and timeout of the DAGI-Router entries (docs/router-config.example.yml).
+ROUTER_PROVIDER = "rag-gateway"
+ROUTER_TIMEOUT_MS = 10_000
+
+
+def router_entries(base_url: str) -> list[dict[str, Any]]:
+    """DAGI-Router tool entries (``agents.<id>.tools``) in the shape its loader reads:
+    ``{id, type: external, endpoint, description}``. A tool entry has no provider key there,
+    so ``endpoint`` is the absolute URL under ``base_url``."""
     base = base_url.rstrip("/")
     return [
         {
             "id": t.name,
             "type": "external",
             "endpoint": f"{base}{t.endpoint}",
-            "method": "POST",
             "description": t.description,
-            "parameters": t.parameters(settings),
         }
         for t in TOOLS
     ]
+
+
+def router_listing(base_url: str, settings: GatewaySettings | None = None) -> dict[str, Any]:
+    """``GET /tools?format=router``: the blocks to merge into a DAGI router-config.yml — the
+    provider entry (``orchestrator_providers``) and the tool entries — plus, outside the
+    config, each tool's argument schema for the router's function-calling LLM."""
+    base = base_url.rstrip("/")
+    return {
+        "orchestrator_providers": {
+            ROUTER_PROVIDER: {
+                "type": "http",
+                "description": "RAG gateway: document search, cited answers, knowledge graph",
+                "base_url": base,
+                "timeout_ms": ROUTER_TIMEOUT_MS,
+                "health": "/readyz",
+            }
+        },
+        "tools": router_entries(base),
+        "parameters": {t.name: t.parameters(settings) for t in TOOLS},
+    }
 
 
 def gateway_tools(settings: GatewaySettings | None = None) -> list[dict[str, Any]]:

@@ -1,7 +1,9 @@
-"""docs/router-config.example.yml against the gateway it configures: every agent tool is a
-catalog tool at its own endpoint, that endpoint is a POST route of the app and answers a
-real call, the provider and every agent's RAG profile are well-formed, and the file loads as
-the gateway's profiles file."""
+"""docs/router-config.example.yml against the router that reads it and the gateway it
+configures: the file loads with a model of the DAGI Router loader's schema with extra keys
+forbidden (the real loader silently drops keys it does not know), every agent tool is a
+catalog tool at an absolute endpoint that is a POST route of the app and answers a real call,
+the routing rules name what exists, and the provider's ``rag_profiles`` block loads as the
+gateway's profiles file and equals the profiles the gateway ships."""
 
 from __future__ import annotations
 
@@ -12,14 +14,15 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
+from pydantic import BaseModel, ConfigDict, Field
 
+from serve_app.profiles import ProfileSet
 from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
 from serve_app.tools.catalog import TOOL_ROUTE, TOOLS
 
 CONFIG_PATH = Path(__file__).resolve().parents[2] / "docs" / "router-config.example.yml"
 BY_NAME = {t.name: t for t in TOOLS}
-RAG_MODES = {"off", "light", "strict"}
-PROFILE_NUMBERS = ("max_context_tokens", "max_docs_per_query")
+PROVIDER = "rag-gateway"
 # The least arguments each tool accepts (what an LLM would send for a plain question).
 MINIMAL_ARGUMENTS: dict[str, dict[str, Any]] = {
     "rag.search_docs": {"query": "Milvus gateway deploy budget"},
@@ -29,6 +32,76 @@ MINIMAL_ARGUMENTS: dict[str, dict[str, Any]] = {
 }
 
 
+# --- the DAGI Router's router-config.yml schema, as its loader documents it ---------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Node(_Strict):
+    id: str
+    role: str
+    env: str
+    description: str | None = None
+
+
+class LlmProfile(_Strict):
+    provider: str
+    base_url: str
+    model: str
+    max_tokens: int = 1024
+    temperature: float = 0.2
+    timeout_ms: int = 30000
+    description: str | None = None
+    api_key_env: str | None = None
+    top_p: float | None = None
+
+
+class AgentTool(_Strict):
+    id: str
+    type: str
+    description: str | None = None
+    endpoint: str | None = None
+
+
+class Agent(_Strict):
+    description: str
+    default_llm: str | None = None
+    system_prompt: str | None = None
+    tools: list[AgentTool] = Field(default_factory=list)
+
+
+class RoutingRule(_Strict):
+    id: str
+    priority: int = 100
+    when: dict[str, Any]
+    use_llm: str | None = None
+    use_provider: str | None = None
+    use_metadata: str | None = None
+    description: str | None = None
+
+
+class Telemetry(_Strict):
+    enabled: bool = True
+    sink: str = "stdout"
+    log_level: str = "info"
+    metrics: list[str] = Field(default_factory=list)
+
+
+class Policies(_Strict):
+    rate_limiting: dict[str, Any] = Field(default_factory=dict)
+    budget: dict[str, Any] = Field(default_factory=dict)
+
+
+class RouterConfig(_Strict):
+    node: Node
+    llm_profiles: dict[str, LlmProfile]
+    orchestrator_providers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    agents: dict[str, Agent] = Field(default_factory=dict)
+    routing: list[RoutingRule] = Field(default_factory=list)
+    telemetry: Telemetry = Field(default_factory=Telemetry)
+    policies: Policies = Field(default_factory=Policies)
+
+
 def load_config() -> dict[str, Any]:
     return yaml.safe_load(CONFIG_PATH.read_text(encoding="utf-8"))
 
@@ -36,31 +109,22 @@ def load_config() -> dict[str, Any]:
 CONFIG = load_config()
 
 
-def agent_tools() -> list[tuple[str, dict[str, Any]]]:
-    return [
-        (agent_id, tool)
-        for agent_id, agent in CONFIG["agents"].items()
-        for tool in agent.get("tools") or []
-    ]
+ROUTER = RouterConfig.model_validate(CONFIG)
+AGENT_TOOLS = [(a, t) for a, agent in ROUTER.agents.items() for t in agent.tools]
+# One call per distinct endpoint: the agents share them.
+DISTINCT_TOOLS = sorted({(t.endpoint or "", t.id) for _, t in AGENT_TOOLS})
 
 
 def tool_param_id(value: Any) -> str:
-    return value["id"] if isinstance(value, dict) else str(value)
+    return value.id if isinstance(value, AgentTool) else str(value)
 
 
-AGENT_TOOLS = agent_tools()
-# One call per distinct (provider, endpoint): the agents share them.
-DISTINCT_TOOLS = sorted({(t["provider"], t["endpoint"], t["id"]) for _, t in AGENT_TOOLS})
-
-
-def full_path(tool: dict[str, Any]) -> str:
-    """The path the router posts to: the provider base_url's path joined with the endpoint
-    (or the endpoint's own path when it is absolute)."""
-    endpoint = tool["endpoint"]
-    if urlparse(endpoint).scheme:
-        return urlparse(endpoint).path
-    base = urlparse(CONFIG["providers"][tool["provider"]]["base_url"]).path.rstrip("/")
-    return f"{base}{endpoint}"
+def full_path(endpoint: str) -> str:
+    """The path of an absolute endpoint, relative to the provider base_url's own path."""
+    base = urlparse(CONFIG["orchestrator_providers"][PROVIDER]["base_url"]).path.rstrip("/")
+    path = urlparse(endpoint).path
+    assert path.startswith(base), (endpoint, base)
+    return path[len(base) :]
 
 
 def post_templates(app: Any) -> set[str]:
@@ -97,37 +161,39 @@ def headers() -> dict[str, str]:
     return {"authorization": f"Bearer {mint(claims(teams={'dao_a': ['member']}))}"}
 
 
-def test_the_config_has_agents_with_tools_and_the_extra_router_blocks():
-    assert {"default", "agents", "providers", "routing_rules"} <= set(CONFIG)
-    assert {"ag_daarwizz", "ag_helion"} <= set(CONFIG["agents"])
-    assert AGENT_TOOLS, "no agent has a tool"
+def test_the_config_loads_with_the_router_schema_and_nothing_is_dropped():
+    """Extra keys forbidden at every level: a key the router's loader would ignore fails."""
+    assert ROUTER.agents and {"ag_daarwizz", "ag_helion"} <= set(ROUTER.agents)
+    assert "timeout_s" not in CONFIG_PATH.read_text(encoding="utf-8"), "times are timeout_ms"
     # Every tool of the catalog is configured for at least one agent.
-    assert {t["id"] for _, t in AGENT_TOOLS} == set(BY_NAME)
+    assert {t.id for _, t in AGENT_TOOLS} == set(BY_NAME)
+    for wrong in ({"providers": {}}, {"routing_rules": []}):
+        with pytest.raises(ValueError):
+            RouterConfig.model_validate({**CONFIG, **wrong})
+    bad_tool = {**CONFIG["agents"]["ag_helion"]}
+    bad_tool["tools"] = [{**bad_tool["tools"][0], "provider": PROVIDER}]
+    with pytest.raises(ValueError):
+        RouterConfig.model_validate({**CONFIG, "agents": {"ag_helion": bad_tool}})
 
 
-@pytest.mark.parametrize(("agent_id", "tool"), AGENT_TOOLS, ids=lambda v: tool_param_id(v))
-def test_each_agent_tool_is_a_catalog_tool_at_its_own_endpoint(agent_id, tool):
-    assert tool["id"] in BY_NAME, f"{agent_id}: {tool['id']!r} is not a catalog tool"
-    spec = BY_NAME[tool["id"]]
-    assert tool["type"] == "external"
-    assert tool.get("method", "POST") == "POST"
-    assert tool["provider"] in CONFIG["providers"], f"{agent_id}: unknown provider"
-    assert full_path(tool) == spec.endpoint
-    assert tool.get("description", "").strip(), f"{agent_id}: {tool['id']} has no description"
-
-
-def test_endpoints_are_consistently_relative_to_the_provider():
-    kinds = {bool(urlparse(t["endpoint"]).scheme) for _, t in AGENT_TOOLS}
-    assert kinds == {False}, "endpoints mix absolute URLs and paths"
-    assert all(t["endpoint"].startswith("/") for _, t in AGENT_TOOLS)
+@pytest.mark.parametrize(("agent_id", "tool"), AGENT_TOOLS, ids=tool_param_id)
+def test_each_agent_tool_is_a_catalog_tool_at_an_absolute_endpoint(agent_id, tool):
+    assert tool.id in BY_NAME, f"{agent_id}: {tool.id!r} is not a catalog tool"
+    assert tool.type == "external"
+    url = urlparse(tool.endpoint or "")
+    base = urlparse(CONFIG["orchestrator_providers"][PROVIDER]["base_url"])
+    # A tool entry has no provider key for the loader: the endpoint carries the base URL.
+    assert (url.scheme, url.netloc) == (base.scheme, base.netloc), tool.endpoint
+    assert full_path(tool.endpoint or "") == BY_NAME[tool.id].endpoint
+    assert (tool.description or "").strip(), f"{agent_id}: {tool.id} has no description"
 
 
 def test_each_endpoint_is_a_post_route_of_the_app(gw):
     templates = post_templates(gw.client.app)
     assert TOOL_ROUTE in templates
     for _, tool in AGENT_TOOLS:
-        spec = BY_NAME[tool["id"]]
-        path = full_path(tool)
+        spec = BY_NAME[tool.id]
+        path = full_path(tool.endpoint or "")
         matches = {t: p for t in templates if (p := match_template(t, path)) is not None}
         assert matches, f"{path} is no POST route of the app"
         # It is the tool route, with this tool's function name as the parameter.
@@ -137,80 +203,68 @@ def test_each_endpoint_is_a_post_route_of_the_app(gw):
 
 
 def test_the_provider_has_a_base_url_timeout_and_an_env_placeholder_for_the_key():
-    providers = CONFIG["providers"]
-    assert set(providers) >= {t["provider"] for _, t in AGENT_TOOLS}
-    provider = providers["rag-gateway"]
+    provider = CONFIG["orchestrator_providers"][PROVIDER]
     url = urlparse(provider["base_url"])
     assert url.scheme in ("http", "https") and url.netloc
-    assert isinstance(provider["timeout_s"], int | float) and provider["timeout_s"] > 0
+    assert isinstance(provider["timeout_ms"], int) and provider["timeout_ms"] > 0
     auth = provider["auth"]
     assert auth["header"] == "Authorization"
     # The key is an environment placeholder, never a literal credential.
     assert re.fullmatch(r"Bearer \$\{[A-Z][A-Z0-9_]*\}", auth["value"]), auth["value"]
 
 
-def profile_problems(name: str, profile: Any) -> list[str]:
-    if not isinstance(profile, dict):
-        return [f"{name}: no rag_profile mapping"]
-    problems = []
-    mode = profile.get("rag_mode")
-    # An unquoted `off` is the boolean False in YAML 1.1: it must be the string.
-    if not isinstance(mode, str) or mode not in RAG_MODES:
-        problems.append(f"{name}: rag_mode {mode!r} is not one of {sorted(RAG_MODES)}")
-    for key in PROFILE_NUMBERS:
-        value = profile.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            problems.append(f"{name}: {key} {value!r} is not a positive int")
-    ttl = profile.get("cache_ttl_s", 0)  # optional; 0 = never cached
-    if not isinstance(ttl, int | float) or isinstance(ttl, bool) or ttl < 0:
-        problems.append(f"{name}: cache_ttl_s {ttl!r} is not a number of seconds")
-    return problems
-
-
-def test_every_agent_and_the_default_have_a_valid_rag_profile():
-    problems = profile_problems("default", CONFIG["default"])
-    for agent_id, agent in CONFIG["agents"].items():
-        problems += profile_problems(agent_id, agent.get("rag_profile"))
-    assert not problems, problems
-
-
-def test_the_spec_agents_have_their_modes_and_rag_off_agents_get_no_tools():
-    agents = CONFIG["agents"]
-    modes = {a: agents[a]["rag_profile"]["rag_mode"] for a in agents}
-    assert modes["ag_daarwizz"] == "strict" and modes["ag_helion"] == "light"
-    assert "off" in modes.values(), "no chat agent with RAG off"
-    for agent_id, mode in modes.items():
-        if mode == "off":
-            assert not agents[agent_id].get("tools"), f"{agent_id}: rag_mode off with tools"
-
-
-def test_routing_rules_name_catalog_tools_and_rag_off_calls_nothing():
-    rules = CONFIG["routing_rules"]
-    assert len({r["id"] for r in rules}) == len(rules)
-    used = set()
+def test_routing_rules_name_what_exists_and_rag_off_agents_never_reach_the_gateway():
+    rules = sorted(ROUTER.routing, key=lambda r: r.priority)
+    assert len({r.id for r in rules}) == len(rules)
     for rule in rules:
-        tools = [rule["use_tool"]] if "use_tool" in rule else rule.get("deny_tools", [])
-        assert tools, f"rule {rule['id']} neither uses nor denies a tool"
-        assert set(tools) <= set(BY_NAME), rule
-        used |= set(tools)
-    off = [r for r in rules if r.get("when", {}).get("rag_mode") == "off"]
-    assert off and set(off[0]["deny_tools"]) == set(BY_NAME)
-    # RAG off is decided before any rule that would call a tool.
-    first_call = min(r["priority"] for r in rules if "use_tool" in r)
-    assert off[0]["priority"] < first_call
-    assert {"rag.search_docs", "rag.enrich_answer", "graph.query_context"} <= used
+        targets = [x for x in (rule.use_llm, rule.use_provider, rule.use_metadata) if x]
+        assert len(targets) == 1, f"rule {rule.id}: one of use_llm/use_provider/use_metadata"
+        if rule.use_llm:
+            assert rule.use_llm in ROUTER.llm_profiles, rule.id
+        if rule.use_provider:
+            assert rule.use_provider in ROUTER.orchestrator_providers, rule.id
+    assert any(r.use_provider == PROVIDER for r in rules)
+    for agent in ROUTER.agents.values():
+        assert agent.default_llm is None or agent.default_llm in ROUTER.llm_profiles
+    first_provider_rule = min(r.priority for r in rules if r.use_provider == PROVIDER)
+    loaded = ProfileSet.load(CONFIG_PATH)
+    for agent_id, agent in ROUTER.agents.items():
+        if loaded.for_agent(agent_id).profile.rag_mode != "off":
+            continue
+        assert not agent.tools, f"{agent_id}: rag_mode off with tools"
+        # An LLM-only rule for this agent is decided before any rule that reaches the gateway.
+        own = [r for r in rules if r.when.get("agent") == agent_id and r.use_llm]
+        assert own and own[0].priority < first_provider_rule, agent_id
 
 
 def test_the_config_loads_as_the_gateways_profiles_file():
-    profiles = pytest.importorskip("serve_app.profiles")
-    loaded = profiles.ProfileSet.load(CONFIG_PATH)
-    assert loaded.default.rag_mode == CONFIG["default"]["rag_mode"]
-    assert loaded.default.max_docs_per_query == CONFIG["default"]["max_docs_per_query"]
-    for agent_id, agent in CONFIG["agents"].items():
+    loaded = ProfileSet.load(CONFIG_PATH)
+    block = CONFIG["orchestrator_providers"][PROVIDER]["rag_profiles"]
+    assert loaded.default.rag_mode == block["default"]["rag_mode"]
+    assert set(loaded.agents) == set(block["agents"]) == set(ROUTER.agents)
+    for agent_id, raw in block["agents"].items():
         profile = loaded.for_agent(agent_id)
         assert profile.agent_id == agent_id
-        for key, value in agent["rag_profile"].items():
+        for key, value in raw.items():
             assert getattr(profile.profile, key) == value, (agent_id, key)
+    modes = {a: loaded.for_agent(a).profile.rag_mode for a in ROUTER.agents}
+    assert modes["ag_daarwizz"] == "strict" and modes["ag_helion"] == "light"
+    assert "off" in modes.values(), "no chat agent with RAG off"
+
+
+def test_the_gateway_ships_the_example_profiles_by_default():
+    """Profiles are on out of the box: the packaged file (profiles.file unset) holds the
+    same default and agents as the router example."""
+    packaged, example = ProfileSet.load(), ProfileSet.load(CONFIG_PATH)
+    assert packaged.default == example.default
+    assert packaged.agents == example.agents
+
+
+def test_a_router_config_without_one_rag_profiles_block_is_refused():
+    config = yaml.safe_load(CONFIG_PATH.read_text(encoding="utf-8"))
+    del config["orchestrator_providers"][PROVIDER]["rag_profiles"]
+    with pytest.raises(ValueError, match="rag_profiles"):
+        ProfileSet.parse(config, "router.yml")
 
 
 def is_route_404(response: Any) -> bool:
@@ -222,11 +276,9 @@ def is_route_404(response: Any) -> bool:
     return message.startswith("no route ") or message.startswith("no tool ")
 
 
-@pytest.mark.parametrize(("provider", "endpoint", "tool_id"), DISTINCT_TOOLS)
-def test_each_endpoint_answers_a_call_with_minimal_arguments(
-    gw, headers, provider, endpoint, tool_id
-):
-    path = full_path({"provider": provider, "endpoint": endpoint})
+@pytest.mark.parametrize(("endpoint", "tool_id"), DISTINCT_TOOLS)
+def test_each_endpoint_answers_a_call_with_minimal_arguments(gw, headers, endpoint, tool_id):
+    path = full_path(endpoint)
     r = gw.client.post(path, json=MINIMAL_ARGUMENTS[tool_id], headers=headers)
     assert not is_route_404(r), r.text
     assert r.status_code == 200 or 400 <= r.status_code < 500, r.text

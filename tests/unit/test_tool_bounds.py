@@ -33,14 +33,14 @@ def arguments(gw, fmt: str) -> dict[str, dict[str, Any]]:
     """Each tool's argument schema as the listing ``fmt`` gives it, by function name."""
     r = gw.client.get("/tools", params={"format": fmt}, headers=headers())
     assert r.status_code == 200, r.text
+    if fmt == "router":  # the router's tool entries carry no schema; "parameters" does
+        return {k.replace(".", "_"): v for k, v in r.json()["parameters"].items()}
     out = {}
     for tool in r.json()["tools"]:
         if fmt == "openai":
             out[tool["function"]["name"]] = tool["function"]["parameters"]
         elif fmt == "mcp":
             out[tool["name"]] = tool["inputSchema"]
-        elif fmt == "router":
-            out[tool["id"].replace(".", "_")] = tool["parameters"]
         else:
             out[tool["function"]] = tool["arguments"]
     return out

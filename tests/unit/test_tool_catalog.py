@@ -107,15 +107,25 @@ def test_openai_tools_are_functions_with_valid_names_and_object_schemas(gw):
     assert [t["function"]["name"] for t in tools] == [t.function for t in TOOLS]
 
 
-@pytest.mark.parametrize("fmt", ["openai", "mcp", "router", "gateway"])
+@pytest.mark.parametrize("fmt", ["openai", "openai-strict", "mcp", "router", "gateway"])
 def test_no_tool_lets_an_llm_set_the_tenant_or_developer_knobs(gw, fmt):
-    for tool in listing(gw, fmt):
-        if fmt == "openai":
-            schema = tool["function"]["parameters"]
-        else:
-            schema = tool.get("inputSchema") or tool.get("parameters") or tool["arguments"]
+    if fmt == "router":
+        body = gw.client.get("/tools", params={"format": fmt}, headers=auth(member())).json()
+        schemas = list(body["parameters"].items())
+    else:
+        schemas = [
+            (
+                tool.get("name") or tool["function"]["name"],
+                tool["function"]["parameters"]
+                if fmt.startswith("openai")
+                else tool.get("inputSchema") or tool["arguments"],
+            )
+            for tool in listing(gw, fmt)
+        ]
+    assert len(schemas) == len(TOOLS)
+    for name, schema in schemas:
         leaked = FORBIDDEN_KEYS & schema_keys(schema)
-        assert not leaked, (tool.get("name") or tool["function"]["name"], leaked)
+        assert not leaked, (name, leaked)
 
 
 def test_mcp_tools_have_name_description_and_input_schema(gw):
@@ -131,16 +141,22 @@ def test_mcp_tools_have_name_description_and_input_schema(gw):
 def test_router_entries_match_the_example_router_config(gw):
     r = gw.client.get("/tools", params={"format": "router"}, headers=auth(member()))
     body = r.json()
-    assert body["provider"]["id"] in CONFIG["providers"]
+    ((provider_id, provider),) = body["orchestrator_providers"].items()
+    assert provider_id in CONFIG["orchestrator_providers"]
+    assert provider["base_url"] == "http://testserver" and provider["timeout_ms"] > 0
     entries = {e["id"]: e for e in body["tools"]}
-    assert set(entries) == set(BY_NAME)
+    assert set(entries) == set(BY_NAME) == set(body["parameters"])
+    example_base = CONFIG["orchestrator_providers"][provider_id]["base_url"]
     for agent_id, agent in CONFIG["agents"].items():
         for tool in agent.get("tools") or []:
             entry = entries[tool["id"]]
-            assert tool["endpoint"] == entry["endpoint"], (agent_id, tool["id"])
+            # The same tool entry, for the example's base URL instead of this server's.
+            mine = entry["endpoint"].replace(provider["base_url"], example_base, 1)
+            assert tool["endpoint"] == mine, (agent_id, tool["id"])
+            assert set(tool) == set(entry) == {"id", "type", "endpoint", "description"}
             assert tool["type"] == entry["type"] == "external"
-            assert tool.get("method", "POST") == entry["method"]
-            assert entry["parameters"]["type"] == "object"
+    for schema in body["parameters"].values():
+        assert schema["type"] == "object"
 
 
 def test_the_gateway_listing_names_both_routes_of_each_tool(gw):
