@@ -76,11 +76,18 @@ def test_the_json_replica_log_has_our_records_and_the_access_line_with_the_trace
             f"{gateway}/traced/rag/search_docs", json={}, headers={"x-trace-id": "job-42"}
         )
         assert refused.status_code == 401 and refused.headers["x-trace-id"] == "job-42"
+        # The MCP endpoint's access line names its route, not the app's root (issue 38).
+        mcp = httpx.post(
+            f"{gateway}/traced/mcp",
+            json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+            headers={"x-trace-id": "mcp-7", "accept": "application/json, text/event-stream"},
+        )
+        assert mcp.headers["x-trace-id"] == "mcp-7", mcp.text
         deadline = time.monotonic() + 20
         while True:
             records = json_records(logs)
             access = [r for r in records if r.get("message", "").startswith(("GET", "POST"))]
-            if len(access) >= 2 or time.monotonic() > deadline:
+            if len(access) >= 3 or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         (probe,) = [r for r in records if r.get("message") == "probe inside the request"]
@@ -90,5 +97,6 @@ def test_the_json_replica_log_has_our_records_and_the_access_line_with_the_trace
         by_route = {a["route"]: a for a in access}
         assert by_route["/traced/_probe"]["trace_id"] == TRACE
         assert by_route["/traced/rag/search_docs"]["trace_id"] == "job-42"
+        assert by_route["/traced/mcp"]["trace_id"] == "mcp-7", sorted(by_route)
     finally:
         serve.delete("rag_traced")
