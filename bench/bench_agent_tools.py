@@ -1390,7 +1390,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         if args.near_check:
             first = float(args.near_similarities.split(",")[0])
-            settings["cache"].update(near_check="off", similarity=first)
+            # Every distinct query's entry must still be there for its second ask (the
+            # default 256 per bucket would evict them oldest first, each before its repeat).
+            per_bucket = max(256, args.distinct + 64)
+            settings["cache"].update(near_check="off", similarity=first, max_per_bucket=per_bucket)
         harness = ServeHarness(
             port=args.port, collection=COLLECTION, graph_enabled=False, settings=settings
         )
