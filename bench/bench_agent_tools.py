@@ -38,9 +38,17 @@ Phases:
    private key prefix, deleted at the end) and the same log replayed: hit/miss latency with
    Redis vs the in-memory store.
 
+``--near-check`` runs another, shorter mode instead (issue 38, item 7): ``cache.near_check``
+``off`` vs ``lexical`` in one run (a redeploy between them empties the in-memory cache). For
+each: the log of phase 2 replayed (hit ratio, near hits served and refused, each near hit's
+answer against a fresh search), and ``--distinct`` distinct AppStream summaries (dev, then
+test queries of the set with every component's summary) asked twice by an agent of their own
+(``bench_cache_twice``): nDCG@10 of the second, cached answers against fresh uncached ones.
+
     .venv/bin/python -m bench.bench_agent_tools \\
         --redis-url "$(.venv/bin/python scripts/services.py url redis)"
     .venv/bin/python -m bench.bench_agent_tools --quick   # smoke run ~3-4 min; full run ~8 min
+    .venv/bin/python -m bench.bench_agent_tools --near-check   # near_check off vs lexical
 """
 
 from __future__ import annotations
@@ -89,6 +97,8 @@ TOOL = "rag_search_docs"
 # The agents of the profiles file; the phase-1 rows in their table order.
 PROFILE_AGENTS = {"default": "bench_default", "light": "bench_light", "strict": "bench_strict"}
 NOCACHE, CACHE = "bench_nocache", "bench_cache"
+# The cache agent of --near-check's distinct queries asked twice (a bucket of its own).
+CACHE_TWICE = "bench_cache_twice"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,6 +139,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mcp-queries", type=int, default=100)
     p.add_argument("--warmup", type=int, default=20, help="searches per team before timing")
     p.add_argument("--redis-url", default="", help="also measure cache.backend=redis")
+    p.add_argument(
+        "--near-check",
+        action="store_true",
+        help="only compare cache.near_check off vs lexical (issue 38, item 7)",
+    )
+    p.add_argument(
+        "--distinct", type=int, default=400, help="--near-check: distinct summaries asked twice"
+    )
+    p.add_argument(
+        "--near-similarities",
+        default="0.95,0.9",
+        help="--near-check: the cache.similarity values, each with near_check off and lexical",
+    )
     p.add_argument("--out", default=None)
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -142,6 +165,7 @@ QUICK = {
     "apps": 10,
     "mcp_queries": 10,
     "warmup": 8,
+    "distinct": 60,
 }
 
 
@@ -156,9 +180,9 @@ class DataSet:
     chunks: int = 0
 
 
-def load_sets(args: argparse.Namespace) -> list[DataSet]:
+def load_sets(args: argparse.Namespace, extra_test: bool = False) -> list[DataSet]:
     books = tuple(b for b in args.books.split(",") if b)
-    apps = appstream_set.build(team_id="bench_agent_apps")
+    apps = appstream_set.build(team_id="bench_agent_apps", extra_test=extra_test)
     bible = bible_set.build("paraphrase", books, team_id="bench_agent_bible")
     return [DataSet("apps", "bench_agent_apps", apps), DataSet("bible", "bench_agent_bible", bible)]
 
@@ -194,6 +218,7 @@ def profiles_yaml(strict_min_score: float | None) -> dict[str, Any]:
         NOCACHE: dict(strict),
         # cache_ttl_s unset: the cache's own ttl_s.
         CACHE: {"rag_mode": "strict", "max_docs_per_query": 50},
+        CACHE_TWICE: {"rag_mode": "strict", "max_docs_per_query": 50},
     }
     if strict_min_score is not None:
         agents["bench_strict"] = {**strict, "min_score": strict_min_score}
@@ -618,6 +643,7 @@ async def cache_phase(
         "exact_hits": len(by_outcome["exact"]),
         "near_hits": len(by_outcome["near"]),
         "misses": len(by_outcome["miss"]),
+        "near_refused": statuses.get("near_refused", 0),
         "statuses": statuses,
         "opportunity_x_outcome": crosstab,
         "latency": {
@@ -703,6 +729,215 @@ async def near_quality(
             {k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items()} for p in worse
         ][:20],
     }
+
+
+# --- --near-check: distinct queries asked twice --------------------------------------------
+
+
+def distinct_queries(ds: DataSet, n: int) -> list[str]:
+    """The first ``n`` query ids (dev, then test) whose normalised texts are all distinct."""
+    seen: set[str] = set()
+    out = []
+    for qid in [*ds.labeled.dev, *ds.labeled.test]:
+        text = normalise(ds.labeled.queries[qid])
+        if text not in seen:
+            seen.add(text)
+            out.append(qid)
+        if len(out) == n:
+            break
+    return out
+
+
+async def fresh_answers(
+    client: httpx.AsyncClient, tokens: Tokens, ds: DataSet, qids: list[str]
+) -> dict[str, Answer]:
+    progress = Progress("fresh answers", len(qids), "queries", 15.0)
+    out = {}
+    for qid in qids:
+        out[qid] = await search(client, tokens(NOCACHE, ds.team), ds.team, ds.labeled.queries[qid])
+        progress.add(1)
+    return out
+
+
+async def twice_phase(
+    client: httpx.AsyncClient,
+    tokens: Tokens,
+    ds: DataSet,
+    qids: list[str],
+    fresh: dict[str, Answer],
+) -> dict[str, Any]:
+    """Each distinct query asked twice by the cache agent of its own: how the first pass was
+    answered (miss, near hit, near_refused), and the second (cached) answers' nDCG@10 against
+    the fresh ones."""
+    headers = tokens(CACHE_TWICE, ds.team)
+    qrels = ds.labeled.qrels
+    passes: list[list[Answer]] = []
+    for label in ("first", "second"):
+        progress = Progress(f"distinct queries, {label} pass", len(qids), "queries", 15.0)
+        answers = []
+        for qid in qids:
+            answers.append(await search(client, headers, ds.team, ds.labeled.queries[qid]))
+            progress.add(1)
+        passes.append(answers)
+    first, second = passes
+    statuses: dict[str, int] = {}
+    near: list[dict[str, Any]] = []
+    for qid, a in zip(qids, first, strict=True):
+        status = str(a.cache.get("status"))
+        if a.hit and (a.similarity or 1.0) < 1.0:
+            status = "near hit"
+            f = fresh[qid]
+            near.append(
+                {
+                    "query": ds.labeled.queries[qid],
+                    "similarity": a.similarity,
+                    "cached_ndcg": round(ndcg_at_k(a.docs, qrels[qid]), 4),
+                    "fresh_ndcg": round(ndcg_at_k(f.docs, qrels[qid]), 4),
+                    "same_top1": bool(a.docs and f.docs and a.docs[0] == f.docs[0]),
+                }
+            )
+        statuses[status] = statuses.get(status, 0) + 1
+    fresh_ndcg = [ndcg_at_k(fresh[q].docs, qrels[q]) for q in qids]
+    cached_ndcg = [ndcg_at_k(a.docs, qrels[q]) for q, a in zip(qids, second, strict=True)]
+    same_docs = sum(a.docs == fresh[q].docs for q, a in zip(qids, second, strict=True))
+    return {
+        "queries": len(qids),
+        "first_pass": statuses,
+        "second_pass_hits": sum(a.hit for a in second),
+        "fresh_ndcg@10": round(statistics.fmean(fresh_ndcg), 4),
+        "cached_ndcg@10": round(statistics.fmean(cached_ndcg), 4),
+        "cached_worse": sum(c < f - 1e-9 for c, f in zip(cached_ndcg, fresh_ndcg, strict=True)),
+        "cached_better": sum(c > f + 1e-9 for c, f in zip(cached_ndcg, fresh_ndcg, strict=True)),
+        "same_docs_as_fresh": same_docs,
+        "near_hits": near,
+        "near_same_top1": sum(p["same_top1"] for p in near),
+        "near_cached_ndcg@10": round(statistics.fmean(p["cached_ndcg"] for p in near), 4)
+        if near
+        else None,
+        "near_fresh_ndcg@10": round(statistics.fmean(p["fresh_ndcg"] for p in near), 4)
+        if near
+        else None,
+    }
+
+
+async def run_near_check(args: argparse.Namespace, h: ServeHarness, folder: Path) -> dict[str, Any]:
+    """``cache.near_check`` off (the first deployment) vs lexical (redeployed), one run."""
+    tokens = Tokens(h.settings)
+    sets = load_sets(args, extra_test=True)
+    apps = next(ds for ds in sets if ds.key == "apps")
+    result: dict[str, Any] = {
+        "sets": {
+            ds.key: {
+                "name": ds.labeled.name,
+                "team": ds.team,
+                "documents": len(ds.labeled.documents),
+            }
+            for ds in sets
+        }
+    }
+    result["write"] = write_sets(h, sets)
+    log = build_log(args, sets)
+    result["log"] = log_summary(log, h.settings.cache.max_per_bucket)
+    qids = distinct_queries(apps, args.distinct)
+    limits = httpx.Limits(max_connections=4)
+    async with httpx.AsyncClient(base_url=h.base_url, timeout=120.0, limits=limits) as client:
+        result["warm"] = [await warm(h, client, tokens, sets, args.warmup)]
+        fresh = await fresh_answers(client, tokens, apps, qids)
+        result["near_check"] = []
+        runs = [
+            (float(sim), mode)
+            for sim in args.near_similarities.split(",")
+            for mode in ("off", "lexical")
+        ]
+        for similarity, mode in runs:
+            cache = h.settings.cache
+            if (cache.near_check, cache.similarity) != (mode, similarity):
+                h.redeploy({"cache": {"near_check": mode, "similarity": similarity}})
+                result["warm"].append(await warm(h, client, tokens, sets, args.warmup))
+            phase = await cache_phase(
+                client, tokens, log, sets, f"memory, similarity {similarity:g}, near_check {mode}"
+            )
+            phase.update(backend="memory", similarity=similarity, near_check=mode)
+            phase["twice"] = await twice_phase(client, tokens, apps, qids, fresh)
+            phase["cache_status_after"] = (await readyz_components(client)).get("cache")
+            logger.info(
+                "near_check %s: %s",
+                mode,
+                {k: v for k, v in phase["twice"].items() if k != "near_hits"},
+            )
+            result["near_check"].append(phase)
+    return result
+
+
+def render_near_check(result: dict[str, Any]) -> str:
+    rows, twice = [], []
+    for c in result.get("near_check", []):
+        n = c["requests"]
+        q = c.get("near_quality") or {}
+        rows.append(
+            [
+                f"{c['similarity']:g}",
+                c["near_check"],
+                n,
+                f"{c['hit_ratio']:.3f} = {c['exact_hits'] / n:.3f} + {c['near_hits'] / n:.3f}",
+                c["near_hits"],
+                c["near_refused"],
+                f"{q.get('same_top1', 0)}/{q.get('n', 0)}",
+                f"{q['cached_ndcg@10']:.4f} / {q['fresh_ndcg@10']:.4f}" if q.get("n") else "–",
+            ]
+        )
+        t = c["twice"]
+        near_hits = t["first_pass"].get("near hit", 0)
+        twice.append(
+            [
+                f"{c['similarity']:g}",
+                c["near_check"],
+                t["queries"],
+                near_hits,
+                t["first_pass"].get("near_refused", 0),
+                f"{t['near_same_top1']}/{near_hits}",
+                f"{t['near_cached_ndcg@10']:.4f} / {t['near_fresh_ndcg@10']:.4f}"
+                if near_hits
+                else "–",
+                f"{t['fresh_ndcg@10']:.4f}",
+                f"{t['cached_ndcg@10']:.4f}",
+                f"{t['cached_worse']} / {t['cached_better']}",
+            ]
+        )
+    log = result.get("log", {})
+    kinds = ", ".join(f"{k} {v}" for k, v in log.get("kinds", {}).items())
+    return (
+        f"**Replayed log** ({log.get('requests')} requests: {kinds})\n\n"
+        + markdown_table(
+            [
+                "similarity",
+                "near_check",
+                "requests",
+                "hit ratio = exact + near",
+                "near hits served",
+                "near refused",
+                "near hits: same top-1 as fresh",
+                "near hits: nDCG@10 cached / fresh",
+            ],
+            rows,
+        )
+        + "\n\n**Distinct AppStream summaries asked twice**\n\n"
+        + markdown_table(
+            [
+                "similarity",
+                "near_check",
+                "queries",
+                "near hits (1st pass)",
+                "near refused (1st pass)",
+                "near hits: same top-1 as fresh",
+                "near hits: nDCG@10 cached / fresh",
+                "nDCG@10 fresh",
+                "nDCG@10 cached (2nd pass)",
+                "cached worse / better",
+            ],
+            twice,
+        )
+    )
 
 
 # --- phase 3: MCP --------------------------------------------------------------------------
@@ -1153,6 +1388,14 @@ def main(argv: list[str] | None = None) -> int:
             "state": {"url": f"sqlite:///{folder / 'state.db'}"},
             "cache": {"enabled": True, "backend": "memory"},
         }
+        if args.near_check:
+            first = float(args.near_similarities.split(",")[0])
+            # Every distinct query's entry must still be there for its second ask (the
+            # default 256 per bucket would evict them oldest first, each before its repeat).
+            per_bucket = max(256, args.distinct + 64)
+            settings["cache"].update(near_check="off", similarity=first, max_per_bucket=per_bucket)
+            # Hits come back faster than the per-credential limit of 200 requests/s.
+            settings["rate_limit"] = {"enabled": False}
         harness = ServeHarness(
             port=args.port, collection=COLLECTION, graph_enabled=False, settings=settings
         )
@@ -1163,9 +1406,19 @@ def main(argv: list[str] | None = None) -> int:
             "cache_settings": harness.settings.cache.model_dump(),
             "search_settings": harness.settings.search.model_dump(),
         }
-        run_benchmark(
-            "agent_tools", harness, result, lambda h: run(args, h, folder), render, args.out
-        )
+        if args.near_check:
+            run_benchmark(
+                "near_check",
+                harness,
+                result,
+                lambda h: run_near_check(args, h, folder),
+                render_near_check,
+                args.out,
+            )
+        else:
+            run_benchmark(
+                "agent_tools", harness, result, lambda h: run(args, h, folder), render, args.out
+            )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(result["table_markdown"])

@@ -231,7 +231,9 @@ class CacheInfo(BaseModel):
     """Whether the answer came from the semantic cache (serve_app/cache/)."""
 
     hit: bool
-    # "hit", "miss", "bypass" (not cached for this profile) or "unavailable: <reason>".
+    # "hit", "miss", "near_refused" (a miss: a near-duplicate query's answer was found but
+    # its words disagree with this query's, cache.near_check), "bypass" (not cached for this
+    # profile) or "unavailable: <reason>".
     status: str
     backend: str
     # Hits only: 1.0 for an exact repeat, else the cosine of the two queries; seconds old.

@@ -47,8 +47,9 @@ DENIALS = Counter(
 )
 CACHE_LOOKUPS = Counter(
     "rag_gateway_cache_lookups",
-    "Semantic cache lookups of rag.search_docs, by result (hit, miss, bypass: not cacheable, "
-    "unavailable: cache skipped after a failure)",
+    "Semantic cache lookups of rag.search_docs, by result (hit, miss, near_refused: a miss "
+    "whose near duplicates failed the near check, bypass: not cacheable, unavailable: cache "
+    "skipped after a failure)",
     ("result",),
 )
 AUDIT_RECORDS = Counter(
@@ -93,7 +94,7 @@ def reason_code(reason: str | None) -> str:
 
 
 def cache_result(status: str) -> str:
-    """``Lookup.status`` as a label value: hit, miss, bypass or unavailable."""
+    """``Lookup.status`` as a label value: hit, miss, near_refused, bypass or unavailable."""
     return "unavailable" if status.startswith("unavailable") else status
 
 

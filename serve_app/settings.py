@@ -238,6 +238,13 @@ class CacheSettings(BaseModel):
     # Cosine of two query embeddings from which the second is answered with the first's
     # result; 1.0 keeps only exact repeats (after whitespace and case folding).
     similarity: float = Field(0.95, ge=0.5, le=1.0)
+    # What a near duplicate must also pass before it is served (issue 38, item 7): "lexical"
+    # — the two queries' content words agree (serve_app/cache/wording.py: numbers, versions
+    # and negations exactly; the other words with a multiset Jaccard of at least
+    # ``near_min_jaccard``, 1.0 = the same words in any order, case or punctuation); "off" —
+    # the cosine alone decides. A refused near duplicate is a miss (status "near_refused").
+    near_check: Literal["lexical", "off"] = "lexical"
+    near_min_jaccard: float = Field(1.0, ge=0.5, le=1.0)
     # Entries kept in memory (least recently used dropped first), and per bucket (one bucket
     # per agent, team, scope, request shape and generation: the near-duplicate scan's length).
     max_entries: int = Field(10_000, ge=1)

@@ -213,6 +213,41 @@ async def check_clear(store: CacheStore, clock: Clock) -> None:
     assert hit is not None and hit.value == b"after"
 
 
+async def check_stored_query_and_accept(store: CacheStore, clock: Clock) -> None:
+    """Each entry keeps the query it was stored with; ``nearest`` reports it and asks
+    ``accept`` about the candidates from the closest down (issue 38, item 7)."""
+    base = unit(11)
+    await store.put("b", "far", near(base, 0.96, seed=1), b"far", LONG_TTL_S, "far query")
+    await store.put("b", "close", near(base, 0.99, seed=2), b"close", LONG_TTL_S, "close query")
+    await store.put("b", "old", near(base, 0.98, seed=3), b"old", LONG_TTL_S)  # no query
+    await store.put("b", "distant", near(base, 0.5, seed=4), b"d", LONG_TTL_S, "distant")
+    hit = await store.nearest("b", base, 0.95)
+    assert hit is not None and hit.value == b"close" and hit.query == "close query"
+    asked: list[str | None] = []
+
+    def only_far(query: str | None) -> bool:
+        asked.append(query)
+        return query == "far query"
+
+    hit = await store.nearest("b", base, 0.95, only_far)
+    assert hit is not None and hit.value == b"far" and hit.query == "far query"
+    assert abs(hit.similarity - 0.96) < 1e-4
+    # Closest first; an entry stored without a query is reported as None; below the
+    # threshold nothing is asked.
+    assert asked == ["close query", None, "far query"]
+    asked.clear()
+    assert await store.nearest("b", base, 0.95, lambda q: asked.append(q) is not None) is None
+    assert asked == ["close query", None, "far query"]
+    old = await store.nearest("b", base, 0.95, lambda q: q is None)
+    assert old is not None and old.value == b"old" and old.query is None
+    # A query in any script round-trips; a re-put replaces it.
+    await store.put("b", "close", near(base, 0.99, seed=2), b"v2", LONG_TTL_S, "файл ✓ 3.10")
+    hit = await store.nearest("b", base, 0.95)
+    assert hit is not None and hit.value == b"v2" and hit.query == "файл ✓ 3.10"
+    # A vector of another dimension never matches, with or without a stored query.
+    assert await store.nearest("b", base[:8], 0.5, lambda q: True) is None
+
+
 async def check_status(store: CacheStore, clock: Clock) -> None:
     status = await store.status()
     assert status["backend"] in ("memory", "redis")
@@ -229,5 +264,6 @@ CHECKS: list[Check] = [
     check_per_bucket_cap,
     check_buckets_isolated,
     check_clear,
+    check_stored_query_and_accept,
     check_status,
 ]

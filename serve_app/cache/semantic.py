@@ -7,9 +7,12 @@ shape after the profile (top_k, method, fusion, rerank, budget, ...) and the tea
 generation (batch_ingest/generations.py), which every ingest, delete, reindex swap and graph
 upsert raises. Inside a bucket the normalised query text is the exact key; a different query
 whose embedding has a cosine of at least ``cache.similarity`` with a stored one is a near
-duplicate and gets its answer. Two callers whose scopes differ in anything never share a
-bucket, so a cached answer cannot cross a scope; a write to the team makes every older entry
-unreachable at once, in every replica.
+duplicate and gets its answer — if its words agree with those of the query the answer was made
+for (``cache.near_check``, wording.py; issue 38, item 7): every entry keeps that normalised
+query, and a near duplicate that fails the check (or whose entry has no query, stored by an
+older version) is a miss, ``near_refused``, whose own answer is then stored. Two callers
+whose scopes differ in anything never share a bucket, so a cached answer cannot cross a
+scope; a write to the team makes every older entry unreachable at once, in every replica.
 
 A BM25-only search (light profiles) matches exact repeats only: an embedding would cost more
 than the search. A cache that fails (Redis down, state database unreadable) is skipped: the
@@ -28,7 +31,8 @@ from typing import Any
 from batch_ingest.generations import IndexGenerations
 from deployments.errors import BackendUnavailable
 from deployments.protocols import SearchFilter
-from serve_app.cache.protocol import CacheHit, CacheStore
+from serve_app.cache import wording
+from serve_app.cache.protocol import Accept, CacheHit, CacheStore
 from serve_app.cache.shared_reads import SharedReads
 from serve_app.settings import CacheSettings
 
@@ -59,14 +63,19 @@ class Lookup:
 
     bucket: str = ""
     key: str = ""
+    # The normalised query (its digest is ``key``), stored with the answer.
+    query: str = ""
     ttl_s: float = 0.0
     # The query embedding made for the near-duplicate match (the search reuses it), or why
     # it could not be made (the search falls back to BM25 as usual).
     vector: list[float] | None = None
     embed_error: str | None = None
     hit: CacheHit | None = None
-    # "hit", "miss", "bypass" (not cacheable: ttl 0) or "unavailable: <reason>".
+    # "hit", "miss", "near_refused" (a miss: near duplicates were found, none passed the
+    # near check), "bypass" (not cacheable: ttl 0) or "unavailable: <reason>".
     status: str = "miss"
+    # Near duplicates the near check refused in this lookup.
+    refused: int = 0
     # The team's index generation, read after the request arrived (None: not read). The
     # in-memory index skips its change-log read when it shows nothing was written since.
     generation: int | None = None
@@ -91,6 +100,11 @@ class SemanticCache:
         self.embed_query = embed_query
         self.hits = 0
         self.misses = 0
+        # Of the hits, near duplicates; of the misses, lookups whose near duplicates were all
+        # refused by the near check; and the refused candidates.
+        self.near_hits = 0
+        self.near_refused = 0
+        self.near_refused_candidates = 0
         # After a store failure the cache is skipped for ``RETRY_AFTER_S`` (a hung Redis
         # would otherwise cost every search its timeout, twice).
         self._down_until = 0.0
@@ -131,8 +145,9 @@ class SemanticCache:
             logger.warning("semantic cache skipped: index generation unreadable: %s", exc)
             return Lookup(status=f"unavailable: index generation unreadable: {exc}")
         bucket = digest([agent_id, scope, flt, shape, generation])
+        text = normalise(query)
         found = Lookup(
-            bucket=bucket, key=digest(normalise(query)), ttl_s=ttl_s, generation=generation
+            bucket=bucket, key=digest(text), query=text, ttl_s=ttl_s, generation=generation
         )
         try:
             found.hit = await self.store.get(bucket, found.key)
@@ -143,7 +158,7 @@ class SemanticCache:
                     found.embed_error = exc.message
                 if found.vector is not None:
                     found.hit = await self.store.nearest(
-                        bucket, found.vector, self.settings.similarity
+                        bucket, found.vector, self.settings.similarity, self._near_check(found)
                     )
         except BackendUnavailable as exc:
             logger.warning("semantic cache skipped: %s", exc.message)
@@ -151,33 +166,60 @@ class SemanticCache:
             found.status = f"unavailable: {exc.message}"
             found.hit = None
             return found
+        self.near_refused_candidates += found.refused
         if found.hit is not None:
             found.status = "hit"
             self.hits += 1
             if found.hit.similarity < 1.0:
+                self.near_hits += 1
                 await self._remember_wording(found)
         else:
             self.misses += 1
+            if found.refused:
+                found.status = "near_refused"
+                self.near_refused += 1
         return found
+
+    def _near_check(self, found: Lookup) -> Accept | None:
+        """The check a near duplicate's stored query must pass (None: ``near_check`` off);
+        it counts the candidates it refuses in ``found.refused``."""
+        if self.settings.near_check == "off":
+            return None
+        mine = wording.terms(found.query)
+        min_jaccard = self.settings.near_min_jaccard
+
+        def accept(stored: str | None) -> bool:
+            # An entry without its query (an older version's) cannot be checked: refused.
+            if stored is not None and wording.agree(mine, wording.terms(stored), min_jaccard):
+                return True
+            found.refused += 1
+            return False
+
+        return accept
 
     async def _remember_wording(self, found: Lookup) -> None:
         """A near duplicate's answer stored under its own wording too (for what is left of
-        the entry's time), so its next repeat is an exact hit, with no embedding or scan."""
+        the entry's time), so its next repeat is an exact hit, with no embedding or scan. It
+        keeps the query the answer was made for, so later near duplicates are checked against
+        that one (checks never chain from wording to wording)."""
         assert found.hit is not None
         left = found.ttl_s - found.hit.age_s
         if left <= 0:
             return
+        hit = found.hit
         try:
-            await self.store.put(found.bucket, found.key, found.vector, found.hit.value, left)
+            await self.store.put(found.bucket, found.key, found.vector, hit.value, left, hit.query)
         except BackendUnavailable as exc:
             logger.warning("semantic cache not written: %s", exc.message)
             self._trip(exc.message)
 
     async def put(self, found: Lookup, value: bytes) -> None:
-        if found.status != "miss" or not found.bucket:
+        if found.status not in ("miss", "near_refused") or not found.bucket:
             return
         try:
-            await self.store.put(found.bucket, found.key, found.vector, value, found.ttl_s)
+            await self.store.put(
+                found.bucket, found.key, found.vector, value, found.ttl_s, found.query
+            )
         except BackendUnavailable as exc:
             logger.warning("semantic cache not written: %s", exc.message)
             self._trip(exc.message)
@@ -193,8 +235,12 @@ class SemanticCache:
             enabled=self.settings.enabled,
             hits=self.hits,
             misses=self.misses,
+            near_hits=self.near_hits,
+            near_refused=self.near_refused,
+            near_refused_candidates=self.near_refused_candidates,
             ttl_s=self.settings.ttl_s,
             similarity=self.settings.similarity,
+            near_check=self.settings.near_check,
             took_ms=round((time.perf_counter() - started) * 1000, 2),
         )
         if self._generation_reads is not None:  # generation reads made, and lookups sharing one

@@ -4,7 +4,9 @@ every replica). Both implement ``CacheStore`` (protocol.py); ``build_store`` pic
 ``cache.backend``.
 
 Values are opaque bytes; vectors are query embeddings, normalised here (a zero or non-finite
-vector is stored without one, so it never answers ``nearest``). Buckets never see each other:
+vector is stored without one, so it never answers ``nearest``). Each entry also keeps the
+normalised query its answer was made for, which ``nearest`` reports and hands to its
+``accept`` check (an entry stored without one reports None). Buckets never see each other:
 an entry answers only lookups in its own bucket, however close its vector."""
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -27,7 +29,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from deployments.errors import BackendUnavailable
-from serve_app.cache.protocol import CacheHit, CacheStore
+from serve_app.cache.protocol import Accept, CacheHit, CacheStore
 from serve_app.settings import CacheSettings
 
 __all__ = ["MemoryCacheStore", "RedisCacheStore", "build_store", "redact_url"]
@@ -66,6 +68,16 @@ def _best(scores: np.ndarray, threshold: float) -> int | None:
     return int(np.flatnonzero(scores >= best - _TIE)[-1])
 
 
+def _winners(scores: np.ndarray, threshold: float) -> Iterator[int]:
+    """The indices of the scores at least ``threshold``, in the order they win (``_best``:
+    the highest first, ties to the last stored): the candidates of a near-duplicate lookup
+    whose winner its ``accept`` check refused."""
+    left = np.array(scores, dtype=np.float64)
+    while (i := _best(left, threshold)) is not None:
+        yield i
+        left[i] = -np.inf
+
+
 def _ttl_ok(ttl_s: float) -> bool:
     return math.isfinite(ttl_s) and ttl_s > 0
 
@@ -79,6 +91,7 @@ class _Entry:
     stored_at: float
     vector: np.ndarray | None
     value: bytes
+    query: str | None
 
 
 @dataclass(slots=True)
@@ -161,7 +174,7 @@ class MemoryCacheStore:
 
     def _hit(self, bucket: str, entry: _Entry, key: str, similarity: float, now: float) -> CacheHit:
         self._lru.move_to_end((bucket, key))
-        return CacheHit(entry.value, similarity, max(0.0, now - entry.stored_at))
+        return CacheHit(entry.value, similarity, max(0.0, now - entry.stored_at), entry.query)
 
     async def get(self, bucket: str, key: str) -> CacheHit | None:
         slot = self._buckets.get(bucket)
@@ -174,7 +187,13 @@ class MemoryCacheStore:
             return None
         return self._hit(bucket, entry, key, 1.0, now)
 
-    async def nearest(self, bucket: str, vector: list[float], threshold: float) -> CacheHit | None:
+    async def nearest(
+        self,
+        bucket: str,
+        vector: list[float],
+        threshold: float,
+        accept: Accept | None = None,
+    ) -> CacheHit | None:
         query = _unit(vector)
         slot = self._buckets.get(bucket)
         if query is None or slot is None:
@@ -183,7 +202,11 @@ class MemoryCacheStore:
         index = slot.vectors(query.size)
         live = index.expires_at > now
         scores = np.where(live, index.matrix @ query, -np.inf)
-        i = _best(scores, threshold)
+        i = None
+        for candidate in _winners(scores, threshold):
+            if accept is None or accept(slot.entries[index.keys[candidate]].query):
+                i = candidate
+                break
         if not live.all():
             self._purge_expired(bucket, now)  # the winner, if any, is live and stays
         if i is None:
@@ -193,14 +216,20 @@ class MemoryCacheStore:
         return self._hit(bucket, entry, key, min(1.0, float(scores[i])), now)
 
     async def put(
-        self, bucket: str, key: str, vector: list[float] | None, value: bytes, ttl_s: float
+        self,
+        bucket: str,
+        key: str,
+        vector: list[float] | None,
+        value: bytes,
+        ttl_s: float,
+        query: str | None = None,
     ) -> None:
         self._remove(bucket, key)
         if not _ttl_ok(ttl_s):
             return
         now = self._clock()
         slot = self._buckets.setdefault(bucket, _Bucket())
-        slot.entries[key] = _Entry(now + ttl_s, now, _unit(vector), bytes(value))
+        slot.entries[key] = _Entry(now + ttl_s, now, _unit(vector), bytes(value), query)
         slot.index = None
         self._lru[(bucket, key)] = None
         if len(slot.entries) > self.max_per_bucket:
@@ -227,11 +256,33 @@ class MemoryCacheStore:
 # --- Redis --------------------------------------------------------------------------------
 
 # A bucket's record of one key: expires_at and stored_at (wall-clock microseconds, shared by
-# every replica), then the unit vector as little-endian float32 (empty: no vector).
+# every replica), then the unit vector as little-endian float32 (empty: no vector), then —
+# entries with a vector, since issue 38 — the normalised query in UTF-8 and _QUERY_TAIL (its
+# length in bytes and a marker). A record without the tail (an older version's) is exactly
+# header + vector long: ``nearest`` reports its query as None.
 _RECORD = struct.Struct("<qq")
+_QUERY_TAIL = struct.Struct("<I4s")
+_QUERY_MARK = b"qry1"
 # A value is stored behind its stored_at, so that an exact hit needs one GET.
 _STAMP = struct.Struct("<q")
 _GLOB_SPECIAL = frozenset(b"*?[]\\")
+
+
+def _record_query(record: bytes, width: int) -> tuple[bool, str | None]:
+    """Whether ``record`` holds a vector of ``width - _RECORD.size`` bytes, and the query
+    stored behind it (None: none stored)."""
+    if len(record) == width:
+        return True, None
+    end = len(record) - _QUERY_TAIL.size
+    if end < width:
+        return False, None
+    size, mark = _QUERY_TAIL.unpack_from(record, end)
+    if mark != _QUERY_MARK or width + size != end:
+        return False, None
+    try:
+        return True, record[width:end].decode()
+    except UnicodeDecodeError:
+        return True, None
 
 
 def _glob_escape(text: bytes) -> bytes:
@@ -260,10 +311,11 @@ class RedisCacheStore:
     Layout, under ``prefix``: the value of ``key`` in ``bucket`` at
     ``{prefix}v:{len(bucket)}:{bucket}:{key}`` (length in UTF-8 bytes, so that no bucket and
     key pair can name another's value; SET with PX, so Redis expires it), and per bucket a
-    hash ``{prefix}b:{bucket}`` of key -> record (expiry, stored_at, vector) that ``nearest``
-    scans, kept alive as long as its longest-lived entry and trimmed to ``max_per_bucket``
-    (oldest first) on put. A record whose value is gone (expired, or evicted under
-    ``maxmemory``) is a miss and is dropped.
+    hash ``{prefix}b:{bucket}`` of key -> record (expiry, stored_at, vector, query) that
+    ``nearest`` scans (and checks with ``accept`` before it reads a value), kept alive as
+    long as its longest-lived entry and trimmed to ``max_per_bucket`` (oldest first) on put.
+    A record whose value is gone (expired, or evicted under ``maxmemory``) is a miss and is
+    dropped.
 
     Every call takes at most about ``timeout_s`` (``clear``: per SCAN step); a Redis error or
     timeout raises ``BackendUnavailable`` and the caller answers without the cache. Races
@@ -321,25 +373,46 @@ class RedisCacheStore:
         age_s = max(0.0, (time.time_ns() // 1000 - stored) / 1e6)
         return CacheHit(bytes(raw[_STAMP.size :]), 1.0, age_s)
 
-    async def nearest(self, bucket: str, vector: list[float], threshold: float) -> CacheHit | None:
+    async def nearest(
+        self,
+        bucket: str,
+        vector: list[float],
+        threshold: float,
+        accept: Accept | None = None,
+    ) -> CacheHit | None:
         query = _unit(vector)
         if query is None:
             return None
-        return await self._bounded("nearest", self._nearest(bucket.encode(), query, threshold))
+        return await self._bounded(
+            "nearest", self._nearest(bucket.encode(), query, threshold, accept)
+        )
 
-    async def _nearest(self, bucket: bytes, query: np.ndarray, threshold: float) -> CacheHit | None:
+    async def _nearest(
+        self, bucket: bytes, query: np.ndarray, threshold: float, accept: Accept | None
+    ) -> CacheHit | None:
         hash_key = self._bucket_key(bucket)
         width = _RECORD.size + 4 * query.size
         live, dead = _split_records(await self._redis.hgetall(hash_key))  # type: ignore[arg-type]
-        live = [(at, field, record) for at, field, record in live if len(record) == width]
-        keys = [field for _, field, _ in live]
-        stored = [at for at, _, _ in live]
-        rows = [record[_RECORD.size :] for _, _, record in live]
+        keys: list[bytes] = []
+        stored: list[int] = []
+        rows: list[bytes] = []
+        texts: list[str | None] = []
+        for at, field, record in live:
+            same_dim, text = _record_query(record, width)
+            if same_dim:
+                keys.append(field)
+                stored.append(at)
+                rows.append(record[_RECORD.size : width])
+                texts.append(text)
         # Ties go to the most recent: rows sorted by stored_at, _best takes the last.
         order = sorted(range(len(keys)), key=stored.__getitem__)
         matrix = np.frombuffer(b"".join(rows[i] for i in order), dtype="<f4")
         scores = matrix.reshape(len(order), query.size) @ query
-        best = _best(scores, threshold)
+        best = None
+        for candidate in _winners(scores, threshold):
+            if accept is None or accept(texts[order[candidate]]):
+                best = candidate
+                break
         async with self._redis.pipeline(transaction=False) as pipe:
             if best is not None:
                 pipe.get(self._value_key(bucket, keys[order[best]]))
@@ -356,15 +429,29 @@ class RedisCacheStore:
         (stored_at,) = _STAMP.unpack_from(raw)
         similarity = min(1.0, float(scores[best]))
         age_s = max(0.0, (time.time_ns() // 1000 - stored_at) / 1e6)
-        return CacheHit(bytes(raw[_STAMP.size :]), similarity, age_s)
+        return CacheHit(bytes(raw[_STAMP.size :]), similarity, age_s, texts[order[best]])
 
     async def put(
-        self, bucket: str, key: str, vector: list[float] | None, value: bytes, ttl_s: float
+        self,
+        bucket: str,
+        key: str,
+        vector: list[float] | None,
+        value: bytes,
+        ttl_s: float,
+        query: str | None = None,
     ) -> None:
-        await self._bounded("put", self._put(bucket.encode(), key.encode(), vector, value, ttl_s))
+        await self._bounded(
+            "put", self._put(bucket.encode(), key.encode(), vector, value, ttl_s, query)
+        )
 
     async def _put(
-        self, bucket: bytes, key: bytes, vector: list[float] | None, value: bytes, ttl_s: float
+        self,
+        bucket: bytes,
+        key: bytes,
+        vector: list[float] | None,
+        value: bytes,
+        ttl_s: float,
+        query: str | None,
     ) -> None:
         hash_key = self._bucket_key(bucket)
         value_key = self._value_key(bucket, key)
@@ -377,9 +464,12 @@ class RedisCacheStore:
         unit = _unit(vector)
         now = self._stamp()
         ttl_ms = max(1, math.ceil(ttl_s * 1000))
-        record = _RECORD.pack(now + ttl_ms * 1000, now) + (
-            unit.astype("<f4").tobytes() if unit is not None else b""
-        )
+        record = _RECORD.pack(now + ttl_ms * 1000, now)
+        if unit is not None:
+            record += unit.astype("<f4").tobytes()
+            if query is not None:
+                text = query.encode()
+                record += text + _QUERY_TAIL.pack(len(text), _QUERY_MARK)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(value_key, _STAMP.pack(now) + bytes(value), px=ttl_ms)
             pipe.hset(hash_key, key, record)

@@ -161,6 +161,28 @@ async def test_evicted_value_is_a_miss(store: RedisCacheStore, prefix: str, raw)
     assert await store.get("b", "k") is None
 
 
+async def test_records_without_a_query_stay_readable(
+    store: RedisCacheStore, prefix: str, raw
+) -> None:
+    """A record written before entries kept their query (header + vector only) is still found
+    exactly and by ``nearest``, with query None; a record with a query has its tail."""
+    v = unit(1)
+    await store.put("b", "new", v, b"new", LONG_TTL_S, "the query")
+    record = await raw.hget(f"{prefix}b:b", "new")
+    assert record.endswith(b"the query" + (9).to_bytes(4, "little") + b"qry1")
+    old_record = record[: 16 + 4 * len(v)]
+    await raw.hset(f"{prefix}b:b", "old", old_record)
+    await raw.set(f"{prefix}v:1:b:old", record[8:16] + b"old answer", px=60_000)
+    old = await store.get("b", "old")
+    assert old is not None and old.value == b"old answer"
+    hit = await store.nearest("b", v, 0.95)  # a tie: the old record's stored_at is the same
+    assert hit is not None
+    refused = await store.nearest("b", v, 0.95, lambda q: q is None)
+    assert refused is not None and refused.value == b"old answer" and refused.query is None
+    checked = await store.nearest("b", v, 0.95, lambda q: q is not None)
+    assert checked is not None and checked.value == b"new" and checked.query == "the query"
+
+
 async def test_status(redis_url: str, store: RedisCacheStore) -> None:
     status = await store.status()
     assert status == {"backend": "redis", "ready": True, "url": redis_url, "error": None}

@@ -235,3 +235,142 @@ def test_a_failed_generation_raise_is_tried_once_more_then_reported(make):
 
     pipeline.generations.bump = down
     assert asyncio.run(pipeline.bump_generations({"dao_a"})) == "state database down"
+
+
+# --- the near check (issue 38, item 7) ----------------------------------------------------
+
+NEAR = {"team_id": "dao_a", "top_k": 5}
+ASKED = "How do I deploy the Milvus gateway search notes on Debian 12?"
+
+
+def cosine_of(gw, a: str, b: str) -> float:
+    from deployments.testing import cosine
+
+    return cosine(gw.embedder.vector(a), gw.embedder.vector(b))
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        "How do I deploy the Milvus gateway search notes on Debian 11?",  # another number
+        "How do I not deploy the Milvus gateway search notes on Debian 12?",  # a negation
+        "Why can't I deploy the Milvus gateway search notes on Debian 12?",  # why, can't
+        "How do I remove the Milvus gateway search notes on Debian 12?",  # another word
+        "How do I deploy the Milvus gateway search notes on Debian 12 twice?",  # an extra one
+    ],
+)
+def test_a_near_duplicate_whose_words_disagree_is_refused_and_searched(make, other):
+    gw = make(similarity=0.7)
+    assert cosine_of(gw, ASKED, other) >= 0.7  # a near duplicate by the cosine alone
+    search(gw, NEAR | {"query": ASKED})
+    refused = search(gw, NEAR | {"query": other})
+    assert refused["cache"] == {"hit": False, "status": "near_refused", "backend": "memory"}
+    status = asyncio.run(gw.service.cache.status())
+    assert status["near_refused"] == 1 and status["near_hits"] == 0 and status["hits"] == 0
+    assert status["near_refused_candidates"] == 1 and status["misses"] == 2
+    # The refused query's own answer was stored under its own key: its repeat is exact, and
+    # the first query still gets its own answer.
+    assert search(gw, NEAR | {"query": other})["cache"]["similarity"] == 1.0
+    assert search(gw, NEAR | {"query": ASKED})["cache"]["similarity"] == 1.0
+
+
+def test_the_near_check_off_serves_them_as_before(make):
+    gw = make(similarity=0.7, near_check="off")
+    search(gw, NEAR | {"query": ASKED})
+    other = "How do I deploy the Milvus gateway search notes on Debian 11?"
+    near = search(gw, NEAR | {"query": other})
+    assert near["cache"]["hit"] and near["cache"]["similarity"] < 1.0
+
+
+@pytest.mark.parametrize(
+    "reworded",
+    [
+        "deploy Milvus gateway search notes, Debian 12: how?",  # order, punctuation
+        "how to deploy milvus gateway search notes in debian 12",  # case, stopwords
+        "HOW do you deploy these Milvus gateway-search notes on Debian 12 please",
+    ],
+)
+def test_a_rewording_with_the_same_content_words_is_served(make, reworded):
+    gw = make(similarity=0.7)
+    assert cosine_of(gw, ASKED, reworded) >= 0.7
+    first = search(gw, NEAR | {"query": ASKED})
+    near = search(gw, NEAR | {"query": reworded})
+    assert near["cache"]["hit"] and 0.7 <= near["cache"]["similarity"] < 1.0
+    assert near["matches"] == first["matches"]
+    status = asyncio.run(gw.service.cache.status())
+    assert status["near_hits"] == 1 and status["near_refused"] == 0
+
+
+def test_a_remembered_wording_is_checked_against_the_original_question(make):
+    """A near hit stored under its own wording keeps the query its answer was made for, so a
+    third wording is checked against that one, never against the second."""
+    gw = make(similarity=0.7, near_min_jaccard=0.5)
+    search(gw, NEAR | {"query": "deploy milvus gateway search notes debian 12"})
+    second = "deploy milvus gateway search notes debian 12 quickly"
+    assert search(gw, NEAR | {"query": second})["cache"]["hit"]
+    entries = gw.service.cache.store._buckets
+    (bucket,) = entries.values()
+    assert {e.query for e in bucket.entries.values()} == {
+        "deploy milvus gateway search notes debian 12"
+    }
+
+
+def test_an_entry_without_its_query_is_not_served_as_a_near_duplicate(make):
+    gw = make(similarity=0.7)
+    search(gw, NEAR | {"query": ASKED})
+    # An entry of an older version: stored without the query it was made for.
+    for slot in gw.service.cache.store._buckets.values():
+        for entry in slot.entries.values():
+            entry.query = None
+    assert search(gw, NEAR | {"query": ASKED})["cache"]["similarity"] == 1.0  # exact: served
+    reworded = "how to deploy milvus gateway search notes in debian 12"
+    refused = search(gw, NEAR | {"query": reworded})
+    assert refused["cache"]["status"] == "near_refused" and not refused["cache"]["hit"]
+
+
+def test_an_exact_repeat_is_served_before_any_embedding(make):
+    gw = make(similarity=0.7)
+    search(gw, NEAR | {"query": ASKED})
+    embedded = len(gw.embedder.calls)
+    for repeat in (ASKED, "  how do i DEPLOY the milvus gateway search notes on debian 12? "):
+        body = search(gw, NEAR | {"query": repeat})
+        assert body["cache"]["hit"] and body["cache"]["similarity"] == 1.0
+    assert len(gw.embedder.calls) == embedded
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("Install X on Debian 12", "install x on debian 12!", True),
+        ("install X on Debian 12", "install X on Debian 11", False),
+        ("python 3.10 venv", "python 3.1 venv", False),
+        ("files with links", "files without links", False),
+        ("I can't log in", "I can log in", False),
+        ("why don't my logs rotate", "why do not my logs rotate", True),
+        ("why don’t my logs rotate", "why my logs don't rotate", True),
+        ("c++ compiler", "c# compiler", False),
+        ("the two largest files", "the three largest files", False),
+        ("image viewer", "image editor", False),
+        ("viewer for images", "image viewer", False),  # no stemming: refused, a miss
+        ("what is it", "what is this", True),
+        ("how is it", "why is it", False),
+        ("the", "a", False),  # only stopwords: all of them count
+        ("???", "???", False),  # no words at all: cannot be checked
+        ("Файловий менеджер", "файловий  МЕНЕДЖЕР.", True),
+    ],
+)
+def test_the_lexical_agreement_of_two_queries(a, b, same):
+    from serve_app.cache import wording
+
+    assert wording.agree(wording.terms(a), wording.terms(b)) is same
+    assert wording.agree(wording.terms(b), wording.terms(a)) is same
+
+
+def test_a_jaccard_below_one_still_needs_numbers_and_negations_exactly():
+    from serve_app.cache import wording
+
+    a = wording.terms("deploy gateway notes debian 12 quickly")
+    assert wording.agree(a, wording.terms("deploy gateway notes debian 12"), 0.8)
+    assert not wording.agree(a, wording.terms("deploy gateway notes debian 12"), 0.9)
+    assert not wording.agree(a, wording.terms("deploy gateway notes debian 11 quickly"), 0.5)
+    assert not wording.agree(a, wording.terms("deploy gateway notes debian 12 not quickly"), 0.5)
