@@ -6,7 +6,9 @@ An example is a ``curl`` command to ``http://127.0.0.1:8000`` in a ``bash`` bloc
 inline `` `POST /route {json}` ``. Where a ``json`` block follows a curl example, the answer
 must contain it: the same keys and values, lists compared from their start (an example may
 show fewer items than come back), except what differs per run or per machine — scores,
-timings, trace and chunk ids, and any value or key written with an ellipsis (…). The suite's
+timings, trace and chunk ids, and any value or key written with an ellipsis (…). Where a
+``text`` block follows (``"format": "text"``), the answer is that text, scores aside and
+without the semantic cache's first line (``(served from cache, N s old)``). The suite's
 app runs in development mode, where a request without a credential is trusted, so a
 ``$TOKEN`` placeholder is left out; the ``X-Team-Id`` header stays. Operators' examples
 (``/admin/…``) start jobs and are left to tests/serve/test_redeploy.py and the reindex tests.
@@ -88,8 +90,11 @@ def collect() -> list[Example]:
                 ex = Example(f"{name}:{line}", method, path, data, headers)
                 after = blocks[i + 1] if i + 1 < len(blocks) else None
                 between = text[block.end() : after.start()] if after else ""
-                if after is not None and after.group(1) == "json" and not between.strip():
-                    ex.expected = json.loads(after.group(2))
+                if after is not None and not between.strip():
+                    if after.group(1) == "json":
+                        ex.expected = json.loads(after.group(2))
+                    elif after.group(1) == "text":
+                        ex.expected = after.group(2)
                 found.append(ex)
         for m in INLINE.finditer(text):
             if m.group(2).startswith("/admin/"):
@@ -130,6 +135,15 @@ def differences(expected: Any, actual: Any, where: str = "$") -> list[str]:
     return [] if expected == actual else [f"{where}: expected {expected!r}, got {actual!r}"]
 
 
+SCORE = re.compile(r"\(score -?[0-9.]+\)")
+CACHED = re.compile(r"^\(served from cache, [^)]*\)\n")
+
+
+def plain(text: str) -> str:
+    """A text answer without what differs per run: scores and the cache's first line."""
+    return SCORE.sub("(score …)", CACHED.sub("", text)).strip()
+
+
 @pytest.fixture(scope="module")
 def sample_loaded(client: httpx.Client) -> None:
     docs = [json.loads(line) for line in SAMPLE.read_text(encoding="utf-8").splitlines() if line]
@@ -145,6 +159,8 @@ def test_the_docs_have_request_examples():
 
 
 def test_the_checker_sees_a_wrong_answer():
+    assert plain("(served from cache, 3 s old)\n[1] A (score 0.84)") == "[1] A (score …)"
+    assert plain("[1] A (score 0.84)") != plain("[1] B (score 0.84)")
     assert differences({"mode": "bm25", "matches": [{"title": "A"}]}, {"mode": "hybrid"})
     assert differences({"matches": [{"title": "A"}]}, {"matches": [{"title": "B"}]})
     assert not differences({"score": 0.5, "id": "x…"}, {"score": 0.1, "id": "xyz"})
@@ -154,6 +170,9 @@ def test_the_checker_sees_a_wrong_answer():
 def test_the_example_answers_what_the_text_says(client, sample_loaded, example):
     r = client.request(example.method, example.path, json=example.body, headers=example.headers)
     assert r.status_code == 200, f"{example}: {r.status_code} {r.text[:500]}"
-    if example.expected is not None:
+    if isinstance(example.expected, str):
+        assert r.headers["content-type"].startswith("text/plain"), example
+        assert plain(r.text) == plain(example.expected), f"{example}:\n{r.text}"
+    elif example.expected is not None:
         problems = differences(example.expected, r.json())
         assert not problems, f"{example}:\n" + "\n".join(problems) + f"\n{r.text[:3000]}"
