@@ -271,6 +271,10 @@ class MemoryIndexSettings(BaseModel):
     # that failed (that write's response says so) and a reindex's announcement (raises
     # nothing). 0: read the change log on every search.
     generation_trust_s: float = Field(1.0, ge=0.0, le=60.0)
+    # Threads one exact dense scan may use, the searching one included (fixed blocks of rows,
+    # so the scores are the same however many ran; a team under 16,384 rows scans in one). Two
+    # use the core that a search at one caller leaves idle; 1: never hand a scan off.
+    scan_threads: int = Field(2, ge=1, le=16)
 
     @model_validator(mode="after")
     def _retention_covers_lookback(self) -> MemoryIndexSettings:

@@ -79,7 +79,7 @@ class Ingress:
         remote_embedder = HandleProxy(_direct(embedder), "embedder")
         store: Any = StoreProxy(_direct(retriever), "milvus")
         if settings.memory_index_in_ingress:
-            self.local_store = store = _memory_first(settings, store)
+            self.local_store = store = _memory_first(settings, store, self.in_flight)
         backends = Backends(
             embedder=_query_embedder(settings, remote_embedder, self.in_flight),
             store=store,
@@ -107,14 +107,18 @@ def _served_models(settings: GatewaySettings) -> dict[str, int]:
     return {e.embed_model_tag: embedding_dim(e) for e in settings.embedders}
 
 
-def _memory_first(settings: GatewaySettings, remote: StoreProxy) -> MemoryFirstStore:
+def _memory_first(
+    settings: GatewaySettings, remote: StoreProxy, in_flight: InFlight
+) -> MemoryFirstStore:
     """The in-memory index in this replica, over its own connection to Milvus, in front of
-    the Retriever's handle (``milvus.memory_index.serve_from``)."""
+    the Retriever's handle (``milvus.memory_index.serve_from``); a dense scan uses a second
+    thread only while this replica serves one request."""
     embedder: EmbedderSettings = settings.embedder
     store = build_store(
         settings.milvus, embedding_dim(embedder), embedder.lexical, _served_models(settings)
     )
-    return MemoryFirstStore(remote, MemoryFront(hot_index(settings.milvus, store.versions)))
+    hot = hot_index(settings.milvus, store.versions, busy=in_flight.busy)
+    return MemoryFirstStore(remote, MemoryFront(hot))
 
 
 def _query_embedder(settings: GatewaySettings, remote: Any, in_flight: InFlight) -> Any:

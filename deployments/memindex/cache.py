@@ -23,6 +23,7 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -36,6 +37,7 @@ from deployments.memindex.copies import (
     replay,
 )
 from deployments.memindex.pins import VersionPins
+from deployments.memindex.scan import DenseScan
 from deployments.memindex.staging import Staging
 from deployments.memindex.table import LiveTeam, TeamTable
 from deployments.protocols import SearchHit
@@ -62,6 +64,8 @@ class HotIndex:
             stands for the change-log read (``fresh``; 0: never).
         k1, b: BM25 parameters (the collections' own).
         too_large_retry_s: how long a team over the budget is not tried again.
+        scan_threads, scan_busy: threads one dense scan may use, and when it may use only
+            one (``DenseScan``).
     """
 
     def __init__(
@@ -75,8 +79,11 @@ class HotIndex:
         b: float = 0.75,
         too_large_retry_s: float = 600.0,
         generation_trust_s: float = 0.0,
+        scan_threads: int = 1,
+        scan_busy: Callable[[], bool] | None = None,
     ) -> None:
         self.source = source
+        self.scan = DenseScan(scan_threads, scan_busy)
         self.generation_trust_s = generation_trust_s
         self.metric = metric
         self.lookback_ms = int(lookback_s * 1000)
@@ -337,7 +344,15 @@ class HotIndex:
                 self._pending.discard(team_id)
 
     def _read(self, team_id: str, physical: str) -> TeamCopy:
-        return read_copy(self.source, team_id, physical, metric=self.metric, k1=self.k1, b=self.b)
+        return read_copy(
+            self.source,
+            team_id,
+            physical,
+            metric=self.metric,
+            k1=self.k1,
+            b=self.b,
+            scan=self.scan,
+        )
 
     def _load(self, team_id: str) -> None:
         source = self.source
@@ -428,6 +443,7 @@ class HotIndex:
 
     def close(self) -> None:
         self._loader.shutdown(wait=False, cancel_futures=True)
+        self.scan.close()
 
 
 class _Reload(Exception):

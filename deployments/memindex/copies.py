@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from deployments.memindex.changes import ChangeLog, now_ms
+from deployments.memindex.scan import DenseScan
 from deployments.memindex.team import TeamIndex
 from deployments.protocols import ChunkRecord
 
@@ -67,7 +68,14 @@ def estimate_bytes(rows: int, dim: int) -> int:
 
 
 def read_copy(
-    source: RowSource, team_id: str, physical: str, *, metric: str, k1: float, b: float
+    source: RowSource,
+    team_id: str,
+    physical: str,
+    *,
+    metric: str,
+    k1: float,
+    b: float,
+    scan: DenseScan | None = None,
 ) -> TeamCopy:
     """Every row of ``team_id`` in ``physical``; its watermark is when the read began (the
     writes made while it ran are in the change log: replay them before answering)."""
@@ -79,7 +87,7 @@ def read_copy(
     # A version built for another model (a change of model) has its own vector size.
     dim_of = getattr(source, "dim_of", None)
     dim = dim_of(physical) if dim_of is not None else source.dim
-    index = TeamIndex(dim=dim, metric=metric, k1=k1, b=b)
+    index = TeamIndex(dim=dim, metric=metric, k1=k1, b=b, scan=scan)
     for batch in source.iter_rows(physical, team_id):
         index.upsert(batch)
     return TeamCopy(team_id=team_id, physical=physical, index=index, watermark_ms=started_ms)

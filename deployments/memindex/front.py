@@ -5,6 +5,7 @@ the process that holds it (a Retriever replica, or an Ingress replica that holds
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from deployments.memindex.cache import HotIndex
@@ -19,8 +20,12 @@ if TYPE_CHECKING:
 MEMORY_METHODS = frozenset({"dense", "bm25"})
 
 
-def hot_index(settings: MilvusSettings, source: RowSource) -> HotIndex:
-    """The in-memory index of ``settings.memory_index`` over ``source`` (the store's versions)."""
+def hot_index(
+    settings: MilvusSettings, source: RowSource, busy: Callable[[], bool] | None = None
+) -> HotIndex:
+    """The in-memory index of ``settings.memory_index`` over ``source`` (the store's versions);
+    ``busy``: whether the process serves other requests now (a dense scan then uses one
+    thread)."""
     mem = settings.memory_index
     return HotIndex(
         source,
@@ -28,6 +33,8 @@ def hot_index(settings: MilvusSettings, source: RowSource) -> HotIndex:
         max_mb=mem.max_mb,
         lookback_s=mem.lookback_s,
         generation_trust_s=mem.generation_trust_s,
+        scan_threads=mem.scan_threads,
+        scan_busy=busy,
         k1=settings.bm25_k1,
         b=settings.bm25_b,
     )

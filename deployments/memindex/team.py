@@ -18,6 +18,7 @@ import numpy as np
 
 from deployments.acl import OPEN
 from deployments.memindex.bm25 import BM25Postings
+from deployments.memindex.scan import DenseScan
 from deployments.protocols import ChunkRecord, SearchHit
 from deployments.search_filter import ARRAY_FIELDS, KEY_FIELDS, CompiledFilter, FilterTerm
 
@@ -33,11 +34,22 @@ class TeamIndex:
         metric: the collection's dense metric (``COSINE``, ``IP`` or ``L2``), so scores are
             the ones Milvus would return.
         k1, b: BM25 parameters.
+        scan: the dense scan (shared by the teams of one ``HotIndex``; its threads); one
+            thread when not given.
     """
 
-    def __init__(self, *, dim: int, metric: str = "COSINE", k1: float = 1.5, b: float = 0.75):
+    def __init__(
+        self,
+        *,
+        dim: int,
+        metric: str = "COSINE",
+        k1: float = 1.5,
+        b: float = 0.75,
+        scan: DenseScan | None = None,
+    ):
         self.dim = dim
         self.metric = metric
+        self._scan = scan or DenseScan()
         self._lock = threading.RLock()
         self._size = 0  # slots used, live or dead
         self._vectors = np.zeros((0, dim), dtype=np.float32)
@@ -290,11 +302,12 @@ class TeamIndex:
         vectors = self._vectors[: self._size]
         if self.metric == "COSINE":
             norm = float(np.linalg.norm(query))
-            return vectors @ (query / norm if norm > 0 else query)
+            return self._scan.scores(vectors, query / norm if norm > 0 else query)
+        dots = self._scan.scores(vectors, query)
         if self.metric == "IP":
-            return vectors @ query
+            return dots
         # L2: Milvus reports the squared distance, smaller is closer.
-        return (vectors * vectors).sum(axis=1) - 2.0 * (vectors @ query) + float(query @ query)
+        return (vectors * vectors).sum(axis=1) - 2.0 * dots + float(query @ query)
 
 
 def _top(scores: np.ndarray, mask: np.ndarray, limit: int, *, ascending: bool) -> list[int]:
