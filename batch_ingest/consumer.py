@@ -593,7 +593,7 @@ def build_pipeline(settings: Any = None, usage_source: str = "bus") -> IngestPip
     from batch_ingest import pipeline
     from batch_ingest.source_store import SourceStore
     from deployments.embedding import embedding_dim
-    from deployments.graph_store import Neo4jGraph
+    from deployments.graph_store.store import Neo4jGraph
     from deployments.models.embedder_models import LocalModels
     from deployments.protocols import Backends
     from deployments.retriever import RetrieverDeployment

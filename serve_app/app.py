@@ -22,8 +22,8 @@ from deployments.config import EmbedderSettings
 from deployments.embedder import EmbedderDeployment
 from deployments.embedder import deployment_options as embedder_options
 from deployments.embedding import InlineQueryEmbedder, SplitEmbedder, embedding_dim
-from deployments.graph import GraphDeployment
-from deployments.graph import deployment_options as graph_options
+from deployments.graph_store.deployment import GraphDeployment
+from deployments.graph_store.deployment import deployment_options as graph_options
 from deployments.memindex.front import MemoryFront, hot_index
 from deployments.protocols import Backends
 from deployments.reranker import RerankerDeployment

@@ -10,7 +10,7 @@ import pytest_asyncio
 
 from deployments.config import EmbedderSettings
 from deployments.embedding import LocalEmbedder
-from deployments.graph_store import Neo4jGraph
+from deployments.graph_store.store import Neo4jGraph
 from deployments.milvus_store import MilvusStore
 from serve_app.settings import GatewaySettings
 from tests.conftest import require_services

@@ -628,7 +628,7 @@ async def test_graph_outage_during_an_upsert_is_retried_on_redelivery(
     """Neo4j unreachable at the first delivery (a real refused connection): the chunks are
     written and announced, the event is nak'ed with the registry's revision unchanged, and
     the redelivery after Neo4j is back writes the graph without embedding again."""
-    from deployments.graph_store import Neo4jGraph
+    from deployments.graph_store.store import Neo4jGraph
 
     pipeline.graph = Neo4jGraph(
         settings.neo4j.model_copy(update={"uri": "bolt://127.0.0.1:1", "timeout_s": 2.0})

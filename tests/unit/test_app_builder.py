@@ -102,7 +102,8 @@ def test_build_app_rejects_invalid_settings():
 
 
 def test_each_shell_owns_its_deployment_options():
-    from deployments import embedder, graph, reranker, retriever
+    from deployments import embedder, reranker, retriever
+    from deployments.graph_store import deployment as graph
     from serve_app.settings import GatewaySettings
 
     settings = GatewaySettings(

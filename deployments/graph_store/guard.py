@@ -21,11 +21,11 @@ and the plan, and ``check_plan`` proves on that plan (see docs/graph_schema.md, 
    length patterns (whose inner nodes cannot be constrained this way) are refused then.
 
 ``$team_id`` and ``$visibilities`` are set by the gateway from the AccessContext, never by the
-caller. ``deployments.cypher_scope.scope_query`` writes those predicates into a simple query
-that names none (the result is proven the same way before it runs). Operators the checker
+caller. ``deployments.graph_store.scope.scope_query`` writes those predicates into a simple
+query that names none (the result is proven the same way before it runs). Operators the checker
 does not know are refused: an unknown shape is never assumed safe. Each returned node,
-relationship and path is filtered again after the run (``deployments.graph``), as a second
-line.
+relationship and path is filtered again after the run (``serve_app/graph_access.py``,
+``may_see_value``), as a second line.
 """
 
 from __future__ import annotations

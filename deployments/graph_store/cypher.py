@@ -4,7 +4,7 @@ Lucene escaping of full-text queries."""
 
 from __future__ import annotations
 
-from deployments.graph_intents import acl_allowed, doc_allowed, entity_allowed
+from deployments.graph_store.intents import acl_allowed, doc_allowed, entity_allowed
 
 # The graph vocabulary of docs/graph_schema.md.
 NODE_LABELS = (

@@ -20,8 +20,8 @@ from deployments.errors import (
     InvalidQuery,
     QueryLimitExceeded,
 )
-from deployments.graph_cypher import MARK_DERIVED, RECOMPUTE_DERIVED, schema_statements
-from deployments.graph_values import to_plain
+from deployments.graph_store.cypher import MARK_DERIVED, RECOMPUTE_DERIVED, schema_statements
+from deployments.graph_store.values import to_plain
 
 logger = logging.getLogger(__name__)
 

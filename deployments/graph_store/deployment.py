@@ -1,4 +1,4 @@
-"""The graph's Serve shell: ``GraphDeployment`` over ``Neo4jGraph`` (deployments/graph_store.py)."""
+"""The graph's Serve shell: ``GraphDeployment`` over ``Neo4jGraph`` (store.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from deployments.config import Neo4jSettings
-from deployments.graph_store import Neo4jGraph
+from deployments.graph_store.store import Neo4jGraph
 from deployments.health import BackendHealth
 from deployments.protocols import GraphDocument, GraphScope
 

@@ -1,9 +1,9 @@
 """Knowledge graph over Neo4j: ``Neo4jGraph`` (idempotent MERGE of ingested documents and
 entities, guarded caller Cypher, intents, paths and related documents). Every node and
 relationship carries ``team_id`` and ``visibility``; Neo4j Community has one user database,
-so tenancy lives in these properties. Beside it: graph_client.py (the driver, transactions,
-error mapping), graph_values.py (driver values → JSON), graph_cypher.py (the statements),
-graph_intents.py, cypher_guard.py; the Serve shell is deployments/graph.py."""
+so tenancy lives in these properties. Beside it: client.py (the driver, transactions,
+error mapping), values.py (driver values → JSON), cypher.py (the statements),
+intents.py, guard.py, scope.py; the Serve shell is deployment.py."""
 
 from __future__ import annotations
 
@@ -13,11 +13,9 @@ from typing import Any
 
 from deployments import acl
 from deployments.config import Neo4jSettings
-from deployments.cypher_guard import CypherRejected, check_plan, check_query_type
-from deployments.cypher_scope import scope_query
 from deployments.errors import Forbidden, InvalidInput, InvalidQuery, NotFound
-from deployments.graph_client import Neo4jClient, tx_rows
-from deployments.graph_cypher import (
+from deployments.graph_store.client import Neo4jClient, tx_rows
+from deployments.graph_store.cypher import (
     ACL_HIDDEN,
     DELETE_DOCUMENTS,
     ENTITIES,
@@ -32,8 +30,10 @@ from deployments.graph_cypher import (
     writable_nodes,
     writable_relationships,
 )
-from deployments.graph_intents import INTENTS, entity_allowed
-from deployments.graph_values import node_label
+from deployments.graph_store.guard import CypherRejected, check_plan, check_query_type
+from deployments.graph_store.intents import INTENTS, entity_allowed
+from deployments.graph_store.scope import scope_query
+from deployments.graph_store.values import node_label
 from deployments.protocols import GraphDocument, GraphScope
 
 logger = logging.getLogger(__name__)

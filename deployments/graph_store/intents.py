@@ -5,7 +5,7 @@ its arguments validated by a pydantic model. Every node and relationship variabl
 template carries the tenant and visibility predicates (``$team_id``, ``$visibilities``), which
 the gateway binds from the caller's AccessContext, and every ``Doc`` the caller's document ACL
 tokens and policies (``doc_allowed``); the integration tests prove each template with the
-same plan check as caller Cypher (deployments.cypher_guard). Arguments are only ever bound as
+same plan check as caller Cypher (deployments.graph_store.guard). Arguments are only ever bound as
 parameters, never formatted into the text.
 """
 
@@ -58,7 +58,7 @@ def source_visible(v: str) -> str:
     ACL and policies) linked to it by a relationship in scope. A node written through
     ``/graph/entities`` (``derived`` false) keeps its own visibility. Checked when the
     node is matched (query time): ingestion keeps only ``derived`` and the node's
-    visibility up to date (deployments/graph_cypher.py, ``RECOMPUTE_DERIVED``)."""
+    visibility up to date (deployments/graph_store/cypher.py, ``RECOMPUTE_DERIVED``)."""
     rel, doc = f"{v}_via", f"{v}_src"
     # The label is tested through labels(): a label in the pattern would let the planner
     # start from an index over all of the team's documents instead of walking from the node.

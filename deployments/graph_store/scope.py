@@ -1,6 +1,6 @@
 """The gateway writes the tenant scope into a caller's simple Cypher itself.
 
-A caller's query the plan check (``deployments.cypher_guard``) refuses as unscoped may be
+A caller's query the plan check (``deployments.graph_store.guard``) refuses as unscoped may be
 simple enough to scope: ``scope_query`` adds ``v.team_id = $team_id`` (and, where the caller
 may not see every visibility, ``v.visibility IN $visibilities``, for relationships too) for
 every variable a MATCH / OPTIONAL MATCH clause binds, in that clause's WHERE, naming
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from deployments.cypher_guard import _NAME, _unquote
+from deployments.graph_store.guard import _NAME, _unquote
 
 # Clause keywords: at the top level of a simple query only MATCH, OPTIONAL MATCH, WHERE and
 # one final RETURN (with ORDER BY, SKIP/OFFSET and LIMIT) may appear.
