@@ -596,7 +596,7 @@ def build_pipeline(settings: Any = None, usage_source: str = "bus") -> IngestPip
     from deployments.graph_store.store import Neo4jGraph
     from deployments.models.embedder_models import LocalModels
     from deployments.protocols import Backends
-    from deployments.retriever import RetrieverDeployment
+    from deployments.vector_store.deployment import RetrieverDeployment
 
     settings = settings or BatchSettings()
     # During a change of model (``embedder_next``) both models, picked per team.

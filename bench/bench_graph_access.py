@@ -120,11 +120,12 @@ def load_before(rev: str) -> None:
         exec(compile(src, f"{rev}:{path}", "exec"), module.__dict__)  # noqa: S102
         return module
 
-    intents = load("deployments/graph_store/intents.py", "_before_graph_intents")
+    # The paths and module names at ``rev`` (before issue 39 moved them into graph_store/).
+    intents = load("deployments/graph_intents.py", "_before_graph_intents")
     cypher = load(
-        "deployments/graph_store/cypher.py",
+        "deployments/graph_cypher.py",
         "_before_graph_cypher",
-        ("from deployments.graph_store.intents import", "from _before_graph_intents import"),
+        ("from deployments.graph_intents import", "from _before_graph_intents import"),
     )
     BEFORE.update(
         {k: v.cypher for k, v in intents.INTENTS.items()},

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = GatewaySettings(
         milvus={"collection": "bench_reindex"}, state={"url": f"sqlite:///{tmp}/state.db"}
     )
-    from deployments.milvus_store import MilvusStore
+    from deployments.vector_store.store import MilvusStore
 
     store = MilvusStore(settings.milvus, dim=384)
     store.start()

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = GatewaySettings(
         milvus={"collection": "bench_reindex_copy"}, state={"url": f"sqlite:///{tmp}/state.db"}
     )
-    from deployments.milvus_store import MilvusStore
+    from deployments.vector_store.store import MilvusStore
 
     docs = kjv_chapters(TEAM, args.chapters)
     chunks = embed_chunks(build_chunks(docs, settings), settings, name="kjv-chapters")

@@ -38,7 +38,7 @@ from bench.common import (
 )
 from bench.corpus import generate_corpus, make_queries
 from bench.serve_harness import ServeHarness, run_benchmark
-from deployments.milvus_baseline import search_by_mode
+from deployments.vector_store.baseline import search_by_mode
 
 logger = logging.getLogger("bench.search")
 

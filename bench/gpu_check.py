@@ -10,8 +10,9 @@ queue, one text per request, ``batch`` requests in flight; "raw" is ``EmbedderCo
 on lists of ``batch`` texts. Every figure is the median of ``--reps``.
 
 Search p50: one query at a time, its embedding on the device plus the dense and BM25
-candidates of the gateway's in-memory index (``deployments.memindex.team.TeamIndex``, what
-a search of a loaded team runs in the Retriever) over the embedded paragraphs, fused. The
+candidates of the gateway's in-memory index
+(``deployments.vector_store.memindex.team.TeamIndex``, what a search of a loaded team runs in
+the Retriever) over the embedded paragraphs, fused. The
 full path through Milvus Lite and Ray is bench/bench_search_real.py with
 ``EMBEDDER__DEVICE=cuda`` (it needs the services on the GPU machine).
 
@@ -148,9 +149,9 @@ async def reranker_rows(args: argparse.Namespace, texts: list[str]) -> list[dict
 
 
 def search_rows(args: argparse.Namespace, paragraphs: list[str]) -> list[dict[str, Any]]:
-    from deployments.memindex.team import TeamIndex
     from deployments.protocols import ChunkRecord, SearchFilter
-    from deployments.search_filter import compile_filter
+    from deployments.vector_store.filter import compile_filter
+    from deployments.vector_store.memindex.team import TeamIndex
     from serve_app.ranking import fuse_weighted
 
     queries = [t.split(". ")[0][:200] for t in paragraphs][:64]

@@ -237,7 +237,7 @@ class RerankerSettings(BaseModel):
 
 
 class MemoryIndexSettings(BaseModel):
-    """The exact in-memory index of the teams searched (deployments/memindex).
+    """The exact in-memory index of the teams searched (deployments/vector_store/memindex).
 
     Milvus stays the system of record: a team is loaded from it in the background on its first
     search (searched in Milvus meanwhile), every search first checks the team's change-log

@@ -3,8 +3,8 @@
 They let the pipeline, the service and the HTTP layer run without Ray, Milvus, Neo4j or a
 model. Vectors come from SHA-256 (never Python's salted ``hash``), so every run and every
 process sees the same numbers. The vector store evaluates a ``SearchFilter`` term by term the
-way ``deployments.search_filter.build_filter_expr`` compiles it for Milvus, and validates it by
-calling that very function, so a filter Milvus would refuse is refused here too.
+way ``deployments.vector_store.filter.build_filter_expr`` compiles it for Milvus, and validates
+it by calling that very function, so a filter Milvus would refuse is refused here too.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from deployments.protocols import (
     SearchFilter,
     SearchHit,
 )
-from deployments.search_filter import build_filter_expr, compile_filter
+from deployments.vector_store.filter import build_filter_expr, compile_filter
 
 WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -447,8 +447,8 @@ class FakeGraphStore:
 
 class MemoryIndexStore(FakeVectorStore):
     """``FakeVectorStore`` whose dense and BM25 searches run on the Retriever's real
-    in-memory index (``deployments.memindex.team.TeamIndex``) holding the rows of *every*
-    team, so only the compiled filter keeps a search inside its tenant — what the leak
+    in-memory index (``deployments.vector_store.memindex.team.TeamIndex``) holding the rows of
+    *every* team, so only the compiled filter keeps a search inside its tenant — what the leak
     probes and tenancy tests check of the memory-index path."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -472,7 +472,7 @@ class MemoryIndexStore(FakeVectorStore):
         return await super().delete_stale_chunks(team_id, doc_type, doc_id, keep)
 
     def _current(self) -> Any:
-        from deployments.memindex.team import TeamIndex
+        from deployments.vector_store.memindex.team import TeamIndex
 
         if self._indexed != self.version:
             rows = [c for c in self.rows.values() if c.vector]

@@ -16,8 +16,8 @@ from typing import Any
 from batch_ingest.documents import SourceDocument
 from batch_ingest.settings import BatchSettings
 from batch_ingest.usage import EmbeddingUsage
-from deployments.milvus_versions import CollectionVersions
 from deployments.protocols import ChunkRecord, Encoded
+from deployments.vector_store.versions import CollectionVersions
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class ReindexWorker:
         self._embed = embed
         if versions is None:
             from deployments.embedding import embedding_dim
-            from deployments.milvus_store import MilvusStore
+            from deployments.vector_store.store import MilvusStore
 
             store = MilvusStore(
                 MilvusSettings.model_validate(spec["milvus"]),

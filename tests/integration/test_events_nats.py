@@ -27,7 +27,7 @@ from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.source_store import SourceStore
 from deployments.embedding import default_model_path
 from deployments.errors import BackendUnavailable, InvalidInput
-from deployments.retriever import RetrieverDeployment
+from deployments.vector_store.deployment import RetrieverDeployment
 from tests.conftest import port_open
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,6 @@ from deployments.protocols import (
     SearchFilter,
     VectorStore,
 )
-from deployments.search_filter import build_filter_expr
 from deployments.testing import (
     FakeEmbedder,
     FakeGraphStore,
@@ -31,6 +30,7 @@ from deployments.testing import (
     FakeVectorStore,
     matches_filter,
 )
+from deployments.vector_store.filter import build_filter_expr
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -202,7 +202,7 @@ class Changes:
         self.swap = "s1"
 
     def heads(self, alias: str) -> Any:
-        from deployments.memindex.changes import Heads
+        from deployments.vector_store.memindex.changes import Heads
 
         return Heads(rows="r", swap=self.swap)
 
@@ -241,7 +241,7 @@ class StoreOfTwoVersions:
 def test_the_retriever_searches_each_version_with_its_models_vector():
     from deployments.config import MilvusSettings
     from deployments.protocols import SearchFilter
-    from deployments.retriever import RetrieverDeployment
+    from deployments.vector_store.deployment import RetrieverDeployment
 
     store = StoreOfTwoVersions()
     settings = MilvusSettings(memory_index={"enabled": False})

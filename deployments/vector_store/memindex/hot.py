@@ -26,8 +26,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from deployments.memindex.changes import Heads
-from deployments.memindex.copies import (
+from deployments.protocols import SearchHit
+from deployments.timing import MeanTimes
+from deployments.vector_store.filter import CompiledFilter
+from deployments.vector_store.memindex.changes import Heads
+from deployments.vector_store.memindex.copies import (
     RowSource,
     TeamCopy,
     TooManyChanges,
@@ -35,12 +38,9 @@ from deployments.memindex.copies import (
     read_copy,
     replay,
 )
-from deployments.memindex.pins import VersionPins
-from deployments.memindex.staging import Staging
-from deployments.memindex.table import LiveTeam, TeamTable
-from deployments.protocols import SearchHit
-from deployments.search_filter import CompiledFilter
-from deployments.timing import MeanTimes
+from deployments.vector_store.memindex.pins import VersionPins
+from deployments.vector_store.memindex.staging import Staging
+from deployments.vector_store.memindex.table import LiveTeam, TeamTable
 
 logger = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.milvus_client import import_pymilvus
-from deployments.search_filter import milvus_list
+from deployments.vector_store.client import import_pymilvus
+from deployments.vector_store.filter import milvus_list
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""The Retriever's Serve shell: ``RetrieverDeployment`` over ``MilvusStore``
-(deployments/milvus_store.py) and its in-memory index of hot teams (deployments/memindex/)."""
+"""The Retriever's Serve shell: ``RetrieverDeployment`` over ``MilvusStore`` (store.py) and its
+in-memory index of hot teams (memindex/)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from typing import Any
 
 from deployments.config import MilvusSettings
 from deployments.health import BackendHealth
-from deployments.memindex.front import MemoryFront, hot_index
-from deployments.memindex.pins import VersionPins
-from deployments.milvus_store import MilvusStore
 from deployments.protocols import (
     ChunkRecord,
     SearchFilter,
     SearchHit,
 )
+from deployments.vector_store.memindex.front import MemoryFront, hot_index
+from deployments.vector_store.memindex.pins import VersionPins
 from deployments.vector_store.model_choice import QueryVectors, vector_for
+from deployments.vector_store.store import MilvusStore
 
 logger = logging.getLogger(__name__)
 

@@ -13,18 +13,18 @@ from collections.abc import Callable, Collection, Iterator
 
 from deployments.config import MilvusSettings
 from deployments.errors import BackendUnavailable, InvalidInput
-from deployments.memindex.changes import ChangeLog
-from deployments.milvus_client import MilvusConnection
-from deployments.milvus_rows import chunk_to_row, chunk_with_vector, output_fields
-from deployments.milvus_schema import (
+from deployments.protocols import ChunkRecord
+from deployments.vector_store.client import MilvusConnection
+from deployments.vector_store.filter import milvus_list, milvus_literal
+from deployments.vector_store.memindex.changes import ChangeLog
+from deployments.vector_store.rows import chunk_to_row, chunk_with_vector, output_fields
+from deployments.vector_store.schema import (
     collection_definition,
     dense_dim,
     embed_model_property,
     has_acl_fields,
     has_lexical_field,
 )
-from deployments.protocols import ChunkRecord
-from deployments.search_filter import milvus_list, milvus_literal
 
 logger = logging.getLogger(__name__)
 # Seconds before a collection seen without the ACL fields is described again.
@@ -405,7 +405,7 @@ class CollectionVersions:
         logger.info("dropped Milvus collection %s", physical)
         return True
 
-    # --- the reads the in-memory index loads and replays from (memindex.cache.RowSource) ---
+    # --- the reads the in-memory index loads and replays from (memindex.copies.RowSource) ---
     def collection_for(self, team_id: str) -> str:
         return self.alias_for(team_id)
 

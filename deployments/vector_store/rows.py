@@ -15,7 +15,7 @@ from deployments.errors import Conflict
 from deployments.protocols import (
     ChunkRecord,
 )
-from deployments.search_filter import (
+from deployments.vector_store.filter import (
     milvus_literal,
 )
 

@@ -5,11 +5,11 @@ the baseline the benchmarks and the store's integration tests hold the gateway's
 from __future__ import annotations
 
 from deployments.errors import InvalidInput
-from deployments.milvus_client import import_pymilvus
-from deployments.milvus_rows import output_fields
-from deployments.milvus_store import BM25_PARAMS, MilvusStore, hits_of
 from deployments.protocols import SearchFilter, SearchHit
-from deployments.search_filter import build_filter_expr
+from deployments.vector_store.client import import_pymilvus
+from deployments.vector_store.filter import build_filter_expr
+from deployments.vector_store.rows import output_fields
+from deployments.vector_store.store import BM25_PARAMS, MilvusStore, hits_of
 
 
 def hybrid_search(

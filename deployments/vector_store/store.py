@@ -3,9 +3,9 @@ Serve shell): a team's collection opened or created on first use, idempotent ups
 deletes recorded in the change log the in-memory index follows, filtered dense/BM25/learned
 sparse search
 and the reads the in-memory index loads from. The same code talks to the local Milvus Lite
-server and a Milvus cluster. Beside it: milvus_client.py (the connection), milvus_schema.py
-(the DDL), milvus_versions.py (the versions behind a team's alias, for reindex),
-milvus_rows.py (rows ↔ records) and search_filter.py (the compiled tenancy filter)."""
+server and a Milvus cluster. Beside it: client.py (the connection), schema.py
+(the DDL), versions.py (the versions behind a team's alias, for reindex),
+rows.py (rows ↔ records) and filter.py (the compiled tenancy filter)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,16 @@ from typing import Any
 
 from deployments.config import MilvusSettings
 from deployments.errors import BackendUnavailable, InvalidInput
-from deployments.memindex.changes import ChangeLog
-from deployments.milvus_client import MilvusConnection
-from deployments.milvus_rows import (
+from deployments.protocols import ChunkRecord, SearchFilter, SearchHit
+from deployments.vector_store.client import MilvusConnection
+from deployments.vector_store.filter import (
+    CompiledFilter,
+    compile_filter,
+    milvus_list,
+    milvus_literal,
+)
+from deployments.vector_store.memindex.changes import ChangeLog
+from deployments.vector_store.rows import (
     SEARCH_METHODS,
     chunk_to_row,
     collection_for,
@@ -27,9 +34,7 @@ from deployments.milvus_rows import (
     output_fields,
     row_to_chunk,
 )
-from deployments.milvus_versions import CollectionVersions, check_vectors
-from deployments.protocols import ChunkRecord, SearchFilter, SearchHit
-from deployments.search_filter import CompiledFilter, compile_filter, milvus_list, milvus_literal
+from deployments.vector_store.versions import CollectionVersions, check_vectors
 
 logger = logging.getLogger(__name__)
 BM25_PARAMS: dict[str, Any] = {"metric_type": "BM25"}
@@ -74,7 +79,7 @@ class MilvusStore:
         self._unflushed: dict[str, int] = {}
         self._open_lock = threading.Lock()
         # Every write of a live collection is recorded here, so the in-memory indexes of all
-        # Retriever replicas see it (deployments/memindex/changes.py).
+        # Retriever replicas see it (deployments/vector_store/memindex/changes.py).
         self.changes = ChangeLog(
             settings.collection, self.conn.call, retention_s=settings.memory_index.retention_s
         )
@@ -313,7 +318,7 @@ class MilvusStore:
         learned sparse weights, ``query_lexical``, by inner product; nothing in a collection
         built without them). Scores are "higher is better". The gateway fuses the lists
         itself (serve_app/ranking.py); Milvus's own RRF fusion is
-        ``milvus_baseline.hybrid_search``, a benchmark baseline.
+        ``baseline.hybrid_search``, a benchmark baseline.
 
         ``physical``: search this version of the team's collection (by its physical name)
         rather than whatever the alias names when the call arrives, so that the calls of one

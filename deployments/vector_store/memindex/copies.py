@@ -1,5 +1,5 @@
 """One team's rows of one physical collection held in memory (``TeamCopy``): how it is read
-from Milvus and how the change log is replayed onto it. ``HotIndex`` (cache.py) keeps the live
+from Milvus and how the change log is replayed onto it. ``HotIndex`` (hot.py) keeps the live
 copy of each hot team; staging.py keeps a copy of the version a reindex announced, loaded
 before its swap.
 
@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from deployments.memindex.changes import ChangeLog, now_ms
-from deployments.memindex.team import TeamIndex
 from deployments.protocols import ChunkRecord
+from deployments.vector_store.memindex.changes import ChangeLog, now_ms
+from deployments.vector_store.memindex.team import TeamIndex
 
 # Bytes a chunk costs beyond its vector, for the estimate made before a team is loaded.
 ROW_ESTIMATE = 3000

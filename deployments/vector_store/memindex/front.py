@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from deployments.memindex.cache import HotIndex
 from deployments.protocols import SearchFilter, SearchHit
-from deployments.search_filter import compile_filter
+from deployments.vector_store.filter import compile_filter
+from deployments.vector_store.memindex.hot import HotIndex
 
 if TYPE_CHECKING:
     from deployments.config import MilvusSettings
-    from deployments.memindex.copies import RowSource
+    from deployments.vector_store.memindex.copies import RowSource
 
 # What memory holds: dense vectors and BM25 postings (learned sparse weights stay in Milvus).
 MEMORY_METHODS = frozenset({"dense", "bm25"})

@@ -28,8 +28,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.memindex.changes import Heads
-from deployments.memindex.copies import (
+from deployments.vector_store.memindex.changes import Heads
+from deployments.vector_store.memindex.copies import (
     RowSource,
     TeamCopy,
     TooManyChanges,

@@ -17,9 +17,9 @@ from dataclasses import replace
 import numpy as np
 
 from deployments.acl import OPEN
-from deployments.memindex.bm25 import BM25Postings
 from deployments.protocols import ChunkRecord, SearchHit
-from deployments.search_filter import ARRAY_FIELDS, KEY_FIELDS, CompiledFilter, FilterTerm
+from deployments.vector_store.filter import ARRAY_FIELDS, KEY_FIELDS, CompiledFilter, FilterTerm
+from deployments.vector_store.memindex.bm25 import BM25Postings
 
 MASK_CACHE = 32
 RECORD_OVERHEAD = 700  # bytes of a ChunkRecord and its strings beyond the text itself

@@ -11,8 +11,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from deployments.memindex.changes import Heads
-from deployments.memindex.copies import TeamCopy
+from deployments.vector_store.memindex.changes import Heads
+from deployments.vector_store.memindex.copies import TeamCopy
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import threading
 from collections import OrderedDict
 from typing import Protocol
 
-from deployments.memindex.changes import ChangeLog
+from deployments.vector_store.memindex.changes import ChangeLog
 
 # Searches remembered (a search's calls come within a second of each other).
 PINS_KEPT = 4096

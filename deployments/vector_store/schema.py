@@ -6,8 +6,8 @@ from typing import Any
 
 from deployments.acl import ACL_FIELDS, ACL_KEY_FIELDS, ACL_KEY_LENGTH, MAX_ACL_TOKENS
 from deployments.config import MilvusSettings
-from deployments.milvus_client import import_pymilvus
 from deployments.protocols import MAX_ID, MAX_TAG, MAX_TAGS, MAX_TEXT, MAX_TITLE, MAX_URL
+from deployments.vector_store.client import import_pymilvus
 
 # "group:" or "user:" and an identifier.
 ACL_TOKEN_LENGTH = MAX_ID + 8

@@ -5,7 +5,7 @@
 give the Milvus boolean expression (``CompiledFilter.expr``, every value an escaped JSON string
 literal: Milvus Lite does not support ``filter_params`` templates, and an id or tag containing
 quotes or operators must never change the expression) and the row masks of the in-memory team
-index (``deployments.memindex``), so both paths apply exactly one tenancy decision.
+index (``deployments.vector_store.memindex``), so both paths apply exactly one tenancy decision.
 """
 
 from __future__ import annotations
