@@ -1689,7 +1689,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = GatewaySettings(**overrides)
         store = None
         if args.milvus_uri or args.store_collection:
-            from deployments.embedding import embedding_dim
+            from deployments.models.embedding import embedding_dim
             from deployments.vector_store.store import MilvusStore
 
             try:

@@ -108,7 +108,7 @@ def steady(arrivals: list[tuple[float, int]]) -> dict[str, Any]:
 def raw_rate(settings, texts: list[str], threads: int) -> float:
     import torch
 
-    from deployments.embedding import EmbedderCore
+    from deployments.models.embedding import EmbedderCore
 
     core = EmbedderCore(settings.embedder.model_copy(update={"torch_threads": threads}))
     core.start()

@@ -37,8 +37,8 @@ from bench.common import (
     write_result,
 )
 from deployments.config import RERANK_BATCH, RERANK_BATCH_WAIT_S, RerankerSettings
-from deployments.cross_encoding import relevance
-from deployments.reranker import RerankerDeployment
+from deployments.models.cross_encoding import relevance
+from deployments.models.reranker import RerankerDeployment
 from deployments.testing import allow_batch_queue_outside_serve
 from deployments.tiny_models import build_tiny_cross_encoder
 

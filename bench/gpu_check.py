@@ -35,9 +35,9 @@ from typing import Any
 from bench.bench_rerank import closed
 from bench.common import environment_info, markdown_table, setup_logging, write_result
 from deployments.config import EmbedderSettings, RerankerSettings
-from deployments.embedder import EmbedderDeployment
-from deployments.embedding import EmbedderCore
-from deployments.reranker import RerankerDeployment
+from deployments.models.embedder import EmbedderDeployment
+from deployments.models.embedding import EmbedderCore
+from deployments.models.reranker import RerankerDeployment
 from deployments.testing import allow_batch_queue_outside_serve
 from deployments.tiny_models import build_tiny_cross_encoder
 

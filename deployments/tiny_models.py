@@ -18,7 +18,7 @@ def build_tiny_cross_encoder(
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from deployments.embedding import default_model_path
+    from deployments.models.embedding import default_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path())
     torch.manual_seed(seed)
@@ -46,7 +46,7 @@ def build_tiny_embedder(
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from deployments.embedding import default_model_path
+    from deployments.models.embedding import default_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path())
     torch.manual_seed(seed)

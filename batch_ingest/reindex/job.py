@@ -73,7 +73,7 @@ class Reindexer:
         # Raised at the swap: answers cached for the old version are stale.
         self.generations = IndexGenerations(self.sources.engine)
         if versions is None:
-            from deployments.embedding import embedding_dim
+            from deployments.models.embedding import embedding_dim
             from deployments.vector_store.store import MilvusStore
 
             store = MilvusStore(
@@ -228,7 +228,7 @@ class Reindexer:
 
     def _create(self, team: str, version: int) -> str:
         """The target version, for the vectors of the model this job embeds with."""
-        from deployments.embedding import embedding_dim
+        from deployments.models.embedding import embedding_dim
 
         emb = self.settings.embedder
         return self.versions.create(

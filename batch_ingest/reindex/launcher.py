@@ -79,7 +79,7 @@ class ReindexJobs:
     @property
     def versions(self) -> CollectionVersions:
         if self._versions is None:
-            from deployments.embedding import embedding_dim
+            from deployments.models.embedding import embedding_dim
             from deployments.vector_store.store import MilvusStore
 
             s = self.settings

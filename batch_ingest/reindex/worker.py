@@ -86,7 +86,7 @@ class ReindexWorker:
         self.builder = builder
         self._embed = embed
         if versions is None:
-            from deployments.embedding import embedding_dim
+            from deployments.models.embedding import embedding_dim
             from deployments.vector_store.store import MilvusStore
 
             store = MilvusStore(
@@ -110,7 +110,7 @@ class ReindexWorker:
     def load_model(self) -> Callable[[list[str]], Any]:
         """The embedding function, the model loaded on the first call."""
         if self._embed is None:
-            from deployments.embedding import EmbedderCore
+            from deployments.models.embedding import EmbedderCore
 
             core = EmbedderCore(self.settings)
             core.start()

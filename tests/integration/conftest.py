@@ -9,8 +9,8 @@ import pytest
 import pytest_asyncio
 
 from deployments.config import EmbedderSettings
-from deployments.embedding import LocalEmbedder
 from deployments.graph_store.store import Neo4jGraph
+from deployments.models.embedding import LocalEmbedder
 from deployments.vector_store.store import MilvusStore
 from serve_app.settings import GatewaySettings
 from tests.conftest import require_services

@@ -25,8 +25,8 @@ from batch_ingest.event_types import event_subject
 from batch_ingest.events import parse_event
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.source_store import SourceStore
-from deployments.embedding import default_model_path
 from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.models.embedding import default_model_path
 from deployments.vector_store.deployment import RetrieverDeployment
 from tests.conftest import port_open
 

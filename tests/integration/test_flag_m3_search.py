@@ -9,7 +9,7 @@ import uuid
 import pytest
 from fastapi.testclient import TestClient
 
-from deployments.embedding import LocalEmbedder
+from deployments.models.embedding import LocalEmbedder
 from deployments.protocols import Backends
 from deployments.tiny_models import build_tiny_m3
 from deployments.vector_store.deployment import RetrieverDeployment

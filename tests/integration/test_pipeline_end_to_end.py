@@ -9,7 +9,7 @@ import pytest
 from batch_ingest.chunking import Chunker, tokenizer_counter
 from batch_ingest.documents import SourceDocument
 from batch_ingest.pipeline import IngestPipeline
-from deployments.embedding import default_model_path
+from deployments.models.embedding import default_model_path
 from deployments.protocols import SearchFilter
 from deployments.vector_store.baseline import hybrid_search
 from deployments.vector_store.deployment import RetrieverDeployment

@@ -102,8 +102,8 @@ def test_build_app_rejects_invalid_settings():
 
 
 def test_each_shell_owns_its_deployment_options():
-    from deployments import embedder, reranker
     from deployments.graph_store import deployment as graph
+    from deployments.models import embedder, reranker
     from deployments.vector_store import deployment as retriever
     from serve_app.settings import GatewaySettings
 

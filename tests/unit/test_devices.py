@@ -8,10 +8,10 @@ import torch
 
 import deployments.devices as devices
 from deployments.config import EmbedderSettings, RerankerSettings
-from deployments.embedder import deployment_options as embedder_options
-from deployments.embedding import EmbedderCore
-from deployments.reranker import RerankerCore
-from deployments.reranker import deployment_options as reranker_options
+from deployments.models.embedder import deployment_options as embedder_options
+from deployments.models.embedding import EmbedderCore
+from deployments.models.reranker import RerankerCore
+from deployments.models.reranker import deployment_options as reranker_options
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1", "auto"])

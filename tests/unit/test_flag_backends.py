@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from deployments.errors import BackendUnavailable, InvalidInput
-from deployments.flag_backends import FlagCrossEncoder, FlagM3Embedder
+from deployments.models.flag import FlagCrossEncoder, FlagM3Embedder
 from deployments.tiny_models import build_tiny_m3, build_tiny_xlmr_reranker
 
 TEXTS = [

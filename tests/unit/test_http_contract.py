@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from batch_ingest.chunking import TokenCounter, tokenizer_counter
-from deployments.embedding import default_model_path
+from deployments.models.embedding import default_model_path
 from deployments.protocols import Backends
 from deployments.testing import FakeEmbedder, FakeGraphStore, FakeReranker, FakeVectorStore
 from serve_app.composition import build_service

@@ -15,10 +15,10 @@ from batch_ingest.documents import SourceDocument
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.settings import BatchSettings
 from deployments.config import EmbedderSettings
-from deployments.embedder import EmbedderDeployment
-from deployments.embedding import SplitEmbedder
 from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.models.embedder import EmbedderDeployment
 from deployments.models.embedder_models import EmbedderModels
+from deployments.models.embedding import SplitEmbedder
 from deployments.protocols import Encoded
 from deployments.testing import FakeVectorStore
 from deployments.timing import MeanTimes

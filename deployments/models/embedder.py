@@ -1,5 +1,5 @@
 """The embedder's Serve shell: ``EmbedderDeployment`` loads ``EmbedderCore``
-(deployments/embedding.py) in the background and batches concurrent requests with
+(deployments/models/embedding.py) in the background and batches concurrent requests with
 ``@serve.batch``. It reports the texts it holds to Serve's autoscaler
 (deployments/models/autoscale.py).
 """

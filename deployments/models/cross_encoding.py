@@ -7,7 +7,7 @@ pass costs about in proportion to its padded tokens, so this wastes little on pa
 GPU larger budgets fill the device. A pair longer than the budget gets a pass of its own.
 
 Used by both cross-encoder backends (``RerankerCore`` with a plain sequence classifier,
-``flag_backends.FlagCrossEncoder`` with the model FlagReranker loaded), so the pairs of every
+``flag.FlagCrossEncoder`` with the model FlagReranker loaded), so the pairs of every
 request of a Serve batch share the passes.
 """
 

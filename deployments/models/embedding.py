@@ -1,6 +1,6 @@
 """The embedding model without Ray: where its files are, ``EmbedderCore`` (tokenize →
 forward → postprocess) and ``LocalEmbedder`` (the core behind the async ``Embedder``
-protocol, for batch jobs, scripts and tests). The Serve shell is deployments/embedder.py."""
+protocol, for batch jobs, scripts and tests). The Serve shell is deployments/models/embedder.py."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from deployments.config import EmbedderSettings
 from deployments.devices import placement
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.loading import BackgroundLoad
-from deployments.memory import release_freed_memory
+from deployments.models.memory import release_freed_memory
 from deployments.protocols import Encoded
 from deployments.timing import MeanTimes
 
@@ -164,7 +164,7 @@ class EmbedderCore:
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from transformers import AutoTokenizer
 
-        from deployments.onnx_encoder import OnnxEncoder, export
+        from deployments.models.onnx_encoder import OnnxEncoder, export
 
         started = time.perf_counter()
         s = self.settings
@@ -187,7 +187,7 @@ class EmbedderCore:
         )
 
     def _start_flag_m3(self) -> None:
-        from deployments.flag_backends import FlagM3Embedder, load_configured
+        from deployments.models.flag import FlagM3Embedder, load_configured
 
         started = time.perf_counter()
         s = self.settings

@@ -18,7 +18,7 @@ Quirks of FlagEmbedding 1.4.2 worth knowing:
   then run all batches: a call that fits in one forward batch costs two forward passes, and
   a real error surfaces as an unrelated one. So ``FlagM3Embedder.encode`` batches by length
   and calls the M3 model's forward (dense + sparse heads), and ``FlagCrossEncoder.score``
-  packs the pairs by token count (``deployments.cross_encoding``) for the classifier.
+  packs the pairs by token count (``deployments.models.cross_encoding``) for the classifier.
 - ``BGEM3FlagModel`` loads in float16 by default (``use_fp16=True``); it is always passed
   explicitly here. It knows ``use_bf16``; ``FlagReranker`` does not (it loads float32 and
   calls ``half()`` for ``use_fp16``), so a bfloat16 reranker is converted after loading.
@@ -43,9 +43,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from deployments.cross_encoding import score_pairs
 from deployments.devices import Dtype, torch_dtype
 from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.models.cross_encoding import score_pairs
 
 logger = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ class FlagCrossEncoder:
     ``FlagReranker``: one raw relevance logit per (query, passage) pair. Build with ``load``.
 
     Scoring runs the loaded classifier in passes packed by token count
-    (``deployments.cross_encoding``), not through ``compute_score``: that one probes its
+    (``deployments.models.cross_encoding``), not through ``compute_score``: that one probes its
     longest batch first (an extra pass, and a real error re-raised as an unrelated one) and,
     under transformers 5, decodes and tokenizes every pair twice."""
 

