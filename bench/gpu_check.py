@@ -4,7 +4,7 @@ through its Serve shell at batch 32/64/128 in float32 and float16, and reranker 
 Text: the paragraphs of this repository's own ``docs/*.md`` and ``README.md`` (real prose
 that travels with the checkout, so the GPU machine needs no data package). The embedder is
 the packaged all-MiniLM-L6-v2; the reranker a cross-encoder of MiniLM-L6's size with random
-weights (``deployments.tiny_models``: a forward pass costs the architecture's time, not the
+weights (``deployments.testing.tiny_models``: a forward pass costs the architecture's time, not the
 weights'). "Serve shell" is ``EmbedderDeployment`` in this process: its ``@serve.batch``
 queue, one text per request, ``batch`` requests in flight; "raw" is ``EmbedderCore.embed``
 on lists of ``batch`` texts. Every figure is the median of ``--reps``.
@@ -38,8 +38,8 @@ from deployments.config import EmbedderSettings, RerankerSettings
 from deployments.models.embedder import EmbedderDeployment
 from deployments.models.embedding import EmbedderCore
 from deployments.models.reranker import RerankerDeployment
-from deployments.testing import allow_batch_queue_outside_serve
-from deployments.tiny_models import build_tiny_cross_encoder
+from deployments.testing.fakes import allow_batch_queue_outside_serve
+from deployments.testing.tiny_models import build_tiny_cross_encoder
 
 logger = logging.getLogger("bench.gpu_check")
 ROOT = Path(__file__).resolve().parent.parent

@@ -547,7 +547,7 @@ class GraphGateway:
         from batch_ingest.chunking import whitespace_tokens
         from deployments.graph_store.store import Neo4jGraph
         from deployments.protocols import Backends
-        from deployments.testing import FakeEmbedder, FakeVectorStore
+        from deployments.testing.fakes import FakeEmbedder, FakeVectorStore
         from serve_app.composition import build_service
         from serve_app.http import create_app
         from serve_app.settings import GatewaySettings

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from deployments.models.embedding import LocalEmbedder
 from deployments.protocols import Backends
-from deployments.tiny_models import build_tiny_m3
+from deployments.testing.tiny_models import build_tiny_m3
 from deployments.vector_store.deployment import RetrieverDeployment
 from serve_app.composition import build_service
 from serve_app.http import create_app

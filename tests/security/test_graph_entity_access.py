@@ -283,7 +283,7 @@ async def test_the_tool_route_mcp_and_enrich_hide_them_too(settings):
     from batch_ingest.chunking import whitespace_tokens
     from deployments.graph_store.store import Neo4jGraph
     from deployments.protocols import Backends
-    from deployments.testing import FakeEmbedder, FakeVectorStore
+    from deployments.testing.fakes import FakeEmbedder, FakeVectorStore
     from serve_app.composition import build_service
     from serve_app.http import create_app
     from serve_app.settings import GatewaySettings

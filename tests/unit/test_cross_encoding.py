@@ -8,7 +8,7 @@ import pytest
 
 from deployments.models import cross_encoding
 from deployments.models.embedding import default_model_path
-from deployments.tiny_models import build_tiny_cross_encoder
+from deployments.testing.tiny_models import build_tiny_cross_encoder
 
 QUERIES = ["which projects use milvus?", "who keeps the graph of the DAO?"]
 PASSAGES = [

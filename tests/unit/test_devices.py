@@ -94,7 +94,7 @@ def test_embedder_on_auto_without_a_gpu_loads_float32_on_cpu_and_says_so(monkeyp
 
 
 def test_reranker_on_auto_without_a_gpu_loads_on_cpu(monkeypatch, tmp_path):
-    from deployments.tiny_models import build_tiny_cross_encoder
+    from deployments.testing.tiny_models import build_tiny_cross_encoder
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     path = build_tiny_cross_encoder(tmp_path / "ce")

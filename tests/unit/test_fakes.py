@@ -23,7 +23,7 @@ from deployments.protocols import (
     SearchFilter,
     VectorStore,
 )
-from deployments.testing import (
+from deployments.testing.fakes import (
     FakeEmbedder,
     FakeGraphStore,
     FakeReranker,
@@ -167,7 +167,8 @@ async def test_fake_embedder_gives_deterministic_unit_vectors_of_configured_dim(
 
 def test_fake_embedder_vectors_do_not_depend_on_python_hash_seed():
     code = (
-        "from deployments.testing import FakeEmbedder; print(FakeEmbedder(4).vector('seeded text'))"
+        "from deployments.testing.fakes import FakeEmbedder; "
+        "print(FakeEmbedder(4).vector('seeded text'))"
     )
     outputs = {
         subprocess.run(

@@ -20,7 +20,7 @@ from deployments.models.embedder import EmbedderDeployment
 from deployments.models.embedder_models import EmbedderModels
 from deployments.models.embedding import SplitEmbedder
 from deployments.protocols import Encoded
-from deployments.testing import FakeVectorStore
+from deployments.testing.fakes import FakeVectorStore
 from deployments.timing import MeanTimes
 from deployments.vector_store.model_choice import vector_for
 from serve_app.query_models import QueryModels

@@ -13,7 +13,7 @@ from batch_ingest.documents import SourceDocument, make_chunk_id
 from batch_ingest.pipeline import IngestPipeline
 from deployments.errors import BackendUnavailable
 from deployments.models.embedding import default_model_path
-from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
+from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
 
 EMBED_MODEL = "fake-embedder@v1"
 
