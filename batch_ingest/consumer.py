@@ -592,11 +592,11 @@ def build_pipeline(settings: Any = None, usage_source: str = "bus") -> IngestPip
     its embeddings are counted as ``usage_source`` (batch_ingest/usage.py)."""
     from batch_ingest import pipeline
     from batch_ingest.source_store import SourceStore
-    from deployments.embedding import embedding_dim
-    from deployments.graph_store import Neo4jGraph
+    from deployments.graph_store.store import Neo4jGraph
     from deployments.models.embedder_models import LocalModels
+    from deployments.models.embedding import embedding_dim
     from deployments.protocols import Backends
-    from deployments.retriever import RetrieverDeployment
+    from deployments.vector_store.deployment import RetrieverDeployment
 
     settings = settings or BatchSettings()
     # During a change of model (``embedder_next``) both models, picked per team.

@@ -5,8 +5,8 @@ the last path segment without heading, alias or ``.md``, lower-cased, with runs 
 underscores and dashes made one dash. A document answers to the key of its ``doc_id``'s last
 segment and to the key of its title, so ``[[kubectl]]`` finds ``tools/kubectl.md`` and a note
 titled "Kubectl"; a note's link to its own key (``[[Own title]]`` in "Own title") is a link to
-itself (a ``LINKS_TO`` self-loop, not a placeholder: deployments/graph_cypher.py). Links inside
-code spans and fenced code blocks are not links.
+itself (a ``LINKS_TO`` self-loop, not a placeholder: deployments/graph_store/cypher.py). Links
+inside code spans and fenced code blocks are not links.
 """
 
 from __future__ import annotations

@@ -31,10 +31,10 @@ from typing import Any
 from bench import realtext
 from bench.common import environment_info, markdown_table, setup_logging, write_result
 from deployments.acl import principal_tokens
-from deployments.memindex.team import TeamIndex
-from deployments.milvus_store import MilvusStore
 from deployments.protocols import SearchFilter
-from deployments.search_filter import compile_filter
+from deployments.vector_store.filter import compile_filter
+from deployments.vector_store.memindex.team import TeamIndex
+from deployments.vector_store.store import MilvusStore
 from serve_app.settings import GatewaySettings
 
 logger = logging.getLogger("bench.acl_filter")

@@ -26,9 +26,9 @@ from bench.bench_rerank import closed
 from bench.common import environment_info, markdown_table, setup_logging, write_result
 from bench.gpu_check import doc_paragraphs
 from deployments.config import EmbedderSettings
-from deployments.embedder import EmbedderDeployment
+from deployments.models.embedder import EmbedderDeployment
 from deployments.protocols import Encoded
-from deployments.testing import allow_batch_queue_outside_serve
+from deployments.testing.fakes import allow_batch_queue_outside_serve
 
 
 async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -93,7 +93,7 @@ def deploy(embedder: dict[str, Any], var: Path) -> float:
 def raw_rates(texts: list[str], variants: list[str]) -> dict[str, float]:
     """texts/s of each variant's model in this process, batch 32, 2 threads, median of 3."""
     from deployments.config import EmbedderSettings
-    from deployments.embedding import EmbedderCore
+    from deployments.models.embedding import EmbedderCore
 
     out = {}
     for name in dict.fromkeys(v.rstrip("01n") for v in variants):
@@ -119,7 +119,7 @@ def _st_rate(texts: list[str]) -> float:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from deployments.embedding import default_model_path
+    from deployments.models.embedding import default_model_path
 
     torch.set_num_threads(2)
     model = SentenceTransformer(str(default_model_path()), device="cpu", local_files_only=True)
@@ -291,7 +291,7 @@ def _chunk_texts(docs: list[dict[str, Any]]) -> list[str]:
 
 def _tokens(texts: list[str]) -> int:
     from batch_ingest.chunking import tokenizer_counter
-    from deployments.embedding import resolve_model_path
+    from deployments.models.embedding import resolve_model_path
 
     count = tokenizer_counter(resolve_model_path(""))
     return sum(count(t) for t in texts)

@@ -202,7 +202,7 @@ async def serve_part(args: argparse.Namespace, h: ServeHarness, texts: list[str]
 
 # --- raw in-process ------------------------------------------------------------------------
 def raw_part(args: argparse.Namespace, settings: Any, texts: list[str]) -> dict[str, Any]:
-    from deployments.embedding import EmbedderCore
+    from deployments.models.embedding import EmbedderCore
 
     core = EmbedderCore(settings.embedder)
     t0 = time.perf_counter()

@@ -171,8 +171,8 @@ async def main_async(args: argparse.Namespace) -> int:
             results.append(await phase(js, nc, "paced", args.events, args.rate, run, 0))
         results.append(await phase(js, nc, "burst", args.events, 0, run, 1_000_000))
         # Searchable check: a BM25 search for one indexed document's title finds it.
-        from deployments.milvus_store import MilvusStore
         from deployments.protocols import SearchFilter
+        from deployments.vector_store.store import MilvusStore
         from serve_app.settings import GatewaySettings
 
         settings = GatewaySettings(milvus={"collection": COLLECTION})
@@ -199,7 +199,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 await js.delete_stream(name)
         await nc.close()
         try:
-            from deployments.milvus_store import MilvusStore
+            from deployments.vector_store.store import MilvusStore
             from serve_app.settings import GatewaySettings
 
             store = MilvusStore(GatewaySettings(milvus={"collection": COLLECTION}).milvus, dim=384)

@@ -7,7 +7,7 @@ same run, interleaved per query:
 * **before**: the statements of the gateway before issue 32 (``--before``, commit ac052c1,
   read with ``git show``: the baseline, leaking);
 * **query** (shipped): at query time, ``EXISTS`` a visible ``Doc`` one relationship away,
-  walked from the entity (``deployments.graph_intents.source_visible``);
+  walked from the entity (``deployments.graph_store.intents.source_visible``);
 * **write**: at write time, every derived entity keeps ``access``, the distinct access
   signatures (visibility, doc type, project, ACL tokens, skill tags, id) of its documents,
   recomputed whenever one of them changes; a query tests the list with no traversal.
@@ -45,9 +45,9 @@ from typing import Any
 from bench.common import environment_info, markdown_table, setup_logging, write_result
 from bench.quality.appstream_set import components, plain
 from deployments import acl
-from deployments.graph_cypher import ENTITIES, RELATED_DOCS
-from deployments.graph_intents import INTENTS, source_visible
-from deployments.graph_store import Neo4jGraph
+from deployments.graph_store.cypher import ENTITIES, RELATED_DOCS
+from deployments.graph_store.intents import INTENTS, source_visible
+from deployments.graph_store.store import Neo4jGraph
 from deployments.protocols import GraphDocument, GraphScope
 from serve_app.settings import GatewaySettings
 
@@ -120,6 +120,7 @@ def load_before(rev: str) -> None:
         exec(compile(src, f"{rev}:{path}", "exec"), module.__dict__)  # noqa: S102
         return module
 
+    # The paths and module names at ``rev`` (before issue 39 moved them into graph_store/).
     intents = load("deployments/graph_intents.py", "_before_graph_intents")
     cypher = load(
         "deployments/graph_cypher.py",
@@ -249,7 +250,7 @@ async def run_one(
     graph: Neo4jGraph, key: str, args: dict, scope: GraphScope, variant: str
 ) -> tuple[float, int]:
     """One statement of the workload in ``variant``; seconds and rows."""
-    from deployments.graph_cypher import lucene_terms
+    from deployments.graph_store.cypher import lucene_terms
 
     params = {**scope.params, "limit": 20}
     if key in INTENTS:
@@ -267,7 +268,7 @@ async def explain(
     graph: Neo4jGraph, args: dict, scope: GraphScope, variant: str
 ) -> tuple[float, int]:
     """explain_path's two end lookups and its path query, with ``variant``'s check."""
-    from deployments.graph_intents import entity_allowed as current
+    from deployments.graph_store.intents import entity_allowed as current
 
     entity_allowed = BEFORE["entity_allowed"] if variant == "before" else current
 

@@ -3,7 +3,7 @@ quantisation keeps the vectors closest to torch fp32 at int8 speed.
 
     .venv/bin/python -m bench.bench_int8 [--rounds 3] [--threads 1] [--extra] [--only REGEX]
 
-Every variant is built from the fp32 file that ``deployments.onnx_encoder.export`` writes
+Every variant is built from the fp32 file that ``deployments.models.onnx_encoder.export`` writes
 (the ONNX backend's own export) into a temporary folder, never the model cache:
 
 * dynamic (``quantize_dynamic``: int8 weights, uint8 activations quantised per call):
@@ -60,8 +60,8 @@ from bench.bench_onnx import ndcg
 from bench.common import environment_info, setup_logging, write_result
 from bench.realtext import appstream
 from deployments.config import EmbedderSettings
-from deployments.embedding import EmbedderCore
-from deployments.onnx_encoder import OnnxEncoder, export
+from deployments.models.embedding import EmbedderCore
+from deployments.models.onnx_encoder import OnnxEncoder, export
 
 logger = logging.getLogger("bench.int8")
 

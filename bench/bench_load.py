@@ -1689,8 +1689,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = GatewaySettings(**overrides)
         store = None
         if args.milvus_uri or args.store_collection:
-            from deployments.embedding import embedding_dim
-            from deployments.milvus_store import MilvusStore
+            from deployments.models.embedding import embedding_dim
+            from deployments.vector_store.store import MilvusStore
 
             try:
                 store = MilvusStore(settings.milvus, dim=embedding_dim(settings.embedder))

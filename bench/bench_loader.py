@@ -51,8 +51,8 @@ def expected_chunks(docs: list[dict[str, Any]]) -> dict[str, set[str]]:
 
 def stored_chunks(team: str, doc_ids: list[str]) -> dict[str, list[str]]:
     from batch_ingest.settings import BatchSettings
-    from deployments.embedding import embedding_dim
-    from deployments.milvus_store import MilvusStore
+    from deployments.models.embedding import embedding_dim
+    from deployments.vector_store.store import MilvusStore
 
     settings = BatchSettings()
     store = MilvusStore(settings.milvus, dim=embedding_dim(settings.embedder))

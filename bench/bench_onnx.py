@@ -23,7 +23,7 @@ from bench.common import environment_info, setup_logging, write_result
 from bench.quality.metrics import ndcg_at_k
 from bench.realtext import appstream
 from deployments.config import EmbedderSettings
-from deployments.embedding import EmbedderCore
+from deployments.models.embedding import EmbedderCore
 
 VARIANTS = {
     "torch fp32": {"backend": "transformers"},

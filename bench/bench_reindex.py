@@ -87,7 +87,7 @@ def build_corpus(settings: GatewaySettings, target_chunks: int, seed: int):
 
 
 def raw_rates(settings: GatewaySettings, texts: list[str], threads: int, reps: int) -> dict:
-    from deployments.embedding import EmbedderCore
+    from deployments.models.embedding import EmbedderCore
 
     core = EmbedderCore(settings.embedder.model_copy(update={"torch_threads": threads}))
     core.start()
@@ -107,7 +107,7 @@ def raw_rates(settings: GatewaySettings, texts: list[str], threads: int, reps: i
 
 def sequential_rates(settings, store, sources: SourceStore, reps: int) -> dict:
     """read → chunk → embed (batch 32) → upsert, one process, model warm, 1 thread."""
-    from deployments.embedding import EmbedderCore
+    from deployments.models.embedding import EmbedderCore
 
     core = EmbedderCore(settings.embedder.model_copy(update={"torch_threads": 1}))
     core.start()
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = GatewaySettings(
         milvus={"collection": "bench_reindex"}, state={"url": f"sqlite:///{tmp}/state.db"}
     )
-    from deployments.milvus_store import MilvusStore
+    from deployments.vector_store.store import MilvusStore
 
     store = MilvusStore(settings.milvus, dim=384)
     store.start()

@@ -108,7 +108,7 @@ def steady(arrivals: list[tuple[float, int]]) -> dict[str, Any]:
 def raw_rate(settings, texts: list[str], threads: int) -> float:
     import torch
 
-    from deployments.embedding import EmbedderCore
+    from deployments.models.embedding import EmbedderCore
 
     core = EmbedderCore(settings.embedder.model_copy(update={"torch_threads": threads}))
     core.start()
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = GatewaySettings(
         milvus={"collection": "bench_reindex_copy"}, state={"url": f"sqlite:///{tmp}/state.db"}
     )
-    from deployments.milvus_store import MilvusStore
+    from deployments.vector_store.store import MilvusStore
 
     docs = kjv_chapters(TEAM, args.chapters)
     chunks = embed_chunks(build_chunks(docs, settings), settings, name="kjv-chapters")

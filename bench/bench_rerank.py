@@ -4,7 +4,7 @@ passages in the order given, ``--forward-batch`` pairs per pass padded to the lo
 same run, same model, real text.
 
 The model is a cross-encoder of MiniLM-L6's size (6 layers of 384, 12 heads, the MiniLM
-tokenizer) with random weights (``deployments.tiny_models``; no reranker weights ship
+tokenizer) with random weights (``deployments.testing.tiny_models``; no reranker weights ship
 offline) — the cost of a forward pass is the architecture's, not the weights'. Queries are
 AppStream summaries, passages AppStream descriptions (``bench.realtext``); each request
 reranks ``--pairs`` passages. ``RerankerDeployment`` runs in this process (its
@@ -37,10 +37,10 @@ from bench.common import (
     write_result,
 )
 from deployments.config import RERANK_BATCH, RERANK_BATCH_WAIT_S, RerankerSettings
-from deployments.cross_encoding import relevance
-from deployments.reranker import RerankerDeployment
-from deployments.testing import allow_batch_queue_outside_serve
-from deployments.tiny_models import build_tiny_cross_encoder
+from deployments.models.cross_encoding import relevance
+from deployments.models.reranker import RerankerDeployment
+from deployments.testing.fakes import allow_batch_queue_outside_serve
+from deployments.testing.tiny_models import build_tiny_cross_encoder
 
 logger = logging.getLogger("bench.rerank")
 

@@ -38,7 +38,7 @@ from bench.common import (
 )
 from bench.corpus import generate_corpus, make_queries
 from bench.serve_harness import ServeHarness, run_benchmark
-from deployments.milvus_baseline import search_by_mode
+from deployments.vector_store.baseline import search_by_mode
 
 logger = logging.getLogger("bench.search")
 
@@ -265,7 +265,7 @@ async def run(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
         await asyncio.to_thread(store.start)
         if filler_docs:
             from bench.filler import insert_filler
-            from deployments.embedding import embedding_dim
+            from deployments.models.embedding import embedding_dim
 
             logger.info("writing %d filler documents straight into Milvus", len(filler_docs))
             result["filler"] = await asyncio.to_thread(

@@ -281,7 +281,7 @@ def floor_samples(
     each stage's milliseconds, per query."""
     import bm25s
 
-    from deployments.embedding import EmbedderCore
+    from deployments.models.embedding import EmbedderCore
 
     core = EmbedderCore(settings.embedder)
     core.start()

@@ -12,7 +12,7 @@ summaries as queries:
 * the same dense search after ``compact`` and on fresh collections with other index types;
 * concurrency: ``--threads`` clients searching at once (does the server serve in parallel?);
 * the floors: exact numpy dense top-k over the same vectors, ``bm25s`` over the same texts,
-  and the gateway's in-process team index (``deployments.memindex``), when present.
+  and the gateway's in-process team index (``deployments.vector_store.memindex``), when present.
 
     .venv/bin/python -m bench.bench_store --help
 """
@@ -32,10 +32,10 @@ import numpy as np
 from bench import realtext
 from bench.common import environment_info, markdown_table, setup_logging, write_result
 from deployments.config import MilvusSettings
-from deployments.milvus_rows import OUTPUT_FIELDS
-from deployments.milvus_store import MilvusStore
 from deployments.protocols import SearchFilter
-from deployments.search_filter import build_filter_expr
+from deployments.vector_store.filter import build_filter_expr
+from deployments.vector_store.rows import OUTPUT_FIELDS
+from deployments.vector_store.store import MilvusStore
 from serve_app.settings import GatewaySettings
 
 logger = logging.getLogger("bench.store")
@@ -308,8 +308,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return retriever.retrieve(tokens, k=top, show_progress=False, n_threads=1)
 
         row("floor: bm25s top-k", median_ms(bm25s_search, q))
-    from deployments.memindex.team import TeamIndex
-    from deployments.search_filter import compile_filter
+    from deployments.vector_store.filter import compile_filter
+    from deployments.vector_store.memindex.team import TeamIndex
 
     index = TeamIndex(dim=matrix.shape[1])
     index.upsert(chunks)

@@ -40,9 +40,9 @@ from typing import Any
 
 from bench import realtext
 from bench.common import environment_info, markdown_table, setup_logging, write_result
-from deployments.milvus_store import MilvusStore
 from deployments.protocols import ChunkRecord, SearchFilter, SearchHit
-from deployments.retriever import RetrieverDeployment
+from deployments.vector_store.deployment import RetrieverDeployment
+from deployments.vector_store.store import MilvusStore
 from serve_app.ranking import adaptive_weights, fuse_weighted
 from serve_app.settings import GatewaySettings, SearchSettings
 

@@ -109,7 +109,7 @@ async def measure(args: argparse.Namespace, h: ServeHarness, store: Any) -> dict
 
 async def run(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
     from bench.filler import insert_filler
-    from deployments.embedding import embedding_dim
+    from deployments.models.embedding import embedding_dim
 
     result: dict[str, Any] = {}
     docs = generate_corpus(args.tenant_docs, 1, args.seed, tenant_prefix=tenant_prefix(args))

@@ -240,8 +240,8 @@ async def audit_records(url: str) -> dict[str, Any]:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from batch_ingest.settings import BatchSettings
-    from deployments.embedding import embedding_dim
-    from deployments.milvus_store import MilvusStore
+    from deployments.models.embedding import embedding_dim
+    from deployments.vector_store.store import MilvusStore
 
     folder = Path(tempfile.mkdtemp(prefix="bench_bus_outage_", dir="/tmp"))
     services = Services(private=True)

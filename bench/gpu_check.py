@@ -4,14 +4,15 @@ through its Serve shell at batch 32/64/128 in float32 and float16, and reranker 
 Text: the paragraphs of this repository's own ``docs/*.md`` and ``README.md`` (real prose
 that travels with the checkout, so the GPU machine needs no data package). The embedder is
 the packaged all-MiniLM-L6-v2; the reranker a cross-encoder of MiniLM-L6's size with random
-weights (``deployments.tiny_models``: a forward pass costs the architecture's time, not the
+weights (``deployments.testing.tiny_models``: a forward pass costs the architecture's time, not the
 weights'). "Serve shell" is ``EmbedderDeployment`` in this process: its ``@serve.batch``
 queue, one text per request, ``batch`` requests in flight; "raw" is ``EmbedderCore.embed``
 on lists of ``batch`` texts. Every figure is the median of ``--reps``.
 
 Search p50: one query at a time, its embedding on the device plus the dense and BM25
-candidates of the gateway's in-memory index (``deployments.memindex.team.TeamIndex``, what
-a search of a loaded team runs in the Retriever) over the embedded paragraphs, fused. The
+candidates of the gateway's in-memory index
+(``deployments.vector_store.memindex.team.TeamIndex``, what a search of a loaded team runs in
+the Retriever) over the embedded paragraphs, fused. The
 full path through Milvus Lite and Ray is bench/bench_search_real.py with
 ``EMBEDDER__DEVICE=cuda`` (it needs the services on the GPU machine).
 
@@ -34,11 +35,11 @@ from typing import Any
 from bench.bench_rerank import closed
 from bench.common import environment_info, markdown_table, setup_logging, write_result
 from deployments.config import EmbedderSettings, RerankerSettings
-from deployments.embedder import EmbedderDeployment
-from deployments.embedding import EmbedderCore
-from deployments.reranker import RerankerDeployment
-from deployments.testing import allow_batch_queue_outside_serve
-from deployments.tiny_models import build_tiny_cross_encoder
+from deployments.models.embedder import EmbedderDeployment
+from deployments.models.embedding import EmbedderCore
+from deployments.models.reranker import RerankerDeployment
+from deployments.testing.fakes import allow_batch_queue_outside_serve
+from deployments.testing.tiny_models import build_tiny_cross_encoder
 
 logger = logging.getLogger("bench.gpu_check")
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,9 +149,9 @@ async def reranker_rows(args: argparse.Namespace, texts: list[str]) -> list[dict
 
 
 def search_rows(args: argparse.Namespace, paragraphs: list[str]) -> list[dict[str, Any]]:
-    from deployments.memindex.team import TeamIndex
     from deployments.protocols import ChunkRecord, SearchFilter
-    from deployments.search_filter import compile_filter
+    from deployments.vector_store.filter import compile_filter
+    from deployments.vector_store.memindex.team import TeamIndex
     from serve_app.ranking import fuse_weighted
 
     queries = [t.split(". ")[0][:200] for t in paragraphs][:64]

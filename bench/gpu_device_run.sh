@@ -15,6 +15,6 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 bash bench/gpu_check.sh "$@"
 # Same run, the baseline (BASELINE=<rev> bash bench/gpu_carry.sh): that commit's embedder shell.
 if [ -n "${OUT:-}" ] && [ -f .gpu/b/embedder_baseline.py ]; then
-  cp .gpu/b/embedder_baseline.py deployments/embedder.py
+  cp .gpu/b/embedder_baseline.py deployments/models/embedder.py
   bash bench/gpu_check.sh --out "$OUT/gpu_check_baseline.json" "$@"
 fi

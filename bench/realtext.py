@@ -119,7 +119,7 @@ def embed_texts(
     keys = [_key(tag, kind, t) for t in texts]
     missing = sorted({k: i for i, k in enumerate(keys) if k not in cached}.values())
     if missing:
-        from deployments.embedding import EmbedderCore
+        from deployments.models.embedding import EmbedderCore
 
         core = EmbedderCore(settings.embedder.model_copy(update={"torch_threads": threads}))
         logger.info("embedding %d of %d %s (cache %s)", len(missing), len(texts), name, path)

@@ -303,7 +303,7 @@ def count_access_lines(seen: dict[str, dict[str, Any]], logs_dir: Path) -> list[
 
 
 def cleanup() -> None:
-    from deployments.milvus_store import MilvusStore
+    from deployments.vector_store.store import MilvusStore
     from serve_app.app import AppArgs
 
     settings = AppArgs(**render(None, "")["applications"][0]["args"]).gateway_settings()

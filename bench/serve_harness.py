@@ -372,8 +372,8 @@ class ServeHarness:
 
     def milvus_store(self) -> Any:
         """An in-process ``MilvusStore`` on the benchmark collection (same settings)."""
-        from deployments.embedding import embedding_dim
-        from deployments.milvus_store import MilvusStore
+        from deployments.models.embedding import embedding_dim
+        from deployments.vector_store.store import MilvusStore
 
         return MilvusStore(self.settings.milvus, dim=embedding_dim(self.settings.embedder))
 

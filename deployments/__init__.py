@@ -1,5 +1,7 @@
-"""Serve deployments of the RAG Gateway: embedder, reranker, retriever (Milvus), graph (Neo4j).
-
-Each module holds a plain core class that tests build without Ray and a thin Serve shell
-around it. Nothing here imports from ``batch_ingest`` or ``serve_app``.
+"""The backends of the RAG Gateway: ``models/`` (embedder, reranker), ``vector_store/``
+(Milvus, the Retriever), ``graph_store/`` (Neo4j, the Graph), over a shared kernel of the
+top-level modules (config, protocols, errors, ACLs, health, metrics, tracing); ``testing/``
+holds their fakes. Each backend keeps a plain core that tests build without Ray apart from
+its thin Serve shell. The backends never import each other, the kernel imports none of them,
+and nothing here imports from ``batch_ingest`` or ``serve_app``.
 """

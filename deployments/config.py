@@ -69,7 +69,7 @@ class EmbedderSettings(BaseModel):
     # also gives learned sparse lexical weights: stored in the collections' ``lexical`` field
     # and searched as a third candidate list (search.lexical_weight).
     # "onnx": the same Hugging Face folder as "transformers", exported to ONNX and run by ONNX
-    # Runtime on the CPU (deployments/onnx_encoder.py): the same vectors (cosine
+    # Runtime on the CPU (deployments/models/onnx_encoder.py): the same vectors (cosine
     # >= 0.9999, the same model tag), a query ~3x faster; with quantize int8 faster still,
     # under its own tag.
     # "auto" (the default): "onnx" for the packaged model on a CPU device (measured:
@@ -112,7 +112,8 @@ class EmbedderSettings(BaseModel):
     # at 15, every replica alike): with passage batches on every core, searches' stages in
     # the Ingress and Retriever still get the cores first. 0 = unchanged.
     nice: int = Field(0, ge=0, le=19)
-    # Texts per forward pass inside one batch (int8: always 1, deployments.embedding.forward_step).
+    # Texts per forward pass inside one batch (int8: always 1,
+    # deployments.models.embedding.forward_step).
     forward_batch_size: int = Field(32, ge=1, le=1024)
     # At most this often (after a batch, and on Serve's health check when idle) hand freed
     # activations back to the OS (glibc malloc_trim). Without it a replica's RSS stays at the
@@ -237,7 +238,7 @@ class RerankerSettings(BaseModel):
 
 
 class MemoryIndexSettings(BaseModel):
-    """The exact in-memory index of the teams searched (deployments/memindex).
+    """The exact in-memory index of the teams searched (deployments/vector_store/memindex).
 
     Milvus stays the system of record: a team is loaded from it in the background on its first
     search (searched in Milvus meanwhile), every search first checks the team's change-log

@@ -130,7 +130,7 @@ class Histogram(_Metric):
             logger.debug("metric %s not recorded", self.name, exc_info=True)
 
 
-# --- the model replicas (deployments/embedder.py, deployments/reranker.py) -----------------
+# --- the model replicas (deployments/models/embedder.py, deployments/models/reranker.py) ------
 
 EMBEDDER_BATCH_SIZE = Histogram(
     "rag_gateway_embedder_batch_size",

@@ -1,6 +1,6 @@
 """CPU priority of the processes that do bulk work beside the searches: a reindex's and a bulk
 import's workers and driver (batch_ingest/reindex/, batch_ingest/bulk/) and the Embedder replica
-on a CPU (deployments/embedder.py, ``embedder.nice``). They share the cores with the Serve
+on a CPU (deployments/models/embedder.py, ``embedder.nice``). They share the cores with the Serve
 replicas that answer searches, and a search must never wait for a bulk job. Only ``os`` is
 imported here: a worker calls it before it imports anything heavy."""
 

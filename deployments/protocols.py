@@ -300,7 +300,8 @@ class GraphStore(Protocol):
     async def run_cypher(
         self, query: str, params: dict[str, Any], scope: GraphScope
     ) -> dict[str, Any]:
-        """A caller's query, after proving it read-only and scoped (deployments.cypher_guard)."""
+        """A caller's query, after proving it read-only and scoped
+        (deployments.graph_store.guard)."""
         ...
 
     async def acl_hidden(self, scope: GraphScope) -> bool:

@@ -215,7 +215,7 @@ def keep_log_handlers() -> Iterator[None]:
     ``logs/serve/replica_*.log`` stopped after its start lines while its stderr (a stream
     handler, which works on after ``close``) still had every call, and the records piled up
     in the replica's memory. Import such a library in this block
-    (``deployments.milvus_client.import_pymilvus``).
+    (``deployments.vector_store.client.import_pymilvus``).
 
     How: ``dictConfig`` (and ``fileConfig``) begin with ``logging.config._clearExistingHandlers``
     (CPython since 3.2); it is a no-op while the block runs. A Python without it leaves this a

@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         traffic.join()
         result["total"] = traffic.window(0, time.time() + 1)
         from deployments.config import MilvusSettings
-        from deployments.milvus_store import MilvusStore
+        from deployments.vector_store.store import MilvusStore
 
         store = MilvusStore(MilvusSettings(collection=COLLECTION), dim=384)
         store.start()

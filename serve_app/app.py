@@ -19,17 +19,17 @@ from ray.serve import Application
 
 from batch_ingest.source_store import SourceStore
 from deployments.config import EmbedderSettings
-from deployments.embedder import EmbedderDeployment
-from deployments.embedder import deployment_options as embedder_options
-from deployments.embedding import InlineQueryEmbedder, SplitEmbedder, embedding_dim
-from deployments.graph import GraphDeployment
-from deployments.graph import deployment_options as graph_options
-from deployments.memindex.front import MemoryFront, hot_index
+from deployments.graph_store.deployment import GraphDeployment
+from deployments.graph_store.deployment import deployment_options as graph_options
+from deployments.models.embedder import EmbedderDeployment
+from deployments.models.embedder import deployment_options as embedder_options
+from deployments.models.embedding import InlineQueryEmbedder, SplitEmbedder, embedding_dim
+from deployments.models.reranker import RerankerDeployment
+from deployments.models.reranker import deployment_options as reranker_options
 from deployments.protocols import Backends
-from deployments.reranker import RerankerDeployment
-from deployments.reranker import deployment_options as reranker_options
-from deployments.retriever import RetrieverDeployment, build_store
-from deployments.retriever import deployment_options as retriever_options
+from deployments.vector_store.deployment import RetrieverDeployment, build_store
+from deployments.vector_store.deployment import deployment_options as retriever_options
+from deployments.vector_store.memindex.front import MemoryFront, hot_index
 from serve_app.composition import build_service
 from serve_app.handles import HandleProxy, MemoryFirstStore, StoreProxy
 from serve_app.http import create_app

@@ -19,9 +19,9 @@ from pydantic import (
 from pydantic.json_schema import JsonDict
 
 from batch_ingest.documents import Identifier, OptionalId
-from deployments.cypher_guard import RESERVED_PARAMS
-from deployments.graph_cypher import NODE_LABELS, RELATIONSHIPS
-from deployments.graph_intents import INTENTS
+from deployments.graph_store.cypher import NODE_LABELS, RELATIONSHIPS
+from deployments.graph_store.guard import RESERVED_PARAMS
+from deployments.graph_store.intents import INTENTS
 from deployments.validation import NOT_BLANK, SchemaExtra, reject_invalid_values
 from serve_app.contracts import TEAM_ALIASES, TenantAlias, _one_tenant_key
 
@@ -71,7 +71,7 @@ class _TenantRequest(BaseModel):
 
 def not_blank_strings(schema: Any) -> Any:
     """``schema`` with ``pattern: NOT_BLANK`` on every string that must not be empty: the
-    intents' arguments (deployments/graph_intents.py, ``Name``) are stripped before their
+    intents' arguments (deployments/graph_store/intents.py, ``Name``) are stripped before their
     ``minLength`` is checked, so "   " is no argument."""
     if isinstance(schema, dict):
         if schema.get("type") == "string" and schema.get("minLength", 0) >= 1:
@@ -86,7 +86,7 @@ def not_blank_strings(schema: Any) -> Any:
 
 def query_forms() -> list[dict[str, Any]]:
     """The two forms of graph.query_context as JSON Schema ``oneOf`` branches: one per named
-    intent (its ``args`` schema from deployments/graph_intents.py) and one for Cypher."""
+    intent (its ``args`` schema from deployments/graph_store/intents.py) and one for Cypher."""
     forms: list[dict[str, Any]] = []
     for name, intent in INTENTS.items():
         args = not_blank_strings(intent.args.model_json_schema())

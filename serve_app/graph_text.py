@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deployments.graph_values import node_label
+from deployments.graph_store.values import node_label
 
 # The verb of each relationship type in a sentence (others: the type in lower case).
 PHRASES = {

@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from deployments.errors import BackendUnavailable, InvalidInput, NotFound
-from deployments.graph_intents import INTENTS, catalogue
-from deployments.graph_store import entity_not_found
+from deployments.graph_store.intents import INTENTS, catalogue
+from deployments.graph_store.store import entity_not_found
 from deployments.protocols import GraphStore
 from serve_app import graph_access
 from serve_app.access import AccessContext

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from deployments.errors import BackendUnavailable, GatewayError
-from deployments.memindex.front import MEMORY_METHODS, MemoryFront
 from deployments.protocols import SearchFilter, SearchHit
+from deployments.vector_store.memindex.front import MEMORY_METHODS, MemoryFront
 from deployments.vector_store.model_choice import QueryVectors
 
 logger = logging.getLogger(__name__)
@@ -92,8 +92,8 @@ class MemoryFirstStore:
     with no hop; anything else (a team still loading or over the budget, the learned sparse
     method, a change of model) goes to the Retriever, which searches Milvus.
 
-    One search reads one version (deployments/memindex/pins.py) across its calls: a call
-    after one answered here passes the version read (``pinned``), and a search whose first
+    One search reads one version (deployments/vector_store/memindex/pins.py) across its calls: a
+    call after one answered here passes the version read (``pinned``), and a search whose first
     call went to the Retriever sends all its calls there.
     """
 

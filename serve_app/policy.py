@@ -233,7 +233,7 @@ class Policy(BaseModel):
         doc_types: frozenset[str] | None,
     ) -> dict[str, Any]:
         """The resource policies of one caller as Cypher parameters, for the predicates the
-        intent templates put on every ``Doc`` and ``Project`` (deployments/graph_intents.py,
+        intent templates put on every ``Doc`` and ``Project`` (deployments/graph_store/intents.py,
         ``doc_allowed``/``project_allowed``): ``doc_types`` (null = all); ``projects_deny`` +
         ``projects`` (the listed projects the caller may not read, or, when unlisted ones are
         denied, those it may); ``denied_skill_ids``; ``skill_tags_deny`` + ``skill_tags`` (the

@@ -107,7 +107,7 @@ class Retrieval:
         sharing a ``read_id`` (the claims of one enrich request) are one read for the
         Retriever's consistency check; ``generation`` is the team's index generation when the
         caller read it after the request arrived (the in-memory index may then skip that
-        check: deployments/memindex/cache.py, ``HotIndex.fresh``)."""
+        check: deployments/vector_store/memindex/hot.py, ``HotIndex.fresh``)."""
         cfg = self.settings.search
         degraded: list[str] = []
         linked: dict[str, float] = {}

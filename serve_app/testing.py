@@ -1,6 +1,6 @@
 """Test support for the gateway, used by the tests and the benchmarks: HS256/RS256/ES256
 tokens, JWKS documents and a tiny local JWKS server, API key files, an in-process gateway over
-the fakes of ``deployments.testing`` (no Ray) with authentication on, a multi-team corpus, and
+the fakes of ``deployments.testing.fakes`` (no Ray) with authentication on, a multi-team corpus, and
 an environment without the surrounding shell's gateway variables. Never used by the gateway
 itself."""
 
@@ -31,7 +31,7 @@ from batch_ingest.chunking import whitespace_tokens
 from batch_ingest.documents import SourceDocument
 from batch_ingest.source_store import SourceStore
 from deployments.protocols import Backends
-from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
+from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
 from serve_app.auth.api_keys import hash_key, new_key
 from serve_app.composition import build_service
 from serve_app.http import create_app

@@ -69,7 +69,7 @@ class ServerTiming:
 class InFlight:
     """How many HTTP requests this process is handling now (``CountInFlight`` counts them;
     one event loop, so no lock). The ingress embeds a query itself only while its request
-    is the only one (``deployments.embedding.SplitEmbedder``)."""
+    is the only one (``deployments.models.embedding.SplitEmbedder``)."""
 
     def __init__(self) -> None:
         self.count = 0

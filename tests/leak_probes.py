@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import environment_info, markdown_table, setup_logging, write_result
-from deployments.graph_cypher import NODE_LABELS
+from deployments.graph_store.cypher import NODE_LABELS
 from serve_app.testing import TENANCY_ACLS, TENANCY_LAYOUT, isolated_env
 
 logger = logging.getLogger("tests.leak_probes")
@@ -545,9 +545,9 @@ class GraphGateway:
         from fastapi.testclient import TestClient
 
         from batch_ingest.chunking import whitespace_tokens
-        from deployments.graph_store import Neo4jGraph
+        from deployments.graph_store.store import Neo4jGraph
         from deployments.protocols import Backends
-        from deployments.testing import FakeEmbedder, FakeVectorStore
+        from deployments.testing.fakes import FakeEmbedder, FakeVectorStore
         from serve_app.composition import build_service
         from serve_app.http import create_app
         from serve_app.settings import GatewaySettings
@@ -798,7 +798,7 @@ class GraphProbes:
 
     # --- probes ------------------------------------------------------------------------------
     def probe_graph_intent(self, kind: str) -> None:
-        from deployments.graph_intents import INTENTS
+        from deployments.graph_store.intents import INTENTS
 
         rng = self.rng
         _, headers, expected, gw = self.graph_identity(kind)
@@ -827,7 +827,7 @@ class GraphProbes:
         self.record(GRAPH_ENDPOINTS[0], kind, response, self.check_graph(expected, body, response))
 
     def probe_graph_cypher(self, kind: str) -> None:
-        from deployments.graph_cypher import NODE_LABELS
+        from deployments.graph_store.cypher import NODE_LABELS
 
         rng = self.rng
         _, headers, expected, gw = self.graph_identity(kind, elevated=0.6, unrestricted=0.6)
@@ -877,7 +877,7 @@ class GraphProbes:
         self.record(GRAPH_ENDPOINTS[1], f"{kind} {category}", response, problem)
 
     def probe_explain_path(self, kind: str) -> None:
-        from deployments.graph_cypher import NODE_LABELS
+        from deployments.graph_store.cypher import NODE_LABELS
 
         rng = self.rng
         _, headers, expected, gw = self.graph_identity(kind)

@@ -8,7 +8,7 @@ from batch_ingest.reindex.cleanup import retire
 from batch_ingest.reindex.liveness import is_alive, silent_for
 from batch_ingest.reindex.options import ReindexError, ReindexOptions
 from batch_ingest.reindex.state import JobStatus, ReindexJob, ReindexState
-from deployments.milvus_versions import CollectionVersions
+from deployments.vector_store.versions import CollectionVersions
 
 
 def claim_job(

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from batch_ingest.reindex.liveness import is_alive
 from batch_ingest.reindex.options import VerificationFailed
 from batch_ingest.reindex.state import JobStatus, ReindexJob, ReindexState
-from deployments.milvus_versions import CollectionVersions
+from deployments.vector_store.versions import CollectionVersions
 
 logger = logging.getLogger("batch_ingest.reindex")
 

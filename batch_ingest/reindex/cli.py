@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
 def reindex_outdated(settings: BatchSettings, engine: str) -> int:
     """Reindex, one after another, the teams of the source registry whose live version
     holds vectors of a model other than ``settings``' (the one a reindex embeds with)."""
-    from deployments.embedding import embedding_dim
-    from deployments.milvus_store import MilvusStore
+    from deployments.models.embedding import embedding_dim
+    from deployments.vector_store.store import MilvusStore
 
     tag = settings.reindex_embedder.embed_model_tag
     store = MilvusStore(settings.milvus, dim=embedding_dim(settings.reindex_embedder))

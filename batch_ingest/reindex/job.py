@@ -31,7 +31,7 @@ from batch_ingest.reindex.writer import TargetWriter
 from batch_ingest.settings import BatchSettings
 from batch_ingest.source_store import SourceStore
 from batch_ingest.write_barrier import WriteBarrier
-from deployments.milvus_versions import CollectionVersions
+from deployments.vector_store.versions import CollectionVersions
 
 logger = logging.getLogger("batch_ingest.reindex")
 
@@ -73,8 +73,8 @@ class Reindexer:
         # Raised at the swap: answers cached for the old version are stale.
         self.generations = IndexGenerations(self.sources.engine)
         if versions is None:
-            from deployments.embedding import embedding_dim
-            from deployments.milvus_store import MilvusStore
+            from deployments.models.embedding import embedding_dim
+            from deployments.vector_store.store import MilvusStore
 
             store = MilvusStore(
                 settings.milvus,
@@ -196,7 +196,7 @@ class Reindexer:
         )
         progress.report()
         # Replicas that search the team load the new version beside the old from here on,
-        # so the switch finds it in memory (deployments/memindex/staging.py).
+        # so the switch finds it in memory (deployments/vector_store/memindex/staging.py).
         announced = self.switch.announce(job)
 
         # Documents written or deleted while the bulk pass ran (in-process too when the
@@ -209,7 +209,7 @@ class Reindexer:
         versions.flush(physical)
         job.expected_chunks = sum(done.values())
         job.rows_in_target = versions.count(physical)
-        from deployments.search_filter import milvus_literal
+        from deployments.vector_store.filter import milvus_literal
 
         other = versions.count(physical, f"embed_model != {milvus_literal(tag)}")
         if job.rows_in_target != job.expected_chunks or other:
@@ -228,7 +228,7 @@ class Reindexer:
 
     def _create(self, team: str, version: int) -> str:
         """The target version, for the vectors of the model this job embeds with."""
-        from deployments.embedding import embedding_dim
+        from deployments.models.embedding import embedding_dim
 
         emb = self.settings.embedder
         return self.versions.create(

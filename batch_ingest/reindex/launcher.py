@@ -29,7 +29,7 @@ from batch_ingest.reindex.team import require_known_team
 from batch_ingest.settings import BatchSettings
 from batch_ingest.source_store import SourceStore
 from deployments.errors import BackendUnavailable, Conflict
-from deployments.milvus_versions import CollectionVersions
+from deployments.vector_store.versions import CollectionVersions
 
 ROOT = Path(__file__).resolve().parents[2]
 # The settings sections a job takes from the process that starts it.
@@ -79,8 +79,8 @@ class ReindexJobs:
     @property
     def versions(self) -> CollectionVersions:
         if self._versions is None:
-            from deployments.embedding import embedding_dim
-            from deployments.milvus_store import MilvusStore
+            from deployments.models.embedding import embedding_dim
+            from deployments.vector_store.store import MilvusStore
 
             s = self.settings
             store = MilvusStore(s.milvus, dim=embedding_dim(s.embedder), lexical=s.embedder.lexical)

@@ -13,7 +13,7 @@ from batch_ingest.reindex.options import ReindexOptions
 from batch_ingest.reindex.state import ReindexJob
 from batch_ingest.reindex.writer import TargetWriter
 from batch_ingest.write_barrier import WriteBarrier
-from deployments.milvus_versions import CollectionVersions
+from deployments.vector_store.versions import CollectionVersions
 
 logger = logging.getLogger("batch_ingest.reindex")
 

@@ -16,8 +16,8 @@ from typing import Any
 from batch_ingest.documents import SourceDocument
 from batch_ingest.settings import BatchSettings
 from batch_ingest.usage import EmbeddingUsage
-from deployments.milvus_versions import CollectionVersions
 from deployments.protocols import ChunkRecord, Encoded
+from deployments.vector_store.versions import CollectionVersions
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +86,8 @@ class ReindexWorker:
         self.builder = builder
         self._embed = embed
         if versions is None:
-            from deployments.embedding import embedding_dim
-            from deployments.milvus_store import MilvusStore
+            from deployments.models.embedding import embedding_dim
+            from deployments.vector_store.store import MilvusStore
 
             store = MilvusStore(
                 MilvusSettings.model_validate(spec["milvus"]),
@@ -110,7 +110,7 @@ class ReindexWorker:
     def load_model(self) -> Callable[[list[str]], Any]:
         """The embedding function, the model loaded on the first call."""
         if self._embed is None:
-            from deployments.embedding import EmbedderCore
+            from deployments.models.embedding import EmbedderCore
 
             core = EmbedderCore(self.settings)
             core.start()

@@ -14,7 +14,7 @@ from batch_ingest.reindex.options import ReindexOptions
 from batch_ingest.reindex.state import ReindexJob, ReindexState
 from batch_ingest.reindex.worker import ReindexWorker
 from batch_ingest.source_store import SourceStore
-from deployments.milvus_versions import CollectionVersions
+from deployments.vector_store.versions import CollectionVersions
 
 logger = logging.getLogger("batch_ingest.reindex")
 
@@ -61,7 +61,7 @@ class TargetWriter:
         """Whether the version being replaced holds rows, all embedded with ``tag``."""
         if self.source is None:
             return False
-        from deployments.search_filter import milvus_literal
+        from deployments.vector_store.filter import milvus_literal
 
         return bool(self.versions.count(self.source)) and not self.versions.count(
             self.source, f"embed_model != {milvus_literal(tag)}"

@@ -1,1 +1,1 @@
-"""The model backends (docs: ../shared/LAYOUT.md; the embedder and reranker shells move here)."""
+"""The model backends: the embedder and reranker (cores and Serve shells) and their runtimes."""

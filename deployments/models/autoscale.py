@@ -4,7 +4,7 @@
 One Embedder request carries anywhere from one query to a few hundred passages, so Serve's
 default policy (ongoing requests per replica) cannot tell a bulk load from a trickle. Each
 Embedder replica reports the texts waiting in or running through its batch queues
-(``record_autoscaling_stats``, deployments/embedder.py: ``backlog_metrics``), and
+(``record_autoscaling_stats``, deployments/models/embedder.py: ``backlog_metrics``), and
 ``queued_texts_policy`` asks for ``ceil(queued texts / target texts per replica)`` replicas.
 
 Ray 2.60's hooks (ray/serve/config.py, ray/serve/autoscaling_policy.py,

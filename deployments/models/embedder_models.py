@@ -1,7 +1,7 @@
 """The embedding models one process serves: the primary and, during a change of model
 (docs/operations.md "Changing the embedding model"), the next one, each picked by its tag
 (``EmbedderSettings.embed_model_tag``). ``EmbedderModels`` holds their ``EmbedderCore``s for
-the Serve shell (deployments/embedder.py); ``LocalModels`` is them behind the async
+the Serve shell (deployments/models/embedder.py); ``LocalModels`` is them behind the async
 ``Embedder`` protocol without Ray (batch jobs, scripts, tests)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from deployments.config import EmbedderSettings
-from deployments.embedding import EmbedderCore
 from deployments.errors import InvalidInput
+from deployments.models.embedding import EmbedderCore
 from deployments.protocols import Encoded
 
 

@@ -1,1 +1,1 @@
-"""The vector store backend (../shared/LAYOUT.md: the Retriever and Milvus modules move here)."""
+"""The vector store backend: Milvus, the tenancy filter, the in-memory index and the Serve shell."""

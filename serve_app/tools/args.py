@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from batch_ingest.documents import DATE_TIME_SCHEMA, OptionalId, Tag
-from deployments.graph_intents import INTENTS, catalogue
+from deployments.graph_store.intents import INTENTS, catalogue
 from deployments.validation import NOT_BLANK, SchemaExtra
 from serve_app.contracts import CREATED_RANGE, MAX_ENRICH_DOCS
 from serve_app.graph_contracts import MAX_CYPHER_CHARS
@@ -118,7 +118,7 @@ class EnrichAnswerArgs(_Args):
 
 
 def _intent_list() -> str:
-    """``NAME(arg, ...)``: the intents of deployments/graph_intents.py, for the schema."""
+    """``NAME(arg, ...)``: the intents of deployments/graph_store/intents.py, for the schema."""
     out = []
     for entry in catalogue():
         props = entry["args_schema"].get("properties", {})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from deployments.graph_intents import INTENTS
+from deployments.graph_store.intents import INTENTS
 from deployments.validation import plain_schema
 
 # Keywords of the strict subset, per type (OpenAI's "Supported schemas"), plus the

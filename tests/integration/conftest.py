@@ -9,9 +9,9 @@ import pytest
 import pytest_asyncio
 
 from deployments.config import EmbedderSettings
-from deployments.embedding import LocalEmbedder
-from deployments.graph_store import Neo4jGraph
-from deployments.milvus_store import MilvusStore
+from deployments.graph_store.store import Neo4jGraph
+from deployments.models.embedding import LocalEmbedder
+from deployments.vector_store.store import MilvusStore
 from serve_app.settings import GatewaySettings
 from tests.conftest import require_services
 from tests.private_ray import init_private_ray

@@ -25,9 +25,9 @@ from batch_ingest.event_types import event_subject
 from batch_ingest.events import parse_event
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.source_store import SourceStore
-from deployments.embedding import default_model_path
 from deployments.errors import BackendUnavailable, InvalidInput
-from deployments.retriever import RetrieverDeployment
+from deployments.models.embedding import default_model_path
+from deployments.vector_store.deployment import RetrieverDeployment
 from tests.conftest import port_open
 
 pytestmark = pytest.mark.integration
@@ -628,7 +628,7 @@ async def test_graph_outage_during_an_upsert_is_retried_on_redelivery(
     """Neo4j unreachable at the first delivery (a real refused connection): the chunks are
     written and announced, the event is nak'ed with the registry's revision unchanged, and
     the redelivery after Neo4j is back writes the graph without embedding again."""
-    from deployments.graph_store import Neo4jGraph
+    from deployments.graph_store.store import Neo4jGraph
 
     pipeline.graph = Neo4jGraph(
         settings.neo4j.model_copy(update={"uri": "bolt://127.0.0.1:1", "timeout_s": 2.0})

@@ -9,10 +9,10 @@ import uuid
 import pytest
 from fastapi.testclient import TestClient
 
-from deployments.embedding import LocalEmbedder
+from deployments.models.embedding import LocalEmbedder
 from deployments.protocols import Backends
-from deployments.retriever import RetrieverDeployment
-from deployments.tiny_models import build_tiny_m3
+from deployments.testing.tiny_models import build_tiny_m3
+from deployments.vector_store.deployment import RetrieverDeployment
 from serve_app.composition import build_service
 from serve_app.http import create_app
 from serve_app.settings import GatewaySettings

@@ -12,11 +12,11 @@ import pytest
 
 from batch_ingest.wikilinks import extract_links, wiki_key
 from deployments import acl
-from deployments.cypher_guard import check_plan, check_query_type
 from deployments.errors import NotFound
-from deployments.graph_cypher import ACL_HIDDEN
-from deployments.graph_intents import INTENTS
-from deployments.graph_store import Neo4jGraph
+from deployments.graph_store.cypher import ACL_HIDDEN
+from deployments.graph_store.guard import check_plan, check_query_type
+from deployments.graph_store.intents import INTENTS
+from deployments.graph_store.store import Neo4jGraph
 from deployments.protocols import GraphDocument, GraphScope
 from serve_app import graph_access
 from serve_app.access import AccessContext

@@ -94,8 +94,8 @@ def _another_team(monkeypatch: pytest.MonkeyPatch) -> None:
 def _derived_entities_open(monkeypatch: pytest.MonkeyPatch) -> None:
     """Entities documents made are checked like entities written directly (team and
     visibility only), as before issue 32: the store's statements lose the source check."""
-    from deployments import graph_store
-    from deployments.graph_intents import source_visible
+    from deployments.graph_store import store as graph_store
+    from deployments.graph_store.intents import source_visible
 
     def without(cypher: str) -> str:
         for v in set(re.findall(r"\b(\w+)\.team_id = \$team_id", cypher)):

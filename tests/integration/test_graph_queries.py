@@ -9,8 +9,6 @@ import pytest
 
 from batch_ingest.wikilinks import extract_links, wiki_key
 from deployments.config import Neo4jSettings
-from deployments.cypher_guard import CypherRejected, check_plan, check_query_type
-from deployments.cypher_scope import scope_query
 from deployments.errors import (
     BackendUnavailable,
     Forbidden,
@@ -19,8 +17,10 @@ from deployments.errors import (
     NotFound,
     QueryLimitExceeded,
 )
-from deployments.graph_intents import INTENTS
-from deployments.graph_store import Neo4jGraph
+from deployments.graph_store.guard import CypherRejected, check_plan, check_query_type
+from deployments.graph_store.intents import INTENTS
+from deployments.graph_store.scope import scope_query
+from deployments.graph_store.store import Neo4jGraph
 from deployments.protocols import GraphDocument, GraphScope
 from serve_app.graph_text import path_sentence
 
@@ -647,7 +647,7 @@ async def test_start_heals_an_index_left_by_an_unfinished_constraint(settings):
     """A cut-off schema setup once left an index named like a constraint, after which
     ``CREATE CONSTRAINT ... IF NOT EXISTS`` failed forever (IndexWithNameAlreadyExists) and the
     graph stayed down across replica restarts."""
-    from deployments.graph_client import Neo4jClient
+    from deployments.graph_store.client import Neo4jClient
 
     client = Neo4jClient(settings.neo4j)
     await client.start()

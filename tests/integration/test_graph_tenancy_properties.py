@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deployments.graph_cypher import NODE_LABELS
-from deployments.graph_intents import INTENTS
+from deployments.graph_store.cypher import NODE_LABELS
+from deployments.graph_store.intents import INTENTS
 from tests.leak_probes import (
     INJECTIONS,
     REFUSED_CYPHER,

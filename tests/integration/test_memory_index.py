@@ -13,12 +13,12 @@ import pytest
 import sqlalchemy as sa
 
 from batch_ingest.generations import IndexGenerations
-from deployments.memindex.cache import HotIndex
-from deployments.memindex.front import MemoryFront
-from deployments.milvus_store import MilvusStore
 from deployments.protocols import SearchFilter
-from deployments.retriever import RetrieverDeployment
-from deployments.search_filter import compile_filter
+from deployments.vector_store.deployment import RetrieverDeployment
+from deployments.vector_store.filter import compile_filter
+from deployments.vector_store.memindex.front import MemoryFront
+from deployments.vector_store.memindex.hot import HotIndex
+from deployments.vector_store.store import MilvusStore
 from serve_app.settings import GatewaySettings
 from tests.integration.test_milvus_store import chunk, vec
 

@@ -10,12 +10,12 @@ import pytest
 from batch_ingest.chunking import Chunker
 from batch_ingest.documents import SourceDocument
 from batch_ingest.pipeline import IngestPipeline
-from deployments import milvus_schema
 from deployments.acl import principal_tokens
 from deployments.errors import Conflict
-from deployments.milvus_store import MilvusStore
 from deployments.protocols import SearchFilter
-from deployments.retriever import RetrieverDeployment
+from deployments.vector_store import schema as milvus_schema
+from deployments.vector_store.deployment import RetrieverDeployment
+from deployments.vector_store.store import MilvusStore
 from tests.integration.test_milvus_store import chunk, ids, vec
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from deployments.milvus_store import MilvusStore
 from deployments.protocols import SearchFilter
+from deployments.vector_store.store import MilvusStore
 from tests.integration.test_milvus_store import chunk
 
 pytestmark = pytest.mark.integration

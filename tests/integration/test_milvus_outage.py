@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 import pytest
 
 from deployments.errors import BackendUnavailable
-from deployments.milvus_store import MilvusStore
+from deployments.vector_store.store import MilvusStore
 from tests.integration.test_milvus_store import chunk
 from tests.neo4j_proxy import BoltProxy
 

@@ -10,9 +10,9 @@ import pytest
 
 from deployments.config import MilvusSettings
 from deployments.errors import BackendUnavailable, InvalidInput
-from deployments.milvus_baseline import search_by_mode
-from deployments.milvus_store import MilvusStore
 from deployments.protocols import ChunkRecord, SearchFilter
+from deployments.vector_store.baseline import search_by_mode
+from deployments.vector_store.store import MilvusStore
 
 pytestmark = pytest.mark.integration
 
@@ -241,7 +241,7 @@ def test_first_call_on_a_fresh_store_connects_by_itself(settings, team: str):
 
 
 async def test_candidates_run_each_method_for_fusion(settings, store: MilvusStore, team: str):
-    from deployments.retriever import RetrieverDeployment
+    from deployments.vector_store.deployment import RetrieverDeployment
 
     store.upsert([chunk(team, "x", text="graph traversal in neo4j"), chunk(team, "y")])
     retriever = RetrieverDeployment(settings.milvus, 384)

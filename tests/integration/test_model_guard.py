@@ -14,9 +14,9 @@ import uuid
 import pytest
 
 from deployments.errors import BackendUnavailable
-from deployments.milvus_store import MilvusStore
 from deployments.protocols import SearchFilter
-from deployments.retriever import RetrieverDeployment
+from deployments.vector_store.deployment import RetrieverDeployment
+from deployments.vector_store.store import MilvusStore
 from tests.integration.test_milvus_store import chunk, vec
 
 pytestmark = pytest.mark.integration

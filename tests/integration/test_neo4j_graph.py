@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from deployments.config import Neo4jSettings
-from deployments.graph_store import Neo4jGraph
+from deployments.graph_store.store import Neo4jGraph
 from deployments.protocols import GraphDocument
 
 pytestmark = pytest.mark.integration

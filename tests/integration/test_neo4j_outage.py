@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 import pytest
 
 from deployments.errors import BackendUnavailable
-from deployments.graph_store import Neo4jGraph
+from deployments.graph_store.store import Neo4jGraph
 from tests.neo4j_proxy import BoltProxy
 
 pytestmark = pytest.mark.integration

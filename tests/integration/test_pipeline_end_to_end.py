@@ -9,10 +9,10 @@ import pytest
 from batch_ingest.chunking import Chunker, tokenizer_counter
 from batch_ingest.documents import SourceDocument
 from batch_ingest.pipeline import IngestPipeline
-from deployments.embedding import default_model_path
-from deployments.milvus_baseline import hybrid_search
+from deployments.models.embedding import default_model_path
 from deployments.protocols import SearchFilter
-from deployments.retriever import RetrieverDeployment
+from deployments.vector_store.baseline import hybrid_search
+from deployments.vector_store.deployment import RetrieverDeployment
 
 pytestmark = pytest.mark.integration
 

@@ -23,11 +23,11 @@ from batch_ingest.reindex.launcher import ReindexJobs
 from batch_ingest.reindex.state import ReindexState
 from batch_ingest.reindex.worker import ReindexWorker, worker_spec
 from batch_ingest.source_store import SourceStore
-from deployments.embedding import default_model_path
-from deployments.milvus_baseline import hybrid_search, search_by_mode
-from deployments.milvus_store import MilvusStore
+from deployments.models.embedding import default_model_path
 from deployments.protocols import SearchFilter
-from deployments.retriever import RetrieverDeployment
+from deployments.vector_store.baseline import hybrid_search, search_by_mode
+from deployments.vector_store.deployment import RetrieverDeployment
+from deployments.vector_store.store import MilvusStore
 from tests.faults import InjectedFailure, failing_after
 
 pytestmark = pytest.mark.integration

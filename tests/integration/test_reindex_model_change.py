@@ -29,8 +29,8 @@ from batch_ingest.source_store import SourceStore
 from deployments.config import EmbedderSettings
 from deployments.models.embedder_models import LocalModels
 from deployments.protocols import SearchFilter
-from deployments.retriever import RetrieverDeployment
-from deployments.tiny_models import build_tiny_embedder
+from deployments.testing.tiny_models import build_tiny_embedder
+from deployments.vector_store.deployment import RetrieverDeployment
 from tests.integration.test_reindex import TOPICS
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,7 @@ from batch_ingest.reindex import Reindexer, ReindexOptions
 from batch_ingest.source_store import SourceStore
 from deployments.acl import principal_tokens
 from deployments.protocols import SearchFilter
-from deployments.retriever import RetrieverDeployment
+from deployments.vector_store.deployment import RetrieverDeployment
 from tests.integration.test_reindex import TOPICS
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from deployments.graph_intents import INTENTS
+from deployments.graph_store.intents import INTENTS
 from serve_app.testing import claims, isolated_env, jwt_auth, mint
 from tests.leak_probes import GraphGateway
 
@@ -281,9 +281,9 @@ def node(gw, team: str, label: str, ident: str) -> dict[str, Any] | None:
 async def test_the_tool_route_mcp_and_enrich_hide_them_too(settings):
     """The agent doors: POST /tools/{function}, the MCP server (SDK client) and enrich."""
     from batch_ingest.chunking import whitespace_tokens
-    from deployments.graph_store import Neo4jGraph
+    from deployments.graph_store.store import Neo4jGraph
     from deployments.protocols import Backends
-    from deployments.testing import FakeEmbedder, FakeVectorStore
+    from deployments.testing.fakes import FakeEmbedder, FakeVectorStore
     from serve_app.composition import build_service
     from serve_app.http import create_app
     from serve_app.settings import GatewaySettings

@@ -34,8 +34,8 @@ from hypothesis import strategies as st
 
 from deployments import acl
 from deployments.errors import NotFound
-from deployments.graph_intents import INTENTS
-from deployments.graph_store import Neo4jGraph
+from deployments.graph_store.intents import INTENTS
+from deployments.graph_store.store import Neo4jGraph
 from deployments.protocols import GraphDocument
 from serve_app import graph_access
 from serve_app.access import AccessContext

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from deployments import serve_env
-from deployments.milvus_store import MilvusStore
-from deployments.tiny_models import build_tiny_cross_encoder
+from deployments.testing.tiny_models import build_tiny_cross_encoder
+from deployments.vector_store.store import MilvusStore
 from serve_app.testing import PEPPER, write_api_keys
 from tests.conftest import require_services
 

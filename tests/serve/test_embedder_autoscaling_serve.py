@@ -51,8 +51,8 @@ def scenario() -> dict[str, Any]:
     from ray import serve
 
     from deployments.config import EmbedderSettings
-    from deployments.embedder import EmbedderDeployment, deployment_options
     from deployments.models.autoscale import POLICY
+    from deployments.models.embedder import EmbedderDeployment, deployment_options
     from tests.private_ray import init_private_ray
 
     ray_dir = init_private_ray("rag-autoscale-ray-")

@@ -313,7 +313,7 @@ def test_graph_tools_end_to_end(client: httpx.Client, teams):
     r = client.post("/graph/query", json=spec)
     assert r.status_code == 200, r.text
     assert [row["p"]["id"] for row in r.json()["rows"]] == ["prj_x"]
-    # A simple unscoped query is scoped by the gateway itself (deployments/cypher_scope.py);
+    # A simple unscoped query is scoped by the gateway itself (deployments/graph_store/scope.py);
     # one it cannot rewrite (WITH) is refused, naming the variable.
     r = client.post("/graph/query", json={**spec, "cypher": "MATCH (p:Project) RETURN p"})
     assert r.status_code == 200, r.text

@@ -17,7 +17,7 @@ import uuid
 import httpx
 import pytest
 
-from deployments.tiny_models import build_tiny_embedder
+from deployments.testing.tiny_models import build_tiny_embedder
 from tests.serve.conftest import wait_ready
 
 pytestmark = pytest.mark.serve

@@ -102,7 +102,9 @@ def test_build_app_rejects_invalid_settings():
 
 
 def test_each_shell_owns_its_deployment_options():
-    from deployments import embedder, graph, reranker, retriever
+    from deployments.graph_store import deployment as graph
+    from deployments.models import embedder, reranker
+    from deployments.vector_store import deployment as retriever
     from serve_app.settings import GatewaySettings
 
     settings = GatewaySettings(

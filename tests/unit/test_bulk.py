@@ -27,7 +27,7 @@ from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.reindex import engines
 from batch_ingest.settings import BatchSettings
 from batch_ingest.source_store import SourceStore
-from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
+from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
 
 TEAM = "dao_bulk"
 ACL = {"allowed_groups": ["finance"], "denied_groups": ["interns"]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from batch_ingest.chunking import Chunker, TokenCounter, tokenizer_counter, whitespace_tokens
-from deployments.embedding import default_model_path
+from deployments.models.embedding import default_model_path
 
 SENTENCES = [
     "Milvus stores the dense vectors of every chunk.",

@@ -1,4 +1,4 @@
-"""Pairs packed into forward passes by token count (deployments.cross_encoding), on the
+"""Pairs packed into forward passes by token count (deployments.models.cross_encoding), on the
 MiniLM tokenizer that ships offline and a tiny cross-encoder built here."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deployments import cross_encoding
-from deployments.embedding import default_model_path
-from deployments.tiny_models import build_tiny_cross_encoder
+from deployments.models import cross_encoding
+from deployments.models.embedding import default_model_path
+from deployments.testing.tiny_models import build_tiny_cross_encoder
 
 QUERIES = ["which projects use milvus?", "who keeps the graph of the DAO?"]
 PASSAGES = [

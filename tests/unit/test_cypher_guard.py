@@ -1,18 +1,18 @@
-"""The plan reader of deployments/cypher_guard.py on plans shaped like Neo4j 5.26's EXPLAIN
+"""The plan reader of deployments/graph_store/guard.py on plans shaped like Neo4j 5.26's EXPLAIN
 output (the same checks run on real plans in tests/integration/test_graph_queries.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from deployments.cypher_guard import (
+from deployments.graph_store.guard import (
     CypherRejected,
     check_plan,
     check_query_type,
     scope_facts,
     split_conjuncts,
 )
-from deployments.cypher_scope import scope_query
+from deployments.graph_store.scope import scope_query
 
 
 def op(kind: str, details: str | None, ids: list[str], *children: dict) -> dict:

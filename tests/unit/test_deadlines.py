@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from deployments.testing import FakeReranker
+from deployments.testing.fakes import FakeReranker
 from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
 
 pytestmark = pytest.mark.usefixtures("clean_gateway_env")

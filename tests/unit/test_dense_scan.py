@@ -1,5 +1,5 @@
-"""The memory index's dense scan (deployments.memindex.scan): the same scores, to the bit, with
-one thread or several, and a busy pool never loses a block."""
+"""The memory index's dense scan (deployments.vector_store.memindex.scan): the same scores,
+to the bit, with one thread or several, and a busy pool never loses a block."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from deployments.memindex.scan import BLOCK, PARALLEL_MIN_ROWS, DenseScan
-from deployments.memindex.team import TeamIndex
 from deployments.protocols import ChunkRecord, SearchFilter
-from deployments.search_filter import compile_filter
+from deployments.vector_store.filter import compile_filter
+from deployments.vector_store.memindex.scan import BLOCK, PARALLEL_MIN_ROWS, DenseScan
+from deployments.vector_store.memindex.team import TeamIndex
 
 
 def matrix(rows: int, dim: int = 48, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:

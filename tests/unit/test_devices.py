@@ -8,10 +8,10 @@ import torch
 
 import deployments.devices as devices
 from deployments.config import EmbedderSettings, RerankerSettings
-from deployments.embedder import deployment_options as embedder_options
-from deployments.embedding import EmbedderCore
-from deployments.reranker import RerankerCore
-from deployments.reranker import deployment_options as reranker_options
+from deployments.models.embedder import deployment_options as embedder_options
+from deployments.models.embedding import EmbedderCore
+from deployments.models.reranker import RerankerCore
+from deployments.models.reranker import deployment_options as reranker_options
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1", "auto"])
@@ -94,7 +94,7 @@ def test_embedder_on_auto_without_a_gpu_loads_float32_on_cpu_and_says_so(monkeyp
 
 
 def test_reranker_on_auto_without_a_gpu_loads_on_cpu(monkeypatch, tmp_path):
-    from deployments.tiny_models import build_tiny_cross_encoder
+    from deployments.testing.tiny_models import build_tiny_cross_encoder
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     path = build_tiny_cross_encoder(tmp_path / "ce")

@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from deployments.config import EmbedderSettings
-from deployments.embedder import EmbedderDeployment
 from deployments.models.autoscale import (
     POLICY,
     QUEUED_PASSAGES,
@@ -26,6 +25,7 @@ from deployments.models.autoscale import (
     queued_texts_policy,
     replicas_for,
 )
+from deployments.models.embedder import EmbedderDeployment
 from deployments.models.embedder_models import EmbedderModels
 from deployments.protocols import Encoded
 from deployments.timing import MeanTimes

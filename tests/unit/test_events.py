@@ -10,7 +10,7 @@ from batch_ingest.chunking import Chunker, whitespace_tokens
 from batch_ingest.events import InvalidEvent, MappedEvent, apply_events, parse_event
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.source_store import SourceStore
-from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
+from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
 
 TEAM = "dao_events"
 

@@ -23,14 +23,14 @@ from deployments.protocols import (
     SearchFilter,
     VectorStore,
 )
-from deployments.search_filter import build_filter_expr
-from deployments.testing import (
+from deployments.testing.fakes import (
     FakeEmbedder,
     FakeGraphStore,
     FakeReranker,
     FakeVectorStore,
     matches_filter,
 )
+from deployments.vector_store.filter import build_filter_expr
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -167,7 +167,8 @@ async def test_fake_embedder_gives_deterministic_unit_vectors_of_configured_dim(
 
 def test_fake_embedder_vectors_do_not_depend_on_python_hash_seed():
     code = (
-        "from deployments.testing import FakeEmbedder; print(FakeEmbedder(4).vector('seeded text'))"
+        "from deployments.testing.fakes import FakeEmbedder; "
+        "print(FakeEmbedder(4).vector('seeded text'))"
     )
     outputs = {
         subprocess.run(

@@ -15,7 +15,7 @@ import pytest
 from deployments.acl import token_key
 from deployments.errors import InvalidInput
 from deployments.protocols import SearchFilter
-from deployments.search_filter import build_filter_expr, milvus_list, milvus_literal
+from deployments.vector_store.filter import build_filter_expr, milvus_list, milvus_literal
 
 ADVERSARIAL = [
     '"',

@@ -1,5 +1,6 @@
 """The FlagEmbedding backends (BGE-M3 dense + sparse, the FlagReranker cross-encoder) over
-tiny random XLM-RoBERTa models built here (``deployments.tiny_models``; nothing downloads)."""
+tiny random XLM-RoBERTa models built here (``deployments.testing.tiny_models``; nothing
+downloads)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 
 from deployments.errors import BackendUnavailable, InvalidInput
-from deployments.flag_backends import FlagCrossEncoder, FlagM3Embedder
-from deployments.tiny_models import build_tiny_m3, build_tiny_xlmr_reranker
+from deployments.models.flag import FlagCrossEncoder, FlagM3Embedder
+from deployments.testing.tiny_models import build_tiny_m3, build_tiny_xlmr_reranker
 
 TEXTS = [
     "Milvus stores the dense vectors of every chunk.",

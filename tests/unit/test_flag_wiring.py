@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from deployments.config import EmbedderSettings, RerankerSettings
-from deployments.embedder import EmbedderDeployment
-from deployments.embedding import EmbedderCore, embedding_dim
-from deployments.reranker import RerankerCore, RerankerDeployment
-from deployments.testing import allow_batch_queue_outside_serve
-from deployments.tiny_models import build_tiny_m3, build_tiny_xlmr_reranker
+from deployments.models.embedder import EmbedderDeployment
+from deployments.models.embedding import EmbedderCore, embedding_dim
+from deployments.models.reranker import RerankerCore, RerankerDeployment
+from deployments.testing.fakes import allow_batch_queue_outside_serve
+from deployments.testing.tiny_models import build_tiny_m3, build_tiny_xlmr_reranker
 
 TEXTS = [
     "Milvus keeps the vectors of every team.",

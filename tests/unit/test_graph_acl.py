@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from deployments.config import Neo4jSettings
-from deployments.graph_cypher import ACL_HIDDEN, ENTITIES, MERGE_DOCUMENTS, RELATED_DOCS
-from deployments.graph_intents import INTENTS, acl_allowed, doc_allowed, entity_allowed
-from deployments.graph_store import Neo4jGraph
+from deployments.graph_store.cypher import ACL_HIDDEN, ENTITIES, MERGE_DOCUMENTS, RELATED_DOCS
+from deployments.graph_store.intents import INTENTS, acl_allowed, doc_allowed, entity_allowed
+from deployments.graph_store.store import Neo4jGraph
 from deployments.protocols import GraphDocument, GraphScope
 from serve_app import graph_access
 from serve_app.access import AccessContext

@@ -1,4 +1,4 @@
-"""How deployments/graph_client.py maps the neo4j driver's errors: a caller's own Cypher that
+"""How deployments/graph_store/client.py maps the neo4j driver's errors: a caller's own Cypher that
 fails while it runs is the caller's (422), an outage and the gateway's own queries stay 503
 (the same errors from the real server in tests/integration/test_graph_queries.py)."""
 
@@ -15,7 +15,7 @@ from neo4j.exceptions import (
 
 from deployments.config import Neo4jSettings
 from deployments.errors import BackendUnavailable, InvalidInput, InvalidQuery
-from deployments.graph_client import MAX_CALLER_MESSAGE, Neo4jClient, caller_message
+from deployments.graph_store.client import MAX_CALLER_MESSAGE, Neo4jClient, caller_message
 
 SHORTEST = (
     "The shortest path algorithm does not work when the start and end nodes are the same. "

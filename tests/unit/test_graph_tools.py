@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from deployments.errors import InvalidQuery, QueryLimitExceeded
-from deployments.graph_intents import INTENTS
+from deployments.graph_store.intents import INTENTS
 from deployments.protocols import GraphScope
 from serve_app.audit import sha256_text
 from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus

@@ -104,7 +104,7 @@ async def test_the_retrievers_candidates_travel_packed_and_arrive_as_hits():
     import pickle
 
     from deployments.protocols import ChunkRecord, SearchFilter, SearchHit
-    from deployments.retriever import RetrieverDeployment
+    from deployments.vector_store.deployment import RetrieverDeployment
     from serve_app.handles import StoreProxy
 
     chunk = ChunkRecord("c1", "d1", "t1", 0, "text", "title", "h", "m", tags=("a",))

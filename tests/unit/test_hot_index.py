@@ -1,4 +1,4 @@
-"""HotIndex (deployments/memindex/cache.py) over an in-memory stand-in for Milvus and its
+"""HotIndex (deployments/vector_store/memindex/hot.py) over an in-memory stand-in for Milvus and its
 change log: loading, coherence with writes of other writers, swaps, the budget, failures.
 The real Milvus change log is exercised in tests/integration/test_memory_index.py."""
 
@@ -13,10 +13,10 @@ from dataclasses import replace
 
 import pytest
 
-from deployments.memindex.cache import HotIndex
-from deployments.memindex.changes import Change, Heads, now_ms
 from deployments.protocols import ChunkRecord, SearchFilter
-from deployments.search_filter import compile_filter
+from deployments.vector_store.filter import compile_filter
+from deployments.vector_store.memindex.changes import Change, Heads, now_ms
+from deployments.vector_store.memindex.hot import HotIndex
 
 TEAM = "t1"
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from deployments.testing import MemoryIndexStore
+from deployments.testing.fakes import MemoryIndexStore
 from serve_app import access
 from serve_app.access import AccessContext
 from serve_app.cache import semantic

@@ -10,9 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from batch_ingest.chunking import tokenizer_counter
-from deployments.embedding import default_model_path
+from deployments.models.embedding import default_model_path
 from deployments.protocols import Backends
-from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
+from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
 from serve_app.composition import build_service
 from serve_app.http import create_app
 from serve_app.settings import GatewaySettings

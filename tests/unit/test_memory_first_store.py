@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from deployments.config import MilvusSettings
-from deployments.memindex.front import MemoryFront, hot_index
 from deployments.protocols import SearchHit
-from deployments.retriever import RetrieverDeployment
+from deployments.vector_store.deployment import RetrieverDeployment
+from deployments.vector_store.memindex.front import MemoryFront, hot_index
 from serve_app.handles import MemoryFirstStore
 from serve_app.settings import GatewaySettings
 from tests.unit.test_hot_index import TEAM

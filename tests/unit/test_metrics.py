@@ -17,7 +17,7 @@ from batch_ingest.chunking import Chunker, whitespace_tokens
 from batch_ingest.documents import SourceDocument
 from batch_ingest.pipeline import IngestPipeline
 from deployments import metrics as dm
-from deployments.testing import FakeEmbedder, FakeVectorStore
+from deployments.testing.fakes import FakeEmbedder, FakeVectorStore
 from serve_app import metrics as sm
 
 

@@ -15,12 +15,12 @@ from batch_ingest.documents import SourceDocument
 from batch_ingest.pipeline import IngestPipeline
 from batch_ingest.settings import BatchSettings
 from deployments.config import EmbedderSettings
-from deployments.embedder import EmbedderDeployment
-from deployments.embedding import SplitEmbedder
 from deployments.errors import BackendUnavailable, InvalidInput
+from deployments.models.embedder import EmbedderDeployment
 from deployments.models.embedder_models import EmbedderModels
+from deployments.models.embedding import SplitEmbedder
 from deployments.protocols import Encoded
-from deployments.testing import FakeVectorStore
+from deployments.testing.fakes import FakeVectorStore
 from deployments.timing import MeanTimes
 from deployments.vector_store.model_choice import vector_for
 from serve_app.query_models import QueryModels
@@ -202,7 +202,7 @@ class Changes:
         self.swap = "s1"
 
     def heads(self, alias: str) -> Any:
-        from deployments.memindex.changes import Heads
+        from deployments.vector_store.memindex.changes import Heads
 
         return Heads(rows="r", swap=self.swap)
 
@@ -241,7 +241,7 @@ class StoreOfTwoVersions:
 def test_the_retriever_searches_each_version_with_its_models_vector():
     from deployments.config import MilvusSettings
     from deployments.protocols import SearchFilter
-    from deployments.retriever import RetrieverDeployment
+    from deployments.vector_store.deployment import RetrieverDeployment
 
     store = StoreOfTwoVersions()
     settings = MilvusSettings(memory_index={"enabled": False})

@@ -9,7 +9,7 @@ import threading
 
 from deployments.config import MilvusSettings
 from deployments.protocols import SearchFilter, SearchHit
-from deployments.retriever import RetrieverDeployment
+from deployments.vector_store.deployment import RetrieverDeployment
 from tests.unit.test_hot_index import TEAM, FakeSource, chunk
 
 OLD = {f"{TEAM}-c{i}" for i in range(10)}

@@ -13,9 +13,9 @@ import pytest
 from pydantic import ValidationError
 
 from batch_ingest.load_jsonl import SAMPLE
-from deployments import onnx_encoder
 from deployments.config import EmbedderSettings
-from deployments.embedding import EmbedderCore, default_model_path
+from deployments.models import onnx_encoder
+from deployments.models.embedding import EmbedderCore, default_model_path
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_onnx_on_a_gpu_device_is_refused_naming_both():
 def test_the_embedder_replica_lowers_its_priority_only_on_a_cpu(monkeypatch):
     import os
 
-    from deployments import embedder
+    from deployments.models import embedder
 
     calls: list[int] = []
     # deployments.priority.lower_priority: every thread of the process (tests/unit/test_reindex.py).

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from batch_ingest.chunking import whitespace_tokens
 from deployments.protocols import Backends
-from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
+from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
 from serve_app.app import AppArgs
 from serve_app.composition import build_service
 from serve_app.contracts import ErrorBody

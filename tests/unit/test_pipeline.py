@@ -11,9 +11,9 @@ from batch_ingest.chunking import Chunker, tokenizer_counter
 from batch_ingest.chunks import compose_text, context_header, strip_header
 from batch_ingest.documents import SourceDocument, make_chunk_id
 from batch_ingest.pipeline import IngestPipeline
-from deployments.embedding import default_model_path
 from deployments.errors import BackendUnavailable
-from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
+from deployments.models.embedding import default_model_path
+from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
 
 EMBED_MODEL = "fake-embedder@v1"
 

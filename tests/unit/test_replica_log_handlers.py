@@ -59,7 +59,7 @@ def replica_log_after(body: str, tmp_path: Path) -> list[str]:
 def test_importing_pymilvus_through_the_deployments_keeps_the_replica_log_file(tmp_path):
     body = (
         "import logging.config\n"
-        "from deployments.milvus_client import import_pymilvus\n"
+        "from deployments.vector_store.client import import_pymilvus\n"
         "assert 'pymilvus' not in sys.modules\n"
         "import_pymilvus()\n"
         "assert 'pymilvus' in sys.modules\n"

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from deployments.config import RerankerSettings
-from deployments.embedding import default_model_path
 from deployments.errors import InvalidInput
-from deployments.reranker import RerankerCore
+from deployments.models.embedding import default_model_path
+from deployments.models.reranker import RerankerCore
 
 PASSAGES = [
     "Milvus stores the dense vectors of every chunk.",

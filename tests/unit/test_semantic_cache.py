@@ -244,7 +244,7 @@ ASKED = "How do I deploy the Milvus gateway search notes on Debian 12?"
 
 
 def cosine_of(gw, a: str, b: str) -> float:
-    from deployments.testing import cosine
+    from deployments.testing.fakes import cosine
 
     return cosine(gw.embedder.vector(a), gw.embedder.vector(b))
 

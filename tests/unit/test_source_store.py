@@ -53,7 +53,7 @@ def test_metadata_survives_the_round_trip(store):
 async def test_the_pipeline_records_indexed_documents_with_their_versions(store):
     from batch_ingest.chunking import Chunker, whitespace_tokens
     from batch_ingest.pipeline import IngestPipeline
-    from deployments.testing import FakeEmbedder, FakeGraphStore, FakeVectorStore
+    from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
 
     vectors = FakeVectorStore()
     pipeline = IngestPipeline(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from deployments.config import EmbedderSettings
-from deployments.embedding import SplitEmbedder
+from deployments.models.embedding import SplitEmbedder
 
 
 class Recording:
@@ -142,7 +142,7 @@ def test_query_location_rejects_unknown_values():
 
 
 def test_the_inline_query_embedder_gives_the_cores_vectors():
-    from deployments.embedding import EmbedderCore, InlineQueryEmbedder
+    from deployments.models.embedding import EmbedderCore, InlineQueryEmbedder
 
     async def scenario():
         inline = InlineQueryEmbedder(EmbedderSettings())
@@ -159,8 +159,8 @@ def test_the_inline_query_embedder_gives_the_cores_vectors():
 
 
 def test_the_inline_query_embedder_reports_a_model_that_fails_to_load(tmp_path):
-    from deployments.embedding import InlineQueryEmbedder
     from deployments.errors import BackendUnavailable
+    from deployments.models.embedding import InlineQueryEmbedder
 
     inline = InlineQueryEmbedder(EmbedderSettings(model_path=str(tmp_path / "nowhere")))
     with pytest.raises(BackendUnavailable, match="failed to load"):

@@ -1,6 +1,6 @@
-"""The in-memory team index (deployments.memindex.team) against exact references: brute-force
-cosine, BM25 computed from scratch over the live rows, and the compiled Milvus expression
-evaluated row by row — through writes, deletes and repacks."""
+"""The in-memory team index (deployments.vector_store.memindex.team) against exact references:
+brute-force cosine, BM25 computed from scratch over the live rows, and the compiled Milvus
+expression evaluated row by row — through writes, deletes and repacks."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deployments.memindex.bm25 import tokens
-from deployments.memindex.team import TeamIndex
 from deployments.protocols import ChunkRecord, SearchFilter
-from deployments.search_filter import compile_filter
+from deployments.vector_store.filter import compile_filter
+from deployments.vector_store.memindex.bm25 import tokens
+from deployments.vector_store.memindex.team import TeamIndex
 from tests.unit.test_fakes import FILTERS, ROWS, eval_milvus_expr
 
 WORDS = [

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from deployments.graph_intents import INTENTS
+from deployments.graph_store.intents import INTENTS
 from serve_app.contracts import Match, SearchDocsResponse, SourceRef
 from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
 from serve_app.tools.catalog import TOOLS

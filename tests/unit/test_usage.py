@@ -89,7 +89,7 @@ def test_the_consumer_pipeline_meters_as_bus(tmp_path):
     from batch_ingest.pipeline import build_pipeline
     from batch_ingest.settings import BatchSettings
     from deployments.protocols import Backends
-    from deployments.testing import FakeEmbedder, FakeVectorStore
+    from deployments.testing.fakes import FakeEmbedder, FakeVectorStore
 
     sources = SourceStore(f"sqlite:///{tmp_path / 'state.db'}")
     pipeline = build_pipeline(

@@ -1,0 +1,63 @@
+"""The graph's Serve shell: ``GraphDeployment`` over ``Neo4jGraph`` (store.py)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from deployments.config import Neo4jSettings
+from deployments.graph_store.store import Neo4jGraph
+from deployments.health import BackendHealth
+from deployments.protocols import GraphDocument, GraphScope
+
+logger = logging.getLogger(__name__)
+
+
+def deployment_options(settings: Neo4jSettings) -> dict[str, Any]:
+    """Serve options of ``GraphDeployment`` (I/O to Neo4j)."""
+    return {"name": "Graph", "max_ongoing_requests": 64, "ray_actor_options": {"num_cpus": 0.1}}
+
+
+class GraphDeployment:
+    """Serve shell over ``Neo4jGraph``."""
+
+    def __init__(self, settings: Neo4jSettings) -> None:
+        self.graph = Neo4jGraph(settings)
+        self.health = BackendHealth("neo4j", self.graph.status)
+
+    async def check_health(self) -> None:
+        """Serve's health check: fails the replica after Neo4j failed several in a row."""
+        await self.health.check()
+
+    async def merge_documents(self, docs: list[GraphDocument]) -> int:
+        return await self.graph.merge_documents(docs)
+
+    async def delete_documents(self, team_id: str, doc_ids: list[str]) -> int:
+        return await self.graph.delete_documents(team_id, doc_ids)
+
+    async def upsert_entities(
+        self,
+        team_id: str,
+        nodes: list[dict[str, Any]],
+        relationships: list[dict[str, Any]],
+        scope: GraphScope,
+    ) -> dict[str, Any]:
+        return await self.graph.upsert_entities(team_id, nodes, relationships, scope)
+
+    async def run_intent(self, name: str, args: dict[str, Any], scope: GraphScope):
+        return await self.graph.run_intent(name, args, scope)
+
+    async def run_cypher(self, query: str, params: dict[str, Any], scope: GraphScope):
+        return await self.graph.run_cypher(query, params, scope)
+
+    async def acl_hidden(self, scope: GraphScope) -> bool:
+        return await self.graph.acl_hidden(scope)
+
+    async def explain_path(self, source, target, scope: GraphScope, max_hops, max_paths):
+        return await self.graph.explain_path(source, target, scope, max_hops, max_paths)
+
+    async def related_docs(self, text: str, scope: GraphScope, max_entities, max_docs):
+        return await self.graph.related_docs(text, scope, max_entities, max_docs)
+
+    async def status(self) -> dict[str, Any]:
+        return await self.graph.status()

@@ -1,0 +1,1 @@
+"""Fakes of the backends and tiny random models, for the tests and the benchmarks."""

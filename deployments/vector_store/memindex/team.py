@@ -1,0 +1,323 @@
+"""An exact in-memory index of one team's chunks: dense top-k, BM25 and the compiled filter.
+
+Rows live in slots: a write appends a new slot (an upserted chunk id frees its old one), a
+delete frees one; ``_repack`` renumbers the live slots when the dead ones or the BM25 delta
+grow, in memory, never per write. Dense search is one matrix–vector product over the slots
+(exact, so at least as good as Milvus's HNSW); BM25 is ``BM25Postings``; both are restricted
+by the row mask of the same ``CompiledFilter`` terms that become the Milvus expression.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import replace
+
+import numpy as np
+
+from deployments.acl import OPEN
+from deployments.protocols import ChunkRecord, SearchHit
+from deployments.vector_store.filter import ARRAY_FIELDS, KEY_FIELDS, CompiledFilter, FilterTerm
+from deployments.vector_store.memindex.bm25 import BM25Postings
+from deployments.vector_store.memindex.scan import DenseScan
+
+MASK_CACHE = 32
+RECORD_OVERHEAD = 700  # bytes of a ChunkRecord and its strings beyond the text itself
+
+
+class TeamIndex:
+    """One team's chunks (one physical collection) in memory; thread-safe.
+
+    Args:
+        dim: vector size.
+        metric: the collection's dense metric (``COSINE``, ``IP`` or ``L2``), so scores are
+            the ones Milvus would return.
+        k1, b: BM25 parameters.
+        scan: the dense scan (shared by the teams of one ``HotIndex``; its threads); one
+            thread when not given.
+    """
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        metric: str = "COSINE",
+        k1: float = 1.5,
+        b: float = 0.75,
+        scan: DenseScan | None = None,
+    ):
+        self.dim = dim
+        self.metric = metric
+        self._scan = scan or DenseScan()
+        self._lock = threading.RLock()
+        self._size = 0  # slots used, live or dead
+        self._vectors = np.zeros((0, dim), dtype=np.float32)
+        self._alive = np.zeros(0, dtype=bool)
+        self._created = np.zeros(0, dtype=np.int64)
+        self._codes = {f: np.zeros(0, dtype=np.int32) for f in KEY_FIELDS}
+        self._values: dict[str, dict[str, int]] = {f: {} for f in KEY_FIELDS}
+        # Array columns as token -> slots; the ACL's open token is the column ``_open``
+        # (nearly every row holds it).
+        self._arrays: dict[str, dict[str, set[int]]] = {f: {} for f in ARRAY_FIELDS}
+        self._open = np.zeros(0, dtype=bool)
+        self._records: list[ChunkRecord | None] = []
+        self._slot: dict[str, int] = {}
+        self._text_bytes = 0
+        self._bm25 = BM25Postings(k1, b)
+        self._masks: OrderedDict[tuple[FilterTerm, ...], np.ndarray] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def __contains__(self, chunk_id: str) -> bool:
+        return chunk_id in self._slot
+
+    @property
+    def nbytes(self) -> int:
+        """Estimated memory held (the budget of ``HotIndex`` counts this)."""
+        columns = (
+            sum(a.nbytes for a in self._codes.values()) + self._created.nbytes + self._open.nbytes
+        )
+        return int(
+            self._vectors.nbytes
+            + columns
+            + self._alive.nbytes
+            + self._bm25.nbytes
+            + self._text_bytes
+            + RECORD_OVERHEAD * len(self._slot)
+        )
+
+    # --- writes ------------------------------------------------------------------------
+    def upsert(self, chunks: Iterable[ChunkRecord]) -> None:
+        """Add or replace chunks (each with its vector)."""
+        batch = list(chunks)
+        if not batch:
+            return
+        vectors = np.asarray([c.vector for c in batch], dtype=np.float32).reshape(-1, self.dim)
+        if self.metric == "COSINE":
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors = (vectors / np.where(norms > 0, norms, 1.0)).astype(np.float32, copy=False)
+        with self._lock:
+            self._reserve(self._size + len(batch))
+            for chunk, vector in zip(batch, vectors, strict=True):
+                self._drop(chunk.chunk_id)
+                self._append(chunk, vector)
+            self._changed()
+
+    def apply(self, rows: Iterable[ChunkRecord], removed: Iterable[str]) -> None:
+        """Upsert ``rows`` and remove ``removed`` in one step: a search sees neither or both
+        (a replay of the change log)."""
+        with self._lock:
+            self.upsert(rows)
+            self.remove(removed)
+
+    def remove(self, chunk_ids: Iterable[str]) -> int:
+        with self._lock:
+            removed = sum(self._drop(cid) for cid in chunk_ids)
+            if removed:
+                self._changed()
+            return removed
+
+    def _reserve(self, slots: int) -> None:
+        capacity = self._alive.size
+        if slots <= capacity:
+            return
+        new = max(slots, 2 * capacity, 256)
+        grow = new - capacity
+        self._vectors = np.concatenate([self._vectors, np.zeros((grow, self.dim), np.float32)])
+        self._alive = np.concatenate([self._alive, np.zeros(grow, bool)])
+        self._created = np.concatenate([self._created, np.zeros(grow, np.int64)])
+        self._open = np.concatenate([self._open, np.zeros(grow, bool)])
+        for name, codes in self._codes.items():
+            self._codes[name] = np.concatenate([codes, np.full(grow, -1, np.int32)])
+
+    def _append(self, chunk: ChunkRecord, vector: np.ndarray) -> None:
+        slot = self._size
+        self._size += 1
+        self._vectors[slot] = vector
+        self._alive[slot] = True
+        self._created[slot] = int(chunk.created_at)
+        for name in KEY_FIELDS:
+            values = self._values[name]
+            value = getattr(chunk, name)
+            code = values.get(value)
+            if code is None:
+                code = values[value] = len(values)
+            self._codes[name][slot] = code
+        for name, tokens in self._tokens(chunk):
+            column = self._arrays[name]
+            for token in tokens:
+                column.setdefault(token, set()).add(slot)
+        self._open[slot] = OPEN in chunk.acl_allow
+        self._records.append(replace(chunk, vector=(), lexical=None))
+        self._slot[chunk.chunk_id] = slot
+        self._text_bytes += len(chunk.text)
+        self._bm25.add(slot, chunk.text)
+
+    def _drop(self, chunk_id: str) -> bool:
+        slot = self._slot.pop(chunk_id, None)
+        if slot is None:
+            return False
+        record = self._records[slot]
+        assert record is not None
+        self._alive[slot] = False
+        for name, tokens in self._tokens(record):
+            column = self._arrays[name]
+            for token in tokens:
+                column[token].discard(slot)
+        self._open[slot] = False
+        self._records[slot] = None
+        self._text_bytes -= len(record.text)
+        self._bm25.remove(slot)
+        return True
+
+    def _changed(self) -> None:
+        self._masks.clear()
+        dead = self._size - len(self._slot)
+        bm25 = self._bm25
+        if (dead > 256 and dead > self._size // 4) or (
+            bm25.delta_postings > max(50_000, bm25.frozen_postings // 4)
+        ):
+            self._repack()
+
+    def _repack(self) -> None:
+        """Renumber the live slots 0..n-1 and rebuild the BM25 block over them."""
+        live = np.flatnonzero(self._alive[: self._size])
+        renumber = {int(old): new for new, old in enumerate(live)}
+        self._vectors = self._vectors[live].copy()
+        self._alive = np.ones(live.size, dtype=bool)
+        self._created = self._created[live].copy()
+        self._codes = {name: codes[live].copy() for name, codes in self._codes.items()}
+        self._open = self._open[live].copy()
+        self._arrays = {
+            name: {t: {renumber[s] for s in slots} for t, slots in column.items() if slots}
+            for name, column in self._arrays.items()
+        }
+        self._records = [self._records[int(s)] for s in live]
+        self._slot = {cid: renumber[s] for cid, s in self._slot.items()}
+        self._size = int(live.size)
+        self._bm25.rebuild(renumber)
+
+    # --- reads -------------------------------------------------------------------------
+    def _mask(self, terms: tuple[FilterTerm, ...]) -> np.ndarray:
+        cached = self._masks.get(terms)
+        if cached is not None:
+            self._masks.move_to_end(terms)
+            return cached
+        mask = self._alive[: self._size].copy()
+        for term in terms:
+            mask &= self._term_mask(term)
+        self._masks[terms] = mask
+        if len(self._masks) > MASK_CACHE:
+            self._masks.popitem(last=False)
+        return mask
+
+    def _term_mask(self, term: FilterTerm) -> np.ndarray:
+        n = self._size
+        value = term.value
+        if isinstance(value, int):  # created_at bounds
+            created = self._created[:n]
+            return created >= value if term.op == "ge" else created <= value
+        wanted = value if isinstance(value, tuple) else (value,)
+        if term.field in ARRAY_FIELDS:
+            return self._array_mask(term.field, term.op, wanted, n)
+        known = self._values[term.field]
+        codes = [known[v] for v in wanted if v in known]
+        column = self._codes[term.field][:n]
+        if not codes:
+            return np.zeros(n, dtype=bool)
+        return column == codes[0] if len(codes) == 1 else np.isin(column, codes)
+
+    def _array_mask(self, name: str, op: str, wanted: tuple[str, ...], n: int) -> np.ndarray:
+        column = self._arrays[name]
+        sets = [column.get(t, set()) for t in wanted if not (name == "acl_allow" and t == OPEN)]
+        if op == "all":
+            slots = set.intersection(*sets) if sets else set()
+        else:
+            slots = set.union(*sets) if sets else set()
+        mask = np.zeros(n, dtype=bool)
+        if slots:
+            mask[np.fromiter(slots, dtype=np.int64, count=len(slots))] = True
+        if name == "acl_allow" and OPEN in wanted:
+            mask |= self._open[:n]
+        return ~mask if op == "none" else mask
+
+    @staticmethod
+    def _tokens(chunk: ChunkRecord) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        allow = tuple(t for t in chunk.acl_allow if t != OPEN)
+        return (("tags", chunk.tags), ("acl_allow", allow), ("acl_deny", chunk.acl_deny))
+
+    def search(
+        self,
+        method: str,
+        flt: CompiledFilter,
+        limit: int,
+        *,
+        query_text: str = "",
+        query_vector: list[float] | None = None,
+    ) -> list[SearchHit]:
+        """The top ``limit`` chunks of ``method`` (``dense`` or ``bm25``) among the rows
+        ``flt`` admits, best first, scored as Milvus scores them."""
+        with self._lock:
+            mask = self._mask(flt.terms)
+            if method == "dense":
+                if query_vector is None:
+                    raise ValueError("dense search needs a query vector")
+                scores = self._dense_scores(np.asarray(query_vector, dtype=np.float32))
+            else:
+                bm25 = self._bm25.scores(query_text, self._size)
+                if bm25 is None:
+                    return []
+                scores = bm25
+                mask = mask & (bm25 > 0)
+            picked = _top(scores, mask, limit, ascending=method == "dense" and self.metric == "L2")
+            hits = []
+            for slot in picked:
+                record = self._records[slot]
+                assert record is not None  # picked slots are live
+                score = float(scores[slot])
+                hits.append(SearchHit(chunk=record, score=score, scores={method: score}))
+            return hits
+
+    def search_methods(
+        self,
+        methods: tuple[str, ...],
+        flt: CompiledFilter,
+        limit: int,
+        *,
+        query_text: str = "",
+        query_vector: list[float] | None = None,
+    ) -> dict[str, list[SearchHit]]:
+        """``search`` of each method over one state of the index (no write between them)."""
+        with self._lock:
+            return {
+                method: self.search(
+                    method, flt, limit, query_text=query_text, query_vector=query_vector
+                )
+                for method in methods
+            }
+
+    def _dense_scores(self, query: np.ndarray) -> np.ndarray:
+        vectors = self._vectors[: self._size]
+        if self.metric == "COSINE":
+            norm = float(np.linalg.norm(query))
+            return self._scan.scores(vectors, query / norm if norm > 0 else query)
+        dots = self._scan.scores(vectors, query)
+        if self.metric == "IP":
+            return dots
+        # L2: Milvus reports the squared distance, smaller is closer.
+        return (vectors * vectors).sum(axis=1) - 2.0 * dots + float(query @ query)
+
+
+def _top(scores: np.ndarray, mask: np.ndarray, limit: int, *, ascending: bool) -> list[int]:
+    """Slots of the ``limit`` best masked scores, best first; ties by slot (insertion)."""
+    candidates = np.flatnonzero(mask)
+    if candidates.size == 0 or limit <= 0:
+        return []
+    keys = scores[candidates] if ascending else -scores[candidates]
+    if candidates.size > limit:
+        part = np.argpartition(keys, limit - 1)[:limit]
+        candidates, keys = candidates[part], keys[part]
+    order = np.lexsort((candidates, keys))
+    return candidates[order].tolist()
