@@ -30,7 +30,7 @@ class BatchWorker(Protocol):
     def process(self, documents: list[str]) -> list[dict[str, Any]]: ...
 
 
-def run_local(worker: BatchWorker, documents: list[str], batch_size: int, sink: BatchSink):
+def run_local(worker: BatchWorker, documents: list[str], batch_size: int, sink: BatchSink) -> None:
     for start in range(0, len(documents), batch_size):
         sink(worker.process(documents[start : start + batch_size]))
 

@@ -44,19 +44,32 @@ class GraphDeployment:
     ) -> dict[str, Any]:
         return await self.graph.upsert_entities(team_id, nodes, relationships, scope)
 
-    async def run_intent(self, name: str, args: dict[str, Any], scope: GraphScope):
+    async def run_intent(
+        self, name: str, args: dict[str, Any], scope: GraphScope
+    ) -> dict[str, Any]:
         return await self.graph.run_intent(name, args, scope)
 
-    async def run_cypher(self, query: str, params: dict[str, Any], scope: GraphScope):
+    async def run_cypher(
+        self, query: str, params: dict[str, Any], scope: GraphScope
+    ) -> dict[str, Any]:
         return await self.graph.run_cypher(query, params, scope)
 
     async def acl_hidden(self, scope: GraphScope) -> bool:
         return await self.graph.acl_hidden(scope)
 
-    async def explain_path(self, source, target, scope: GraphScope, max_hops, max_paths):
+    async def explain_path(
+        self,
+        source: dict[str, Any],
+        target: dict[str, Any],
+        scope: GraphScope,
+        max_hops: int,
+        max_paths: int,
+    ) -> dict[str, Any]:
         return await self.graph.explain_path(source, target, scope, max_hops, max_paths)
 
-    async def related_docs(self, text: str, scope: GraphScope, max_entities, max_docs):
+    async def related_docs(
+        self, text: str, scope: GraphScope, max_entities: int, max_docs: int
+    ) -> dict[str, Any]:
         return await self.graph.related_docs(text, scope, max_entities, max_docs)
 
     async def status(self) -> dict[str, Any]:

@@ -282,7 +282,9 @@ def _covering_joins(need: _Need) -> Iterator[tuple[int, dict[str, Any], dict[str
             yield depth, join, children[1 - side]
 
 
-def _joined_facts(need: _Need, needs: list[_Need], same: list[int], base: list[set[str]]):
+def _joined_facts(
+    need: _Need, needs: list[_Need], same: list[int], base: list[set[str]]
+) -> set[str]:
     """What the other side of each covering hash join proves of the name: the bindings of
     it there, up to the join (all of them), or, where the name comes into that side as an
     argument, every binding of it outside the join (all of them)."""

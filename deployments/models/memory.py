@@ -13,12 +13,13 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 
 @functools.cache
-def _malloc_trim():
+def _malloc_trim() -> Any:
     """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
     name = ctypes.util.find_library("c")
     if not name:

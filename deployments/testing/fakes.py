@@ -396,7 +396,13 @@ class FakeGraphStore:
             del self.docs[k]
         return len(gone)
 
-    async def upsert_entities(self, team_id, nodes, relationships, scope) -> dict[str, Any]:
+    async def upsert_entities(
+        self,
+        team_id: str,
+        nodes: list[dict[str, Any]],
+        relationships: list[dict[str, Any]],
+        scope: GraphScope,
+    ) -> dict[str, Any]:
         """Records the write; ``results["upsert"]`` (a dict) overrides parts of the answer
         (e.g. ``refused``, ``changes``)."""
         self._check_up()
@@ -411,12 +417,16 @@ class FakeGraphStore:
             **self.results.get("upsert", {}),
         }
 
-    async def run_intent(self, name, args, scope: GraphScope) -> dict[str, Any]:
+    async def run_intent(
+        self, name: str, args: dict[str, Any], scope: GraphScope
+    ) -> dict[str, Any]:
         self._check_up()
         self.calls.append((name, args, scope))
         return self.results.get(name, {"columns": [], "rows": []})
 
-    async def run_cypher(self, query, params, scope: GraphScope) -> dict[str, Any]:
+    async def run_cypher(
+        self, query: str, params: dict[str, Any], scope: GraphScope
+    ) -> dict[str, Any]:
         self._check_up()
         self.calls.append(("cypher", (query, params), scope))
         result = self.results.get("cypher", {"columns": [], "rows": []})
@@ -429,12 +439,21 @@ class FakeGraphStore:
         self.calls.append(("acl_hidden", None, scope))
         return self.hidden
 
-    async def explain_path(self, source, target, scope: GraphScope, max_hops, max_paths):
+    async def explain_path(
+        self,
+        source: dict[str, Any],
+        target: dict[str, Any],
+        scope: GraphScope,
+        max_hops: int,
+        max_paths: int,
+    ) -> dict[str, Any]:
         self._check_up()
         self.calls.append(("path", (source, target, max_hops, max_paths), scope))
         return self.results.get("path", {"source": [], "target": [], "paths": []})
 
-    async def related_docs(self, text, scope: GraphScope, max_entities, max_docs):
+    async def related_docs(
+        self, text: str, scope: GraphScope, max_entities: int, max_docs: int
+    ) -> dict[str, Any]:
         self._check_up()
         self.calls.append(("related", text, scope))
         return self.results.get("related", {"entities": [], "docs": {}})
