@@ -526,34 +526,33 @@ def check_plan(
             ``visibility IN $visibilities`` on every node and relationship too.
         database: the database every operator must run in (a ``USE other`` is refused).
     """
+    needs, edges = _bindings_and_edges(plan, restrict_visibility, database)
+    by_var: dict[str, list[int]] = {}
+    for i, need in enumerate(needs):
+        by_var.setdefault(need.binding.var, []).append(i)
+    _check_bound_once(needs, by_var)
+    _check_not_redefined(plan, by_var)
+    proven = _proven_facts(needs, by_var)
+    in_team = _names_in_team(needs, by_var, proven, edges)
+    _check_scoped(needs, proven, in_team, restrict_visibility)
+
+
+# A relationship pattern's two end names and the optional parts that hold the pattern.
+_Edge = tuple[str, str, list[tuple[str, dict[str, Any]]]]
+
+
+def _bindings_and_edges(
+    plan: dict[str, Any], restrict_visibility: bool, database: str | None
+) -> tuple[list[_Need], list[_Edge]]:
+    """Every operator checked on its own (allowed, in the database served), and what the
+    plan binds: each node or relationship binding with the operators above it, and the node
+    pairs joined by a relationship pattern (one end in the team puts the other there, with
+    the optional parts that hold the pattern)."""
     needs: list[_Need] = []
-    # Node pairs joined by a relationship pattern: one end in the team puts the other there,
-    # with the optional parts (below) that hold the pattern.
-    edges: list[tuple[str, str, list[tuple[str, dict[str, Any]]]]] = []
+    edges: list[_Edge] = []
     for op, ancestors in _walk(plan, ()):
         name = _name(op)
-        where = str(op.get("operatorType", "")).partition("@")[2]
-        if database and where and where != database:
-            raise CypherRejected(
-                f"the query reads database {where!r}; only {database!r} is served", "database"
-            )
-        if name == "LoadCSV" or name.startswith(WRITE_WORDS):
-            raise CypherRejected(f"operator {name} is not allowed (writes or loads)", "write")
-        if name.startswith(("AdministrationCommand", "SystemProcedure")):
-            raise CypherRejected("administration commands are not allowed", "admin")
-        if name in VAR_LENGTH and restrict_visibility:
-            raise CypherRejected(
-                "variable-length and shortest-path patterns are allowed only to callers who "
-                "see every visibility (mode 'confidential'); use POST /graph/explain_path",
-                "var_length_in_public_scope",
-            )
-        known = name in PASS_THROUGH or name in NODE_SCANS or name in PATTERN_BINDERS
-        if not known and name not in VAR_LENGTH and not name.startswith("ProcedureCall"):
-            raise CypherRejected(
-                f"plan operator {name} is not supported in tenant-scoped Cypher; use a "
-                "named intent or rewrite the query",
-                "unsupported_operator",
-            )
+        _check_operator(op, name, restrict_visibility, database)
         child_ids: set[str] = set()
         for child in op.get("children") or ():
             child_ids |= _ids(child)
@@ -564,9 +563,40 @@ def check_plan(
                 edges.append((ends[0], ends[1], _optional_parts(op, ancestors)))
         for b in _bindings(op, child_ids):
             needs.append(_Need(b, (*ancestors, op)))
-    by_var: dict[str, list[int]] = {}
-    for i, need in enumerate(needs):
-        by_var.setdefault(need.binding.var, []).append(i)
+    return needs, edges
+
+
+def _check_operator(
+    op: dict[str, Any], name: str, restrict_visibility: bool, database: str | None
+) -> None:
+    """One operator: in the database served, no write, load or administration, no
+    variable-length pattern for a caller who may not see every visibility, and one whose
+    scoping this module knows."""
+    where = str(op.get("operatorType", "")).partition("@")[2]
+    if database and where and where != database:
+        raise CypherRejected(
+            f"the query reads database {where!r}; only {database!r} is served", "database"
+        )
+    if name == "LoadCSV" or name.startswith(WRITE_WORDS):
+        raise CypherRejected(f"operator {name} is not allowed (writes or loads)", "write")
+    if name.startswith(("AdministrationCommand", "SystemProcedure")):
+        raise CypherRejected("administration commands are not allowed", "admin")
+    if name in VAR_LENGTH and restrict_visibility:
+        raise CypherRejected(
+            "variable-length and shortest-path patterns are allowed only to callers who "
+            "see every visibility (mode 'confidential'); use POST /graph/explain_path",
+            "var_length_in_public_scope",
+        )
+    known = name in PASS_THROUGH or name in NODE_SCANS or name in PATTERN_BINDERS
+    if not known and name not in VAR_LENGTH and not name.startswith("ProcedureCall"):
+        raise CypherRejected(
+            f"plan operator {name} is not supported in tenant-scoped Cypher; use a "
+            "named intent or rewrite the query",
+            "unsupported_operator",
+        )
+
+
+def _check_bound_once(needs: list[_Need], by_var: dict[str, list[int]]) -> None:
     for var, idx in by_var.items():
         first = needs[idx[0]]
         for j in idx[1:]:
@@ -583,10 +613,12 @@ def check_plan(
                     "pattern",
                     "rebound_variable",
                 )
-    counts = {var: len(idx) for var, idx in by_var.items()}
-    # A name bound to a node or relationship and later given to another value
-    # (`WITH x AS y, s AS x`) would let predicates and patterns on the new value pass for the
-    # old binding: refused outright.
+
+
+def _check_not_redefined(plan: dict[str, Any], by_var: dict[str, list[int]]) -> None:
+    """A name bound to a node or relationship and later given to another value
+    (`WITH x AS y, s AS x`) would let predicates and patterns on the new value pass for the
+    old binding: refused outright."""
     for op, _ in _walk(plan, ()):
         for var in by_var:
             if _redefines(op, var):
@@ -595,16 +627,29 @@ def check_plan(
                     "name instead of reusing it",
                     "rebound_variable",
                 )
-    # Filters above each binding, while every operator between still carries the variable.
+
+
+def _proven_facts(needs: list[_Need], by_var: dict[str, list[int]]) -> dict[int, set[str]]:
+    """Per binding, what the filters above it prove while every operator between still
+    carries the variable; at a hash join on the name, the rows kept on a side the join does
+    not preserve hold the node of the other side: what is proven there holds here too."""
     base = [need.facts() for need in needs]
     proven = {i: set(base[i]) for i in range(len(needs))}
-    # At a hash join on the name, the rows kept on a side the join does not preserve hold the
-    # node of the other side: what is proven there holds here too.
     for i, need in enumerate(needs):
         proven[i] |= _joined_facts(need, needs, by_var[need.binding.var], base)
-    # A name is in the team when every binding of it is proven; a name bound once is also in
-    # the team when a relationship pattern joins it to a name in the team.
+    return proven
+
+
+def _names_in_team(
+    needs: list[_Need],
+    by_var: dict[str, list[int]],
+    proven: dict[int, set[str]],
+    edges: list[_Edge],
+) -> set[str]:
+    """A name is in the team when every binding of it is proven; a name bound once is also
+    in the team when a relationship pattern joins it to a name in the team."""
     in_team = {v for v, idx in by_var.items() if all("team" in proven[i] for i in idx)}
+    counts = {var: len(idx) for var, idx in by_var.items()}
 
     # Inside an optional part a row keeps the names bound before it when the pattern is not
     # there: the team goes from those names to the ones the part binds, never back.
@@ -627,6 +672,15 @@ def check_plan(
                 ):
                     in_team.add(y)
                     changed = True
+    return in_team
+
+
+def _check_scoped(
+    needs: list[_Need],
+    proven: dict[int, set[str]],
+    in_team: set[str],
+    restrict_visibility: bool,
+) -> None:
     for i, need in enumerate(needs):
         b = need.binding
         missing = []
