@@ -51,6 +51,17 @@ class RetrievalResult:
     graph: dict[str, Any] | None = None
 
 
+@dataclass
+class _MethodLists:
+    """Each method's candidates, the mode that ran (BM25 when the embedder failed), the
+    query's vector and its learned sparse weights (``None``: not fused)."""
+
+    lists: dict[str, list[SearchHit]]
+    mode: str
+    vector: list[float] | None
+    lexical: dict[int, float] | None
+
+
 class Retrieval:
     """One search over the backends: ``run`` answers a ``SearchDocsRequest`` inside an
     ``AccessContext``. Holds no per-request state."""
@@ -108,7 +119,6 @@ class Retrieval:
         Retriever's consistency check; ``generation`` is the team's index generation when the
         caller read it after the request arrived (the in-memory index may then skip that
         check: deployments/vector_store/memindex/hot.py, ``HotIndex.fresh``)."""
-        cfg = self.settings.search
         degraded: list[str] = []
         linked: dict[str, float] = {}
         graph: dict[str, Any] | None = None
@@ -120,14 +130,52 @@ class Retrieval:
         use_rerank = self.reranker is not None and (req.rerank is not False)
         if req.rerank and self.reranker is None:
             degraded.append("rerank requested but no reranker is configured")
-        fetch = top_k * cfg.candidate_multiplier
+        fetch = top_k * self.settings.search.candidate_multiplier
         if use_rerank:
             fetch = max(fetch, self.settings.reranker.candidates)
-        # With the Retriever's in-memory index both methods cost about a millisecond: one call
-        # after the embedding (one hop, one change-log check). Against Milvus, BM25 needs no
-        # vector and runs while the query is embedded. Every call of this search carries one
-        # read id, so the Retriever checks once that it is up to date.
+        # Every call of this search carries one read id, so the Retriever checks once that
+        # it is up to date.
         read = read_id or uuid.uuid4().hex
+        found = await self._method_lists(
+            req, flt, fetch, mode, vector, embed_error, read, generation, degraded
+        )
+        mode = found.mode
+        # The store filtered by team, visibility and doc type already; this drops chunks of
+        # projects and skills whose policy denies the caller, and anything a store bug let by.
+        lists = {m: [h for h in hits if ctx.may_see(h.chunk)] for m, hits in found.lists.items()}
+        if linked and req.graph is not None and req.graph.mode == "boost":
+            hits = await self._graph_boost(
+                req, ctx, flt, lists, linked, mode, found.vector, fetch, read, found.lexical
+            )
+        else:
+            with stage("fuse"):
+                hits = self._fuse(lists, req) if mode == "hybrid" else lists[mode]
+
+        if use_rerank and hits:
+            try:
+                hits = await self._rerank(req.query, hits)
+            except BackendUnavailable as exc:
+                degraded.append(f"reranker unavailable, fused order kept: {exc.message}")
+        return RetrievalResult(self._post(req, hits, top_k), mode, degraded, graph)
+
+    async def _method_lists(
+        self,
+        req: SearchDocsRequest,
+        flt: SearchFilter,
+        fetch: int,
+        mode: str,
+        vector: list[float] | None,
+        embed_error: str | None,
+        read: str,
+        generation: int | None,
+        degraded: list[str],
+    ) -> _MethodLists:
+        """Each method's candidates of ``mode``, the query embedded first when no vector came
+        with it; an embedder that fails turns the search into BM25 (noted in ``degraded``).
+
+        With the in-memory index both methods cost about a millisecond: one call after the
+        embedding (one hop, one change-log check). Against Milvus, BM25 needs no vector and
+        runs while the query is embedded."""
         together = mode == "hybrid" and self.settings.milvus.memory_index.enabled
         bm25_task = (
             asyncio.create_task(
@@ -169,25 +217,13 @@ class Retrieval:
                     bm25_task.cancel()
                 elif not bm25_task.cancelled():
                     bm25_task.exception()  # retrieved: an error here surfaced another way
-        # The store filtered by team, visibility and doc type already; this drops chunks of
-        # projects and skills whose policy denies the caller, and anything a store bug let by.
-        lists = {m: [h for h in found if ctx.may_see(h.chunk)] for m, found in lists.items()}
-        if linked and req.graph is not None and req.graph.mode == "boost":
-            hits = await self._graph_boost(
-                req, ctx, flt, lists, linked, mode, vector, fetch, read, query_lexical
-            )
-        else:
-            with stage("fuse"):
-                hits = self._fuse(lists, req) if mode == "hybrid" else lists[mode]
+        return _MethodLists(lists, mode, vector, query_lexical)
 
-        if use_rerank and hits:
-            try:
-                hits = await self._rerank(req.query, hits)
-            except BackendUnavailable as exc:
-                degraded.append(f"reranker unavailable, fused order kept: {exc.message}")
-
-        # The score threshold first (it is per passage, and duplicates score lower than the
-        # copy they repeat), then near-duplicates only until top_k passages are kept.
+    def _post(self, req: SearchDocsRequest, hits: list[SearchHit], top_k: int) -> list[SearchHit]:
+        """The score threshold first (it is per passage, and duplicates score lower than the
+        copy they repeat), then near-duplicates only until ``top_k`` passages are kept, then
+        the token budget."""
+        cfg = self.settings.search
         with stage("post"):
             min_score = req.min_score if req.min_score is not None else cfg.min_score
             if min_score is not None:
@@ -196,7 +232,7 @@ class Retrieval:
             budget = req.max_context_tokens or cfg.max_context_tokens
             if budget is not None:
                 hits = within_budget(hits, _body, self.count_tokens, budget)
-        return RetrievalResult(hits, mode, degraded, graph)
+        return hits
 
     async def _graph_linked_docs(
         self, req: SearchDocsRequest, ctx: AccessContext, degraded: list[str]
