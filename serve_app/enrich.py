@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from batch_ingest.chunks import strip_header
 from deployments.errors import BackendUnavailable, InvalidInput
-from deployments.protocols import ChunkRecord, SearchHit
+from deployments.protocols import ChunkRecord, SearchFilter, SearchHit
 from serve_app.access import AccessContext
 from serve_app.audit import request_audit, scope_resource
 from serve_app.claims import Sentence, content_terms, extract_claims, insert_markers
@@ -73,6 +73,22 @@ def _doc_key(chunk: ChunkRecord) -> tuple[str, str]:
     return (chunk.doc_type, chunk.doc_id)
 
 
+@dataclass
+class _Plan:
+    """What the caller's access and agent profile make of one enrich request."""
+
+    ctx: AccessContext
+    flt: SearchFilter
+    info: ProfileInfo
+    agent_name: str
+    rag_mode: str
+    light: bool
+    # The retrieval method of every claim's search.
+    mode: str
+    max_docs: int
+    min_support: float
+
+
 async def enrich_answer(
     retrieval: Retrieval,
     settings: GatewaySettings,
@@ -81,20 +97,73 @@ async def enrich_answer(
     rc: RequestContext,
     profiles: ProfileSet | None = None,
 ) -> EnrichAnswerResponse:
-    """The enriched answer of ``req`` for the caller of ``rc`` (audit is the caller's job).
+    """The enriched answer of ``req`` for the caller of ``rc`` (audit is the caller's job):
+    plan (access, profile, bounds), the claims of the draft, one search per claim, each
+    passage's support, the documents cited, the response.
 
     Raises:
         Forbidden: the team, mode, doc types or project are not granted (before searching).
         InvalidInput: the draft is longer than ``enrich.max_draft_chars``.
         BackendUnavailable: the vector store does not answer.
     """
-    # Access first, exactly as rag.search_docs: the team's rights narrowed to the mode.
+    plan = _plan(settings, policy, req, rc, profiles or DEFAULT_PROFILES)
+    if plan.rag_mode == "off":
+        return EnrichAnswerResponse(
+            enriched_answer=req.draft_answer,
+            sources=[],
+            claims=[],
+            unsupported_claims=[],
+            mode="off",
+            profile=plan.info,
+            notice=f"RAG is off for profile {plan.agent_name!r}: the draft was not checked",
+            took_ms=rc.elapsed_ms,
+            trace_id=rc.trace_id,
+        )
+    ecfg = settings.enrich
+    found = extract_claims(req.draft_answer, ecfg.min_claim_chars, ecfg.stem_chars)
+    claims, skipped = found[: ecfg.max_claims], max(0, len(found) - ecfg.max_claims)
+    outcomes = await _search_claims(retrieval, settings, req, plan, claims)
+    degraded: list[str] = []
+    for outcome in outcomes:
+        degraded.extend(r for r in outcome.degraded if r not in degraded)
+    results = _supports(settings, plan, claims, outcomes)
+    chosen = _choose_documents(results, plan.max_docs)
+    numbers, cited = _citations(results, chosen, ecfg.max_markers_per_claim)
+    sources = _sources(results, cited, numbers, settings.search.snippet_chars)
+    out_claims, markers = _claims_out(results, cited, numbers)
+    modes = [o.mode for o in outcomes]
+    used = "bm25" if modes and all(m == "bm25" for m in modes) else plan.mode
+    return EnrichAnswerResponse(
+        degraded=bool(degraded),
+        degraded_reasons=degraded,
+        enriched_answer=insert_markers(req.draft_answer, markers),
+        sources=sources,
+        claims=out_claims,
+        unsupported_claims=[c.text for c in out_claims if not c.supported],
+        skipped_claims=skipped,
+        mode=used,
+        profile=plan.info,
+        took_ms=rc.elapsed_ms,
+        trace_id=rc.trace_id,
+    )
+
+
+def _plan(
+    settings: GatewaySettings,
+    policy: Policy,
+    req: EnrichAnswerRequest,
+    rc: RequestContext,
+    profiles: ProfileSet,
+) -> _Plan:
+    """Access first, exactly as rag.search_docs: the team's rights narrowed to the mode;
+    then the agent's profile (light: its one method, no rerank; strict: its min_support
+    when higher) and the draft's bound."""
+    ecfg, scfg = settings.enrich, settings.search
     ctx = AccessContext.for_team(
         rc.principal, req.team_id, policy, user_id=req.user_id, agent_id=req.agent_id
     ).narrowed_to(req.visibility)
     flt = ctx.search_filter(req.filters)
-    ecfg, scfg = settings.enrich, settings.search
-    agent = (profiles or DEFAULT_PROFILES).for_agent(ctx.agent_id or rc.routed_agent)
+    agent = profiles.for_agent(ctx.agent_id or rc.routed_agent)
     rag_mode = narrower_mode(agent.profile.rag_mode, req.rag_mode)
     clamped = ["rag_mode"] if req.rag_mode and rag_mode != req.rag_mode else []
     max_docs = min(req.max_docs, agent.profile.max_docs_per_query)
@@ -108,31 +177,37 @@ async def enrich_answer(
             hint="send a shorter draft or split it into several requests",
             field="draft_answer",
         )
-    if rag_mode == "off":
-        return EnrichAnswerResponse(
-            enriched_answer=req.draft_answer,
-            sources=[],
-            claims=[],
-            unsupported_claims=[],
-            mode="off",
-            profile=info,
-            notice=f"RAG is off for profile {agent.name!r}: the draft was not checked",
-            took_ms=rc.elapsed_ms,
-            trace_id=rc.trace_id,
-        )
-    found = extract_claims(req.draft_answer, ecfg.min_claim_chars, ecfg.stem_chars)
-    claims, skipped = found[: ecfg.max_claims], max(0, len(found) - ecfg.max_claims)
-    queries = [c.text[: scfg.max_query_chars] for c in claims]
-
-    # light: the profile's one method, no rerank; strict: its min_support when higher.
     light = rag_mode == "light"
-    mode = agent.profile.light_method if light else scfg.mode
     min_support = ecfg.min_support
     if not light and agent.profile.min_support is not None:
         min_support = max(min_support, agent.profile.min_support)
+    return _Plan(
+        ctx=ctx,
+        flt=flt,
+        info=info,
+        agent_name=agent.name,
+        rag_mode=rag_mode,
+        light=light,
+        mode=agent.profile.light_method if light else scfg.mode,
+        max_docs=max_docs,
+        min_support=min_support,
+    )
+
+
+async def _search_claims(
+    retrieval: Retrieval,
+    settings: GatewaySettings,
+    req: EnrichAnswerRequest,
+    plan: _Plan,
+    claims: list[Sentence],
+) -> list[RetrievalResult]:
+    """One search per claim inside the plan's scope, all claims embedded in one call and
+    searched as one read (the Retriever checks its in-memory index once for them)."""
+    ecfg, scfg = settings.enrich, settings.search
+    queries = [c.text[: scfg.max_query_chars] for c in claims]
     vectors: list[list[float] | None] = [None] * len(claims)
     embed_error: str | None = None
-    if claims and mode in ("hybrid", "dense"):
+    if claims and plan.mode in ("hybrid", "dense"):
         try:
             embedded = await retrieval.embed_queries(queries)
             vectors = [[float(x) for x in v] for v in embedded]
@@ -140,7 +215,6 @@ async def enrich_answer(
             embed_error = exc.message  # every claim's search falls back to BM25 and says so
 
     limit = asyncio.Semaphore(ecfg.concurrency)
-    # All claims are one read: the Retriever checks its in-memory index once for them.
     read_id = uuid.uuid4().hex
 
     async def retrieve(i: int) -> RetrievalResult:
@@ -152,15 +226,15 @@ async def enrich_answer(
             agent_id=req.agent_id,
             filters=req.filters,
             visibility=req.visibility,
-            rerank=None if ecfg.rerank and not light else False,
+            rerank=None if ecfg.rerank and not plan.light else False,
         )
         async with limit:
             return await retrieval.run(
                 search,
-                ctx,
-                flt,
+                plan.ctx,
+                plan.flt,
                 ecfg.candidates_per_claim,
-                mode,
+                plan.mode,
                 vector=vectors[i],
                 embed_error=embed_error,
                 read_id=read_id,
@@ -172,21 +246,27 @@ async def enrich_answer(
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome
+    return [o for o in outcomes if isinstance(o, RetrievalResult)]
 
-    degraded: list[str] = []
-    modes: list[str] = []
+
+def _supports(
+    settings: GatewaySettings,
+    plan: _Plan,
+    claims: list[Sentence],
+    outcomes: list[RetrievalResult],
+) -> list[_ClaimResult]:
+    """Per claim, each document's best supporting passage (module docstring: ``support``
+    from the cosine and the claim's term coverage) and the claim's best score."""
+    ecfg = settings.enrich
     dense_usable = settings.milvus.metric_type != "L2"
     term_cache: dict[str, set[str]] = {}
     results: list[_ClaimResult] = []
     for sentence, outcome in zip(claims, outcomes, strict=True):
-        assert isinstance(outcome, RetrievalResult)
-        hits, used_mode, reasons = outcome.hits, outcome.mode, outcome.degraded
-        modes.append(used_mode)
-        degraded.extend(r for r in reasons if r not in degraded)
+        used_mode = outcome.mode
         result = _ClaimResult(sentence)
         wanted = content_terms(sentence.text, ecfg.stem_chars)
-        for hit in hits:
-            if not ctx.may_see(hit.chunk):  # _retrieve filtered already; never cite past it
+        for hit in outcome.hits:
+            if not plan.ctx.may_see(hit.chunk):  # _retrieve filtered already; never cite past it
                 continue
             cid = hit.chunk.chunk_id
             if cid not in term_cache:
@@ -199,27 +279,40 @@ async def enrich_answer(
             else:
                 score = coverage
             result.best = max(result.best, score)
-            if score < min_support or coverage < ecfg.min_term_coverage:
+            if score < plan.min_support or coverage < ecfg.min_term_coverage:
                 continue
             key = _doc_key(hit.chunk)
             current = result.supports.get(key)
             if current is None or score > current.score:
                 result.supports[key] = _Support(score, coverage, cosine, hit)
         results.append(result)
+    return results
 
-    chosen = _choose_documents(results, max_docs)
+
+def _citations(
+    results: list[_ClaimResult], chosen: list[tuple[str, str]], max_markers: int
+) -> tuple[dict[tuple[str, str], int], list[list[tuple[str, str]]]]:
+    """The number of each cited document (in order of first citation) and, per claim, the
+    chosen documents it cites (its best ``max_markers``), in number order."""
     numbers: dict[tuple[str, str], int] = {}
     cited: list[list[tuple[str, str]]] = []
     for result in results:
         keys = sorted(
             (k for k in chosen if k in result.supports),
             key=lambda k: -result.supports[k].score,
-        )[: ecfg.max_markers_per_claim]
+        )[:max_markers]
         for key in keys:
             numbers.setdefault(key, len(numbers) + 1)
         cited.append(sorted(keys, key=lambda k: numbers[k]))
+    return numbers, cited
 
-    sources = _sources(results, cited, numbers, scfg.snippet_chars)
+
+def _claims_out(
+    results: list[_ClaimResult],
+    cited: list[list[tuple[str, str]]],
+    numbers: dict[tuple[str, str], int],
+) -> tuple[list[EnrichClaim], dict[int, list[int]]]:
+    """The response's claims and the markers to insert after each supported sentence."""
     out_claims: list[EnrichClaim] = []
     markers: dict[int, list[int]] = {}
     for result, keys in zip(results, cited, strict=True):
@@ -238,20 +331,7 @@ async def enrich_answer(
                 reason=None if keys else ("over_max_docs" if result.supports else "no_support"),
             )
         )
-    used = "bm25" if modes and all(m == "bm25" for m in modes) else mode
-    return EnrichAnswerResponse(
-        degraded=bool(degraded),
-        degraded_reasons=degraded,
-        enriched_answer=insert_markers(req.draft_answer, markers),
-        sources=sources,
-        claims=out_claims,
-        unsupported_claims=[c.text for c in out_claims if not c.supported],
-        skipped_claims=skipped,
-        mode=used,
-        profile=info,
-        took_ms=rc.elapsed_ms,
-        trace_id=rc.trace_id,
-    )
+    return out_claims, markers
 
 
 def _choose_documents(results: list[_ClaimResult], max_docs: int) -> list[tuple[str, str]]:
