@@ -6,7 +6,7 @@ by hand into another shape: the schemas are the argument models' own."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from serve_app.graph_contracts import (
     GraphQueryRequest,
     GraphQueryResponse,
 )
+from serve_app.request import RequestContext
 from serve_app.settings import GatewaySettings
 from serve_app.tools.args import EnrichAnswerArgs, ExplainPathArgs, GraphQueryArgs, SearchDocsArgs
 from serve_app.tools.bounds import apply, request_bounds, tool_bounds
@@ -71,6 +72,8 @@ class ToolSpec:
     response: type[BaseModel]
     # The argument fields of the full request (tenancy is added by ``build``).
     _fields: Callable[[BaseModel], dict[str, Any]]
+    # The service call of the HTTP route: (the gateway's services, full request, caller).
+    call: Callable[[Any, Any, RequestContext], Awaitable[BaseModel]]
 
     @property
     def function(self) -> str:
@@ -121,6 +124,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         SearchDocsRequest,
         SearchDocsResponse,
         _with_filters,
+        lambda s, request, rc: s.search.search_docs(request, rc),
     ),
     ToolSpec(
         "rag.enrich_answer",
@@ -129,6 +133,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         EnrichAnswerRequest,
         EnrichAnswerResponse,
         _with_filters,
+        lambda s, request, rc: s.enrich.enrich_answer(request, rc),
     ),
     ToolSpec(
         "graph.query_context",
@@ -137,6 +142,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         GraphQueryRequest,
         GraphQueryResponse,
         _graph,
+        lambda s, request, rc: s.graph_tools.graph_query(request, rc),
     ),
     ToolSpec(
         "graph.explain_path",
@@ -145,6 +151,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         ExplainPathRequest,
         ExplainPathResponse,
         _path,
+        lambda s, request, rc: s.graph_tools.explain_path(request, rc),
     ),
 )
 BY_FUNCTION = {t.function: t for t in TOOLS} | {t.name: t for t in TOOLS}

@@ -107,16 +107,6 @@ class ToolRunner:
             request = spec.build(args, tenancy)
         except ValidationError as exc:
             raise invalid_arguments(exc) from None
-        response = await self._run(spec, request, rc)
+        response = await spec.call(self.service, request, rc)
         text = render(response) if getattr(args, "format", "json") == "text" else None
         return ToolResult(response, text)
-
-    async def _run(self, spec: ToolSpec, request: Any, rc: RequestContext) -> BaseModel:
-        s = self.service
-        if spec.name == "rag.search_docs":
-            return await s.search.search_docs(request, rc)
-        if spec.name == "rag.enrich_answer":
-            return await s.enrich.enrich_answer(request, rc)
-        if spec.name == "graph.query_context":
-            return await s.graph_tools.graph_query(request, rc)
-        return await s.graph_tools.explain_path(request, rc)
