@@ -51,7 +51,7 @@ def request_audit(
     req: Any, principal: Principal, action: str, resource: str, text: str | None = None
 ) -> dict[str, Any]:
     """The audit fields of one tool request (``req`` has team_id, user_id, agent_id)."""
-    from serve_app.access import DEV_SUBJECT
+    from serve_app.access.context import DEV_SUBJECT
 
     fields: dict[str, Any] = {
         "action": action,

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from batch_ingest.chunks import strip_header
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.protocols import ChunkRecord, SearchHit
-from serve_app.access import AccessContext
+from serve_app.access.context import AccessContext
 from serve_app.audit import request_audit, scope_resource
 from serve_app.claims import Sentence, content_terms, extract_claims, insert_markers
 from serve_app.contracts import (
@@ -46,7 +46,7 @@ from serve_app.retrieval import Retrieval, RetrievalResult
 from serve_app.snippets import best_snippet
 
 if TYPE_CHECKING:
-    from serve_app.policy import Policy
+    from serve_app.access.policy import Policy
     from serve_app.request import RequestContext
     from serve_app.settings import GatewaySettings
 

@@ -18,8 +18,9 @@ from deployments.errors import BackendUnavailable, InvalidInput, NotFound
 from deployments.graph_store.intents import INTENTS, catalogue
 from deployments.graph_store.store import entity_not_found
 from deployments.protocols import GraphStore
-from serve_app import graph_access
-from serve_app.access import AccessContext
+from serve_app.access import graph as graph_access
+from serve_app.access.context import AccessContext
+from serve_app.access.policy import Policy
 from serve_app.audit import request_audit
 from serve_app.auth.principal import Principal
 from serve_app.graph_contracts import (
@@ -32,7 +33,6 @@ from serve_app.graph_contracts import (
     PathOut,
 )
 from serve_app.graph_text import path_sentence
-from serve_app.policy import Policy
 from serve_app.recorder import AuditRecorder
 from serve_app.request import RequestContext
 from serve_app.settings import GatewaySettings

@@ -21,7 +21,8 @@ from batch_ingest.ingest_report import IngestReport
 from batch_ingest.jobs import IngestJob, IngestJobs
 from batch_ingest.pipeline import IngestPipeline
 from deployments.errors import Forbidden, InvalidInput, NotFound
-from serve_app.access import AccessContext, check_ingest
+from serve_app.access.context import AccessContext, check_ingest
+from serve_app.access.policy import Policy
 from serve_app.auth.principal import Principal
 from serve_app.contracts import (
     IngestDocumentsResponse,
@@ -33,7 +34,6 @@ from serve_app.contracts import (
 )
 from serve_app.ingest_jobs import JobWorker
 from serve_app.ingest_sync import sync_source
-from serve_app.policy import Policy
 from serve_app.recorder import AuditRecorder
 from serve_app.request import RequestContext
 from serve_app.settings import GatewaySettings

@@ -21,8 +21,8 @@ from deployments.protocols import (
     SearchHit,
     VectorStore,
 )
-from serve_app import graph_access
-from serve_app.access import AccessContext
+from serve_app.access import graph as graph_access
+from serve_app.access.context import AccessContext
 from serve_app.contracts import SearchDocsRequest
 from serve_app.query_models import QueryModels
 from serve_app.ranking import (

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from batch_ingest.chunks import strip_header
 from deployments.errors import InvalidInput
 from deployments.protocols import SearchHit
-from serve_app.access import AccessContext
+from serve_app.access.context import AccessContext
+from serve_app.access.policy import Policy
 from serve_app.audit import request_audit, scope_resource
 from serve_app.cache.semantic import Lookup, SemanticCache
 from serve_app.contracts import (
@@ -22,7 +23,6 @@ from serve_app.contracts import (
     SourceRef,
 )
 from serve_app.metrics import record_cache, record_search
-from serve_app.policy import Policy
 from serve_app.profiles import DEFAULT_PROFILES, ProfileSet, plan_search
 from serve_app.recorder import AuditRecorder
 from serve_app.request import RequestContext

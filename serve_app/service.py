@@ -20,13 +20,13 @@ from deployments.protocols import (
     Reranker,
     VectorStore,
 )
+from serve_app.access.policy import Policy
 from serve_app.audit import AuditLog
 from serve_app.cache.semantic import SemanticCache
 from serve_app.cache.store import build_store
 from serve_app.enrich import EnrichService
 from serve_app.graph_tools import GraphTools
 from serve_app.ingest import IngestService
-from serve_app.policy import Policy
 from serve_app.profiles import ProfileSet
 from serve_app.rate_limits import RateLimiter
 from serve_app.recorder import AuditRecorder

@@ -182,7 +182,7 @@ class AuthSettings(BaseModel):
     api_key_pepper: SecretStr = SecretStr("")
     # Seconds between checks whether the API key file changed (revocations apply then).
     api_keys_reload_s: float = Field(5.0, ge=0)
-    # Policy YAML (roles, doc types, project and skill policies); "" = serve_app/policy.yaml.
+    # Policy YAML (roles, doc types, project and skill policies); "" = serve_app/access/policy.yaml.
     policy_file: str = ""
     # Team roles of a dev-mode caller without credentials (body trust).
     dev_roles: list[str] = Field(default_factory=lambda: ["owner"])

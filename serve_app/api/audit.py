@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 
-from serve_app.access import OperatorRight, operator_scope
+from serve_app.access.context import OperatorRight, operator_scope
 from serve_app.api.deps import Caller, Service
 from serve_app.auth import Principal
 from serve_app.errors import BackendUnavailable, InvalidInput

@@ -548,7 +548,7 @@ async def test_neo4j_down_is_backend_unavailable():
 
 
 async def test_intents_apply_doc_type_project_and_skill_policies(graph: Neo4jGraph, team):
-    from serve_app.policy import Policy
+    from serve_app.access.policy import Policy
 
     policy = Policy(
         projects=[{"project": "poimen", "access_level": "private", "owner_group": "board"}],

@@ -12,7 +12,7 @@ from typing import Any
 from deployments import acl
 from deployments.errors import Forbidden
 from deployments.protocols import GraphScope, GraphStore
-from serve_app.access import AccessContext, forbidden
+from serve_app.access.context import AccessContext, forbidden
 
 
 def graph_scope(ctx: AccessContext) -> GraphScope:

@@ -1,8 +1,8 @@
 """The access policy: which roles see confidential chunks, which doc types each role may read,
 who may write, and resource policies of projects and shared skills.
 
-It is read from YAML (``auth.policy_file``; the packaged ``serve_app/policy.yaml`` by default)
-once per replica. Resource policies (docs/auth.md) follow the specification's wiki RBAC: an
+It is read from YAML (``auth.policy_file``; the packaged ``serve_app/access/policy.yaml`` by
+default) once per replica. Resource policies (docs/auth.md) follow the specification's wiki RBAC: an
 ``access_level`` (private / group / public) decided on the caller's groups, then a
 ``required_role`` and a ``required_permission``, each decision with a reason code.
 """

@@ -17,9 +17,9 @@ from batch_ingest.documents import SourceDocument
 from deployments import acl
 from deployments.errors import Forbidden
 from deployments.protocols import ChunkRecord, SearchFilter
+from serve_app.access.policy import Policy
 from serve_app.auth.principal import Principal
 from serve_app.contracts import SearchDocsRequest, SearchFilters
-from serve_app.policy import Policy
 
 VISIBILITY_SCOPE = {
     "public": ("public",),
