@@ -30,7 +30,8 @@ from batch_ingest.chunks import strip_header
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.protocols import ChunkRecord, SearchHit
 from serve_app.access.context import AccessContext
-from serve_app.audit import request_audit, scope_resource
+from serve_app.audit.log import request_audit, scope_resource
+from serve_app.audit.recorder import AuditRecorder
 from serve_app.claims import Sentence, content_terms, extract_claims, insert_markers
 from serve_app.contracts import (
     EnrichAnswerRequest,
@@ -41,7 +42,6 @@ from serve_app.contracts import (
     SearchDocsRequest,
 )
 from serve_app.profiles import DEFAULT_PROFILES, ProfileSet, narrower_mode
-from serve_app.recorder import AuditRecorder
 from serve_app.retrieval import Retrieval, RetrievalResult
 from serve_app.snippets import best_snippet
 

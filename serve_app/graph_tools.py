@@ -21,7 +21,8 @@ from deployments.protocols import GraphStore
 from serve_app.access import graph as graph_access
 from serve_app.access.context import AccessContext
 from serve_app.access.policy import Policy
-from serve_app.audit import request_audit
+from serve_app.audit.log import request_audit
+from serve_app.audit.recorder import AuditRecorder
 from serve_app.auth.principal import Principal
 from serve_app.graph_contracts import (
     ExplainPathRequest,
@@ -33,7 +34,6 @@ from serve_app.graph_contracts import (
     PathOut,
 )
 from serve_app.graph_text import path_sentence
-from serve_app.recorder import AuditRecorder
 from serve_app.request import RequestContext
 from serve_app.settings import GatewaySettings
 

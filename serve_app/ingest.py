@@ -23,6 +23,7 @@ from batch_ingest.pipeline import IngestPipeline
 from deployments.errors import Forbidden, InvalidInput, NotFound
 from serve_app.access.context import AccessContext, check_ingest
 from serve_app.access.policy import Policy
+from serve_app.audit.recorder import AuditRecorder
 from serve_app.auth.principal import Principal
 from serve_app.contracts import (
     IngestDocumentsResponse,
@@ -34,7 +35,6 @@ from serve_app.contracts import (
 )
 from serve_app.ingest_jobs import JobWorker
 from serve_app.ingest_sync import sync_source
-from serve_app.recorder import AuditRecorder
 from serve_app.request import RequestContext
 from serve_app.settings import GatewaySettings
 

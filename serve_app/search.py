@@ -11,7 +11,8 @@ from deployments.errors import InvalidInput
 from deployments.protocols import SearchHit
 from serve_app.access.context import AccessContext
 from serve_app.access.policy import Policy
-from serve_app.audit import request_audit, scope_resource
+from serve_app.audit.log import request_audit, scope_resource
+from serve_app.audit.recorder import AuditRecorder
 from serve_app.cache.semantic import Lookup, SemanticCache
 from serve_app.contracts import (
     CacheInfo,
@@ -24,7 +25,6 @@ from serve_app.contracts import (
 )
 from serve_app.metrics import record_cache, record_search
 from serve_app.profiles import DEFAULT_PROFILES, ProfileSet, plan_search
-from serve_app.recorder import AuditRecorder
 from serve_app.request import RequestContext
 from serve_app.retrieval import Retrieval
 from serve_app.settings import GatewaySettings

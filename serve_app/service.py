@@ -21,7 +21,8 @@ from deployments.protocols import (
     VectorStore,
 )
 from serve_app.access.policy import Policy
-from serve_app.audit import AuditLog
+from serve_app.audit.log import AuditLog
+from serve_app.audit.recorder import AuditRecorder
 from serve_app.cache.semantic import SemanticCache
 from serve_app.cache.store import build_store
 from serve_app.enrich import EnrichService
@@ -29,7 +30,6 @@ from serve_app.graph_tools import GraphTools
 from serve_app.ingest import IngestService
 from serve_app.profiles import ProfileSet
 from serve_app.rate_limits import RateLimiter
-from serve_app.recorder import AuditRecorder
 from serve_app.retrieval import Retrieval
 from serve_app.search import SearchService
 from serve_app.settings import GatewaySettings
@@ -54,7 +54,7 @@ class GatewayService:
         profiles: ProfileSet | None = None,
     ) -> None:
         self.settings = settings
-        # Every allow/deny decision goes here (asynchronously; see serve_app/audit.py).
+        # Every allow/deny decision goes here (asynchronously; see serve_app/audit/log.py).
         self.recorder = AuditRecorder(audit if audit is not None else AuditLog(settings.audit))
         # Roles, doc types and resource policies; the file of auth.policy_file by default.
         self.policy = policy if policy is not None else Policy.load(settings.auth.policy_file)

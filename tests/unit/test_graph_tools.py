@@ -10,7 +10,7 @@ import pytest
 from deployments.errors import InvalidQuery, QueryLimitExceeded
 from deployments.graph_store.intents import INTENTS
 from deployments.protocols import GraphScope
-from serve_app.audit import sha256_text
+from serve_app.audit.log import sha256_text
 from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
 
 # The document-ACL tokens of the tokens' subject without groups.

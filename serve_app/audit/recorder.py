@@ -1,5 +1,5 @@
 """The one audit recorder: every allow/deny decision of a request, with the identity of the
-verified caller, goes through it into the audit log (serve_app/audit.py)."""
+verified caller, goes through it into the audit log (serve_app/audit/log.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from batch_ingest.audit_store import AuditRecord
 from deployments.errors import Forbidden, GatewayError
-from serve_app.audit import AuditLog
+from serve_app.audit.log import AuditLog
 from serve_app.auth.principal import Principal
 from serve_app.metrics import record_denial
 from serve_app.request import RequestContext
