@@ -30,9 +30,9 @@ from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from deployments.errors import BackendUnavailable, GatewayError, Unauthorized
-from serve_app.api.deps import authenticate, rate_limit, request_context
 from serve_app.auth import Principal
-from serve_app.errors import error_content, trace_id_of
+from serve_app.http.deps import authenticate, rate_limit, request_context
+from serve_app.http.errors import error_content, trace_id_of
 from serve_app.tools.catalog import mcp_tools
 from serve_app.tools.runner import ToolRunner
 
@@ -53,7 +53,7 @@ INSTRUCTIONS = (
 
 
 def error_body(exc: GatewayError, trace_id: str) -> dict[str, Any]:
-    """The JSON error body of serve_app/errors.py, with the HTTP status it would have."""
+    """The JSON error body of serve_app/http/errors.py, with the HTTP status it would have."""
     return {**error_content(exc, trace_id), "status": exc.status_code}
 
 

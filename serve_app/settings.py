@@ -254,7 +254,7 @@ class CacheSettings(BaseModel):
 
 
 class HttpSettings(BaseModel):
-    """Bounds on reading a request (serve_app/body_limits.py)."""
+    """Bounds on reading a request (serve_app/http/body_limits.py)."""
 
     # A longer URL (path and query string) is refused with 414. At most 12,288: in front of
     # the gateway, HAProxy (deployments/serve_env.py) refuses a request head over its 16 KiB

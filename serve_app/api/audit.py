@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 
 from serve_app.access.context import OperatorRight, operator_scope
-from serve_app.api.deps import Caller, Service
 from serve_app.auth import Principal
-from serve_app.errors import BackendUnavailable, InvalidInput
+from serve_app.http.deps import Caller, Service
+from serve_app.http.errors import BackendUnavailable, InvalidInput
 from serve_app.service import GatewayService
 
 router = APIRouter(tags=["ops"])

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from serve_app.api.deps import Caller, Enrich
 from serve_app.contracts import EnrichAnswerRequest, EnrichAnswerResponse
+from serve_app.http.deps import Caller, Enrich
 
 router = APIRouter(tags=["rag"])
 

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from serve_app.api.deps import Caller, CurrentPrincipal, Graph
 from serve_app.graph_contracts import (
     ExplainPathRequest,
     ExplainPathResponse,
@@ -11,6 +10,7 @@ from serve_app.graph_contracts import (
     GraphUpsertRequest,
     GraphUpsertResponse,
 )
+from serve_app.http.deps import Caller, CurrentPrincipal, Graph
 
 router = APIRouter(tags=["graph"])
 

@@ -5,7 +5,6 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path
 from fastapi.responses import JSONResponse
 
-from serve_app.api.deps import Caller, Ingest
 from serve_app.contracts import (
     IngestDocumentsRequest,
     IngestDocumentsResponse,
@@ -14,6 +13,7 @@ from serve_app.contracts import (
     IngestSyncRequest,
     IngestSyncResponse,
 )
+from serve_app.http.deps import Caller, Ingest
 
 router = APIRouter(tags=["ingest"])
 

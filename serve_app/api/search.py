@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from serve_app.api.deps import Caller, Search
 from serve_app.contracts import SearchDocsRequest, SearchDocsResponse
+from serve_app.http.deps import Caller, Search
 
 router = APIRouter(tags=["rag"])
 

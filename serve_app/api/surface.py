@@ -19,8 +19,8 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from serve_app.api.deps import authenticate
 from serve_app.auth import Authenticator
+from serve_app.http.deps import authenticate
 from serve_app.settings import GatewaySettings
 
 CATALOG_ACTION = "catalog.read"

@@ -13,8 +13,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 
 from serve_app.api.audit import audit_scope
-from serve_app.api.deps import Caller, Service
-from serve_app.errors import BackendUnavailable, InvalidInput
+from serve_app.http.deps import Caller, Service
+from serve_app.http.errors import BackendUnavailable, InvalidInput
 
 router = APIRouter(tags=["ops"])
 

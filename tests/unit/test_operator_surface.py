@@ -17,9 +17,9 @@ from batch_ingest.chunking import whitespace_tokens
 from deployments.protocols import Backends
 from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
 from serve_app.app import AppArgs
+from serve_app.asgi import create_app
 from serve_app.composition import build_service
 from serve_app.contracts import ErrorBody
-from serve_app.http import create_app
 from serve_app.testing import AUDIENCE, ISSUER, SECRET, build_gateway, claims, mint, unsigned_token
 
 pytestmark = pytest.mark.usefixtures("clean_gateway_env")

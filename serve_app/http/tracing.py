@@ -1,9 +1,9 @@
 """The trace id of each HTTP request: in every response, and in every log line of the ingress.
 
-``install_tracing(app)`` (serve_app/http.py) wraps the whole app in ``TraceContext``, a pure
+``install_tracing(app)`` (serve_app/asgi.py) wraps the whole app in ``TraceContext``, a pure
 ASGI middleware that
 
-- decides the request's trace id once (``serve_app.errors.trace_id_of``: a valid W3C
+- decides the request's trace id once (``serve_app.http.errors.trace_id_of``: a valid W3C
   ``traceparent``'s trace id, else ``X-Trace-Id``, else a new uuid4 hex) and makes it the
   current one (``deployments.tracing.TRACE_ID``) for the request's duration: every log record
   of the request gets it as ``trace_id`` (``TraceIdFilter``);
@@ -34,7 +34,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 
 from deployments.tracing import TRACE_ID, TraceIdFilter, single_traceparent, traceparent_for
-from serve_app.errors import trace_id_of
+from serve_app.http.errors import trace_id_of
 
 SERVE_LOGGER = "ray.serve"
 # Our packages' loggers, whose records go to Serve's log inside a replica.

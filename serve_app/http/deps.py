@@ -9,8 +9,8 @@ from fastapi import Depends, Request
 
 from serve_app.auth import Authenticator, Principal
 from serve_app.enrich import EnrichService
-from serve_app.errors import GatewayError, trace_id_of
 from serve_app.graph_tools import GraphTools
+from serve_app.http.errors import GatewayError, trace_id_of
 from serve_app.ingest import IngestService
 from serve_app.rate_limits import Limit, RateLimited
 from serve_app.request import RequestContext

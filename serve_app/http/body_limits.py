@@ -14,7 +14,7 @@ middleware).
 * ``http.max_body_bytes``: a larger body (by its ``Content-Length``, or counted as it
   streams in) gets ``413`` before the rest is read.
 
-Both answers come from the gateway's error handlers (serve_app/errors.py), in its JSON shape:
+Both answers come from the gateway's error handlers (serve_app/http/errors.py), in its JSON shape:
 the wrapped ``receive`` raises Starlette's ``HTTPException``, which FastAPI passes through
 its body parsing unchanged.
 """
@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from serve_app.errors import HTTP_CODES, trace_id_of
+from serve_app.http.errors import HTTP_CODES, trace_id_of
 
 
 class UrlLimit:

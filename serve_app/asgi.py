@@ -23,18 +23,18 @@ from serve_app.api import (
 )
 from serve_app.api.surface import catalog_urls, closed_catalog_router
 from serve_app.auth import Authenticator
-from serve_app.body_limits import BodyLimits, UrlLimit
 from serve_app.contracts import ErrorBody
-from serve_app.errors import install_error_handlers
+from serve_app.http.body_limits import BodyLimits, UrlLimit
+from serve_app.http.errors import install_error_handlers
+from serve_app.http.tracing import install_tracing
 from serve_app.mcp_server import mount_mcp
 from serve_app.metrics import RequestMetrics
 from serve_app.openapi import install_openapi
 from serve_app.service import GatewayService
 from serve_app.timing import CountInFlight, InFlight, ServerTiming
 from serve_app.tools.runner import ToolRunner
-from serve_app.tracing_http import install_tracing
 
-# The error answers every tool route may give, in the one shape of serve_app/errors.py.
+# The error answers every tool route may give, in the one shape of serve_app/http/errors.py.
 ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
     status: {"model": ErrorBody, "description": description}
     for status, description in {
