@@ -31,7 +31,8 @@ from batch_ingest.reindex.launcher import ReindexJobs
 from deployments.errors import Forbidden, NotFound
 from serve_app.access.context import OperatorRight, operator_scope
 from serve_app.auth import Principal
-from serve_app.http.deps import Caller, Service
+from serve_app.http.deps import Caller
+from serve_app.ops.deps import Service
 from serve_app.service import GatewayService
 
 logger = logging.getLogger(__name__)

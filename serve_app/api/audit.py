@@ -8,8 +8,9 @@ from fastapi import APIRouter, Query, Request
 
 from serve_app.access.context import OperatorRight, operator_scope
 from serve_app.auth import Principal
-from serve_app.http.deps import Caller, Service
+from serve_app.http.deps import Caller
 from serve_app.http.errors import BackendUnavailable, InvalidInput
+from serve_app.ops.deps import Service
 from serve_app.service import GatewayService
 
 router = APIRouter(tags=["ops"])

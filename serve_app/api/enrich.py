@@ -1,9 +1,19 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
 
 from serve_app.contracts import EnrichAnswerRequest, EnrichAnswerResponse
-from serve_app.http.deps import Caller, Enrich
+from serve_app.enrich import EnrichService
+from serve_app.http.deps import Caller
+
+
+async def _enrich(request: Request) -> EnrichService:
+    return request.app.state.service.enrich
+
+
+Enrich = Annotated[EnrichService, Depends(_enrich)]
 
 router = APIRouter(tags=["rag"])
 

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
 
 from serve_app.graph_contracts import (
     ExplainPathRequest,
@@ -10,7 +12,15 @@ from serve_app.graph_contracts import (
     GraphUpsertRequest,
     GraphUpsertResponse,
 )
-from serve_app.http.deps import Caller, CurrentPrincipal, Graph
+from serve_app.graph_tools import GraphTools
+from serve_app.http.deps import Caller, CurrentPrincipal
+
+
+async def _graph_tools(request: Request) -> GraphTools:
+    return request.app.state.service.graph_tools
+
+
+Graph = Annotated[GraphTools, Depends(_graph_tools)]
 
 router = APIRouter(tags=["graph"])
 

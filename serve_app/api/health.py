@@ -4,7 +4,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from serve_app.api.surface import readiness_view
-from serve_app.http.deps import Service
+from serve_app.ops.deps import Service
 
 router = APIRouter(tags=["ops"])
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path
+from fastapi import APIRouter, Depends, Header, Path, Request
 from fastapi.responses import JSONResponse
 
 from serve_app.contracts import (
@@ -13,7 +13,15 @@ from serve_app.contracts import (
     IngestSyncRequest,
     IngestSyncResponse,
 )
-from serve_app.http.deps import Caller, Ingest
+from serve_app.http.deps import Caller
+from serve_app.ingest import IngestService
+
+
+async def _ingest(request: Request) -> IngestService:
+    return request.app.state.service.ingest
+
+
+Ingest = Annotated[IngestService, Depends(_ingest)]
 
 router = APIRouter(tags=["ingest"])
 

@@ -1,9 +1,19 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
 
 from serve_app.contracts import SearchDocsRequest, SearchDocsResponse
-from serve_app.http.deps import Caller, Search
+from serve_app.http.deps import Caller
+from serve_app.search import SearchService
+
+
+async def _search(request: Request) -> SearchService:
+    return request.app.state.service.search
+
+
+Search = Annotated[SearchService, Depends(_search)]
 
 router = APIRouter(tags=["rag"])
 

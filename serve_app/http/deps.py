@@ -8,14 +8,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from serve_app.auth import Authenticator, Principal
-from serve_app.enrich import EnrichService
-from serve_app.graph_tools import GraphTools
 from serve_app.http.errors import GatewayError, trace_id_of
-from serve_app.ingest import IngestService
 from serve_app.rate_limits import Limit, RateLimited
 from serve_app.request import RequestContext
-from serve_app.search import SearchService
-from serve_app.service import GatewayService
 from serve_app.timing import stage
 
 # Route path -> audited action name.
@@ -35,28 +30,6 @@ ACTIONS = {
 }
 
 
-# Async on purpose: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop
-# on every request for a single attribute read.
-async def _service(request: Request) -> GatewayService:
-    return request.app.state.service
-
-
-async def _graph_tools(request: Request) -> GraphTools:
-    return request.app.state.service.graph_tools
-
-
-async def _search(request: Request) -> SearchService:
-    return request.app.state.service.search
-
-
-async def _enrich(request: Request) -> EnrichService:
-    return request.app.state.service.enrich
-
-
-async def _ingest(request: Request) -> IngestService:
-    return request.app.state.service.ingest
-
-
 async def authenticate(request: Request, action: str | None = None) -> Principal:
     """The verified caller of ``request``. A failure (401, or 503 when the JWKS cannot be
     fetched) is audited as a deny with the subject unknown, as ``action`` (default: the
@@ -67,7 +40,7 @@ async def authenticate(request: Request, action: str | None = None) -> Principal
         with stage("auth"):
             return await authenticator.authenticate(request.headers)
     except GatewayError as exc:
-        service: GatewayService = request.app.state.service
+        service = request.app.state.service
         path = request.url.path
         try:
             found = authenticator.credential(request.headers)
@@ -122,7 +95,7 @@ async def rate_limit(
     """Take this request's tokens (serve_app/rate_limits.py): the credential's, then each
     named team's that the credential grants (or any, for a dev caller trusted from the
     body). An empty bucket is audited as a deny and raised (429)."""
-    service: GatewayService = request.app.state.service
+    service = request.app.state.service
     limiter = service.rate_limiter
     if not limiter.settings.enabled:
         return
@@ -174,11 +147,6 @@ async def request_context(
     return RequestContext(trace_id_of(request), principal, routed_agent=routed)
 
 
-Service = Annotated[GatewayService, Depends(_service)]
-Graph = Annotated[GraphTools, Depends(_graph_tools)]
-Search = Annotated[SearchService, Depends(_search)]
-Enrich = Annotated[EnrichService, Depends(_enrich)]
-Ingest = Annotated[IngestService, Depends(_ingest)]
 CurrentPrincipal = Annotated[Principal, Depends(_principal)]
 # The verified caller, the trace id and the start of the request, as one value.
 Caller = Annotated[RequestContext, Depends(request_context)]
