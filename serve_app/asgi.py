@@ -9,18 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from serve_app.api import (
-    admin,
-    audit,
-    enrich,
-    events,
-    graph,
-    health,
-    ingest,
-    search,
-    tools,
-    usage,
-)
+from serve_app.api import admin, audit, enrich, events, graph, health, ingest, tools, usage
 from serve_app.api.surface import catalog_urls, closed_catalog_router
 from serve_app.auth import Authenticator
 from serve_app.contracts import ErrorBody
@@ -30,6 +19,7 @@ from serve_app.http.tracing import install_tracing
 from serve_app.mcp_server import mount_mcp
 from serve_app.metrics import RequestMetrics
 from serve_app.openapi import install_openapi
+from serve_app.search import routes as search
 from serve_app.service import GatewayService
 from serve_app.timing import CountInFlight, InFlight, ServerTiming
 from serve_app.tools.runner import ToolRunner

@@ -1,7 +1,7 @@
 """rag.enrich_answer: cite the caller's own documents after the claims of a draft answer.
 
 The draft is split into claims (its sentences). Each claim is searched with the pipeline of
-rag.search_docs (``serve_app.retrieval.Retrieval``) inside one ``AccessContext``, all claims
+rag.search_docs (``serve_app.search.retrieval.Retrieval``) inside one ``AccessContext``, all claims
 embedded in one embedder call. Whether a passage supports a claim is decided on an absolute
 score (the fused search score is min-max normalised per query, so it says nothing across
 queries):
@@ -42,8 +42,8 @@ from serve_app.contracts import (
     SearchDocsRequest,
 )
 from serve_app.profiles import DEFAULT_PROFILES, ProfileSet, narrower_mode
-from serve_app.retrieval import Retrieval, RetrievalResult
-from serve_app.snippets import best_snippet
+from serve_app.search.retrieval import Retrieval, RetrievalResult
+from serve_app.search.snippets import best_snippet
 
 if TYPE_CHECKING:
     from serve_app.access.policy import Policy

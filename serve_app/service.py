@@ -23,15 +23,15 @@ from deployments.protocols import (
 from serve_app.access.policy import Policy
 from serve_app.audit.log import AuditLog
 from serve_app.audit.recorder import AuditRecorder
-from serve_app.cache.semantic import SemanticCache
-from serve_app.cache.store import build_store
 from serve_app.enrich import EnrichService
 from serve_app.graph_tools import GraphTools
 from serve_app.ingest import IngestService
 from serve_app.profiles import ProfileSet
 from serve_app.rate_limits import RateLimiter
-from serve_app.retrieval import Retrieval
-from serve_app.search import SearchService
+from serve_app.search.cache.semantic import SemanticCache
+from serve_app.search.cache.store import build_store
+from serve_app.search.retrieval import Retrieval
+from serve_app.search.service import SearchService
 from serve_app.settings import GatewaySettings
 
 # The longest /readyz waits for one component (a probe must answer before its own timeout).

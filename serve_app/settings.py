@@ -73,7 +73,7 @@ class SearchSettings(BaseModel):
     # weight (BGE-M3's authors weigh sparse 0.3 beside dense 1; 0 leaves it out).
     lexical_weight: float = Field(0.3, ge=0.0)
     # fusion "adaptive": per query, each method's weight × (confidence of its candidate list,
-    # serve_app.ranking.list_confidence over the first adaptive_k) ** adaptive_gamma.
+    # serve_app.search.ranking.list_confidence over the first adaptive_k) ** adaptive_gamma.
     adaptive_gamma: float = Field(1.0, ge=0.0, le=10.0)
     adaptive_k: int = Field(10, ge=2, le=100)
     adaptive_measure: Literal["relgap", "peak", "margin"] = "relgap"
@@ -222,9 +222,10 @@ class AuthSettings(BaseModel):
 
 
 class CacheSettings(BaseModel):
-    """The semantic cache of rag.search_docs (serve_app/cache/): answers kept per agent, team,
-    compiled access scope and index generation, found again for the same or a near-duplicate
-    query (cosine of the query embeddings at least ``similarity``) within ``ttl_s``."""
+    """The semantic cache of rag.search_docs (serve_app/search/cache/): answers kept per agent,
+    team, compiled access scope and index generation, found again for the same or a
+    near-duplicate query (cosine of the query embeddings at least ``similarity``) within
+    ``ttl_s``."""
 
     enabled: bool = True
     # "memory": one cache per ingress replica (the embedded default); "redis": shared by all
@@ -239,7 +240,7 @@ class CacheSettings(BaseModel):
     # result; 1.0 keeps only exact repeats (after whitespace and case folding).
     similarity: float = Field(0.95, ge=0.5, le=1.0)
     # What a near duplicate must also pass before it is served (issue 38, item 7): "lexical"
-    # — the two queries' content words agree (serve_app/cache/wording.py: numbers, versions
+    # — the two queries' content words agree (serve_app/search/cache/wording.py: numbers, versions
     # and negations exactly; the other words with a multiset Jaccard of at least
     # ``near_min_jaccard``, 1.0 = the same words in any order, case or punctuation); "off" —
     # the cosine alone decides. A refused near duplicate is a miss (status "near_refused").

@@ -1,4 +1,4 @@
-"""rag.search_docs: search inside the caller's scope, audited (serve_app/retrieval.py runs
+"""rag.search_docs: search inside the caller's scope, audited (serve_app/search/retrieval.py runs
 the pipeline)."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from serve_app.access.context import AccessContext
 from serve_app.access.policy import Policy
 from serve_app.audit.log import request_audit, scope_resource
 from serve_app.audit.recorder import AuditRecorder
-from serve_app.cache.semantic import Lookup, SemanticCache
 from serve_app.contracts import (
     CacheInfo,
     GraphInfo,
@@ -26,9 +25,10 @@ from serve_app.contracts import (
 from serve_app.metrics import record_cache, record_search
 from serve_app.profiles import DEFAULT_PROFILES, ProfileSet, plan_search
 from serve_app.request import RequestContext
-from serve_app.retrieval import Retrieval
+from serve_app.search.cache.semantic import Lookup, SemanticCache
+from serve_app.search.retrieval import Retrieval
+from serve_app.search.snippets import best_snippet
 from serve_app.settings import GatewaySettings
-from serve_app.snippets import best_snippet
 from serve_app.timing import stage
 
 

@@ -31,9 +31,9 @@ from typing import Any
 from batch_ingest.generations import IndexGenerations
 from deployments.errors import BackendUnavailable
 from deployments.protocols import SearchFilter
-from serve_app.cache import wording
-from serve_app.cache.protocol import Accept, CacheHit, CacheStore
-from serve_app.cache.shared_reads import SharedReads
+from serve_app.search.cache import wording
+from serve_app.search.cache.protocol import Accept, CacheHit, CacheStore
+from serve_app.search.cache.shared_reads import SharedReads
 from serve_app.settings import CacheSettings
 
 logger = logging.getLogger(__name__)

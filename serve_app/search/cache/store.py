@@ -29,7 +29,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from deployments.errors import BackendUnavailable
-from serve_app.cache.protocol import Accept, CacheHit, CacheStore
+from serve_app.search.cache.protocol import Accept, CacheHit, CacheStore
 from serve_app.settings import CacheSettings
 
 __all__ = ["MemoryCacheStore", "RedisCacheStore", "build_store", "redact_url"]

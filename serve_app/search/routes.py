@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Request
 
 from serve_app.contracts import SearchDocsRequest, SearchDocsResponse
 from serve_app.http.deps import Caller
-from serve_app.search import SearchService
+from serve_app.search.service import SearchService
 
 
 async def _search(request: Request) -> SearchService:

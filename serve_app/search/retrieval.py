@@ -24,8 +24,8 @@ from deployments.protocols import (
 from serve_app.access import graph as graph_access
 from serve_app.access.context import AccessContext
 from serve_app.contracts import SearchDocsRequest
-from serve_app.query_models import QueryModels
-from serve_app.ranking import (
+from serve_app.search.query_models import QueryModels
+from serve_app.search.ranking import (
     adaptive_weights,
     drop_near_duplicates,
     fuse_rrf,
