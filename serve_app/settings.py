@@ -101,7 +101,7 @@ class IngestSettings(BaseModel):
 
 
 class EnrichSettings(BaseModel):
-    """Bounds and support thresholds of rag.enrich_answer (serve_app/enrich.py).
+    """Bounds and support thresholds of rag.enrich_answer (serve_app/enrich/service.py).
 
     A claim (one sentence of the draft) is supported by a passage when
     ``support = dense_weight * max(cosine, 0) + (1 - dense_weight) * coverage`` reaches

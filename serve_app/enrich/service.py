@@ -32,7 +32,6 @@ from deployments.protocols import ChunkRecord, SearchHit
 from serve_app.access.context import AccessContext
 from serve_app.audit.log import request_audit, scope_resource
 from serve_app.audit.recorder import AuditRecorder
-from serve_app.claims import Sentence, content_terms, extract_claims, insert_markers
 from serve_app.contracts import (
     EnrichAnswerRequest,
     EnrichAnswerResponse,
@@ -41,6 +40,7 @@ from serve_app.contracts import (
     ProfileInfo,
     SearchDocsRequest,
 )
+from serve_app.enrich.claims import Sentence, content_terms, extract_claims, insert_markers
 from serve_app.profiles import DEFAULT_PROFILES, ProfileSet, narrower_mode
 from serve_app.search.retrieval import Retrieval, RetrievalResult
 from serve_app.search.snippets import best_snippet
@@ -320,7 +320,7 @@ class EnrichService:
         self, req: EnrichAnswerRequest, rc: RequestContext
     ) -> EnrichAnswerResponse:
         """Cite the caller's documents after the claims of ``req.draft_answer`` (search
-        pipeline and scope of ``search_docs``; see serve_app/enrich.py); audited like it.
+        pipeline and scope of ``search_docs``; see serve_app/enrich/service.py); audited like it.
 
         Raises:
             Forbidden: the team, mode, doc types or project are not granted (before searching).
