@@ -285,7 +285,7 @@ class GraphStore(Protocol):
         relationships: list[dict[str, Any]],
         scope: GraphScope,
     ) -> dict[str, Any]:
-        """MERGE validated entities and relationships (see serve_app.graph_contracts), or
+        """MERGE validated entities and relationships (see serve_app.graph.contracts), or
         nothing when the write would touch what the writer's ``scope`` does not hold:
         ``{"nodes", "relationships", "refused", "changes", "derived_ends"}``."""
         ...

@@ -9,11 +9,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from serve_app.api import admin, audit, events, graph, health, ingest, tools, usage
+from serve_app.api import admin, audit, events, health, ingest, tools, usage
 from serve_app.api.surface import catalog_urls, closed_catalog_router
 from serve_app.auth import Authenticator
 from serve_app.contracts import ErrorBody
 from serve_app.enrich import routes as enrich
+from serve_app.graph import routes as graph
 from serve_app.http.body_limits import BodyLimits, UrlLimit
 from serve_app.http.errors import install_error_handlers
 from serve_app.http.tracing import install_tracing

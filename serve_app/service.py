@@ -24,7 +24,7 @@ from serve_app.access.policy import Policy
 from serve_app.audit.log import AuditLog
 from serve_app.audit.recorder import AuditRecorder
 from serve_app.enrich.service import EnrichService
-from serve_app.graph_tools import GraphTools
+from serve_app.graph.service import GraphTools
 from serve_app.ingest import IngestService
 from serve_app.profiles import ProfileSet
 from serve_app.rate_limits import RateLimiter

@@ -22,7 +22,7 @@ from deployments.graph_store.intents import INTENTS
 from deployments.graph_store.scope import scope_query
 from deployments.graph_store.store import Neo4jGraph
 from deployments.protocols import GraphDocument, GraphScope
-from serve_app.graph_text import path_sentence
+from serve_app.graph.text import path_sentence
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
-from serve_app.graph_contracts import (
+from serve_app.graph.contracts import (
     ExplainPathRequest,
     ExplainPathResponse,
     GraphQueryRequest,
@@ -12,7 +12,7 @@ from serve_app.graph_contracts import (
     GraphUpsertRequest,
     GraphUpsertResponse,
 )
-from serve_app.graph_tools import GraphTools
+from serve_app.graph.service import GraphTools
 from serve_app.http.deps import Caller, CurrentPrincipal
 
 

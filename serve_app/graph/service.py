@@ -24,7 +24,7 @@ from serve_app.access.policy import Policy
 from serve_app.audit.log import request_audit
 from serve_app.audit.recorder import AuditRecorder
 from serve_app.auth.principal import Principal
-from serve_app.graph_contracts import (
+from serve_app.graph.contracts import (
     ExplainPathRequest,
     ExplainPathResponse,
     GraphQueryRequest,
@@ -33,7 +33,7 @@ from serve_app.graph_contracts import (
     GraphUpsertResponse,
     PathOut,
 )
-from serve_app.graph_text import path_sentence
+from serve_app.graph.text import path_sentence
 from serve_app.request import RequestContext
 from serve_app.settings import GatewaySettings
 
