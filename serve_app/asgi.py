@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from serve_app.api import admin, audit, events, health, ingest, tools, usage
+from serve_app.api import admin, audit, health, tools, usage
 from serve_app.api.surface import catalog_urls, closed_catalog_router
 from serve_app.auth import Authenticator
 from serve_app.contracts import ErrorBody
@@ -18,6 +18,8 @@ from serve_app.graph import routes as graph
 from serve_app.http.body_limits import BodyLimits, UrlLimit
 from serve_app.http.errors import install_error_handlers
 from serve_app.http.tracing import install_tracing
+from serve_app.ingest import events_routes as events
+from serve_app.ingest import routes as ingest
 from serve_app.mcp_server import mount_mcp
 from serve_app.metrics import RequestMetrics
 from serve_app.openapi import install_openapi
@@ -54,7 +56,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # The MCP server's session manager runs for the app's lifetime (Serve runs this too).
-        # So does the worker of background ingestion jobs (serve_app/ingest_jobs.py).
+        # So does the worker of background ingestion jobs (serve_app/ingest/worker.py).
         worker = service.ingest.worker
         async with mcp.running(), worker.running() if worker else contextlib.nullcontext():
             yield

@@ -25,7 +25,7 @@ from serve_app.audit.log import AuditLog
 from serve_app.audit.recorder import AuditRecorder
 from serve_app.enrich.service import EnrichService
 from serve_app.graph.service import GraphTools
-from serve_app.ingest import IngestService
+from serve_app.ingest.service import IngestService
 from serve_app.profiles import ProfileSet
 from serve_app.rate_limits import RateLimiter
 from serve_app.search.cache.semantic import SemanticCache

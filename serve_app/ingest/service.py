@@ -33,8 +33,8 @@ from serve_app.contracts import (
     IngestSyncRequest,
     IngestSyncResponse,
 )
-from serve_app.ingest_jobs import JobWorker
-from serve_app.ingest_sync import sync_source
+from serve_app.ingest.sync import sync_source
+from serve_app.ingest.worker import JobWorker
 from serve_app.request import RequestContext
 from serve_app.settings import GatewaySettings
 
@@ -242,7 +242,7 @@ class IngestService:
         )
 
     async def sync_source(self, body: IngestSyncRequest, rc: RequestContext) -> IngestSyncResponse:
-        """``POST /ingest/sync`` (serve_app/ingest_sync.py)."""
+        """``POST /ingest/sync`` (serve_app/ingest/sync.py)."""
         return await sync_source(
             body, rc, pipeline=self.pipeline, policy=self.policy, recorder=self.recorder
         )

@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from batch_ingest.events import IngestEventsResponse, InvalidEvent, parse_event
 from batch_ingest.events.envelope import envelope_schema
-from serve_app.api.ingest import Ingest
 from serve_app.http.deps import Caller
+from serve_app.ingest.routes import Ingest
 
 router = APIRouter(tags=["ingest"])
 

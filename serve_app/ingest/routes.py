@@ -14,7 +14,7 @@ from serve_app.contracts import (
     IngestSyncResponse,
 )
 from serve_app.http.deps import Caller
-from serve_app.ingest import IngestService
+from serve_app.ingest.service import IngestService
 
 
 async def _ingest(request: Request) -> IngestService:
