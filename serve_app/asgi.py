@@ -9,8 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from serve_app.api import admin, audit, health, tools, usage
-from serve_app.api.surface import catalog_urls, closed_catalog_router
+from serve_app.api import tools
 from serve_app.auth import Authenticator
 from serve_app.contracts import ErrorBody
 from serve_app.enrich import routes as enrich
@@ -23,6 +22,9 @@ from serve_app.ingest import routes as ingest
 from serve_app.mcp_server import mount_mcp
 from serve_app.metrics import RequestMetrics
 from serve_app.openapi import install_openapi
+from serve_app.ops import audit, health, usage
+from serve_app.ops import reindex as admin
+from serve_app.ops.surface import catalog_urls, closed_catalog_router
 from serve_app.search import routes as search
 from serve_app.service import GatewayService
 from serve_app.timing import CountInFlight, InFlight, ServerTiming

@@ -286,7 +286,7 @@ class RateLimitSettings(BaseModel):
 
 
 class SurfaceSettings(BaseModel):
-    """Who may read the operator surface (serve_app/api/surface.py). ``auto`` closes it
+    """Who may read the operator surface (serve_app/ops/surface.py). ``auto`` closes it
     whenever authentication is on (``auth.mode`` jwt: every request needs a credential) or
     ENVIRONMENT=production, and leaves it open only in ``auth.mode`` dev (a laptop, where a
     request without credentials is trusted anyway). ``open`` / ``full`` open it explicitly."""

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.responses import PlainTextResponse
 
-from serve_app.api.surface import catalog_access
 from serve_app.http.deps import Caller
+from serve_app.ops.surface import catalog_access
 from serve_app.tools.catalog import gateway_tools, mcp_tools, openai_tools, router_listing
 from serve_app.tools.runner import ToolRunner
 

@@ -1,4 +1,4 @@
-"""The operator surface closed whenever authentication is on (serve_app/api/surface.py): in
+"""The operator surface closed whenever authentication is on (serve_app/ops/surface.py): in
 production and with ``AUTH__MODE=jwt`` in any environment — the shipped serve_config.yaml
 included — the catalogue needs a credential and /readyz names no path or URI without the
 details permission; only dev mode (a laptop) leaves them open, or an explicit setting. Every

@@ -3,8 +3,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from serve_app.api.surface import readiness_view
 from serve_app.ops.deps import Service
+from serve_app.ops.surface import readiness_view
 
 router = APIRouter(tags=["ops"])
 

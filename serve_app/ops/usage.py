@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
-from serve_app.api.audit import audit_scope
 from serve_app.http.deps import Caller
 from serve_app.http.errors import BackendUnavailable, InvalidInput
+from serve_app.ops.audit import audit_scope
 from serve_app.ops.deps import Service
 
 router = APIRouter(tags=["ops"])
