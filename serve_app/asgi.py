@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from serve_app.api import tools
 from serve_app.auth import Authenticator
 from serve_app.contracts import ErrorBody
 from serve_app.enrich import routes as enrich
@@ -19,7 +18,6 @@ from serve_app.http.errors import install_error_handlers
 from serve_app.http.tracing import install_tracing
 from serve_app.ingest import events_routes as events
 from serve_app.ingest import routes as ingest
-from serve_app.mcp_server import mount_mcp
 from serve_app.metrics import RequestMetrics
 from serve_app.openapi import install_openapi
 from serve_app.ops import audit, health, usage
@@ -28,6 +26,8 @@ from serve_app.ops.surface import catalog_urls, closed_catalog_router
 from serve_app.search import routes as search
 from serve_app.service import GatewayService
 from serve_app.timing import CountInFlight, InFlight, ServerTiming
+from serve_app.tools import routes as tools
+from serve_app.tools.mcp import mount_mcp
 from serve_app.tools.runner import ToolRunner
 
 # The error answers every tool route may give, in the one shape of serve_app/http/errors.py.

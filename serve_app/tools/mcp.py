@@ -152,7 +152,7 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope)
-        trace_id = trace_id_of(request)  # traceparent, X-Trace-Id or a new one (errors.py)
+        trace_id = trace_id_of(request)  # traceparent, X-Trace-Id or a new one (http/errors.py)
         try:
             principal = await authenticate(request, AUDIT_ACTION)
             await rate_limit(request, principal, AUDIT_ACTION)
