@@ -90,7 +90,7 @@ class GatewayService:
             if settings.cache.enabled and pipeline.generations is not None
             else None
         )
-        # One service per feature; the routes get theirs through api/deps.py.
+        # One service per feature; each folder's routes read theirs through its own dependency.
         self.search = SearchService(
             settings, self.policy, self.retrieval, self.recorder, self.profiles, self.cache
         )
