@@ -25,9 +25,9 @@ from serve_app.audit.log import AuditLog
 from serve_app.audit.recorder import AuditRecorder
 from serve_app.enrich.service import EnrichService
 from serve_app.graph.service import GraphTools
+from serve_app.http.rate_limits import RateLimiter
 from serve_app.ingest.service import IngestService
 from serve_app.profiles import ProfileSet
-from serve_app.rate_limits import RateLimiter
 from serve_app.search.cache.semantic import SemanticCache
 from serve_app.search.cache.store import build_store
 from serve_app.search.retrieval import Retrieval
@@ -98,7 +98,7 @@ class GatewayService:
             settings, self.policy, self.retrieval, self.recorder, self.profiles
         )
         self.ingest = IngestService(settings, self.policy, pipeline, self.recorder)
-        # Token buckets per credential and team (serve_app/rate_limits.py).
+        # Token buckets per credential and team (serve_app/http/rate_limits.py).
         self.rate_limiter = RateLimiter.from_settings(
             settings.rate_limit, settings.cache.backend, settings.cache.redis_url
         )

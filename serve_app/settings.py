@@ -268,7 +268,7 @@ class HttpSettings(BaseModel):
 
 
 class RateLimitSettings(BaseModel):
-    """``RATE_LIMIT__*`` (serve_app/rate_limits.py). Generous defaults: a 2-core machine
+    """``RATE_LIMIT__*`` (serve_app/http/rate_limits.py). Generous defaults: a 2-core machine
     serves ~100 searches/s in all (bench/README.md, "Search plumbing"), so they only stop a
     runaway client, never a busy team on a bigger machine; set them per deployment."""
 

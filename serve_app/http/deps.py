@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 
 from serve_app.auth import Authenticator, Principal
 from serve_app.http.errors import GatewayError, trace_id_of
-from serve_app.rate_limits import Limit, RateLimited
+from serve_app.http.rate_limits import Limit, RateLimited
 from serve_app.request import RequestContext
 from serve_app.timing import stage
 
@@ -92,7 +92,7 @@ def named_teams(request: Request, body: object) -> set[str]:
 async def rate_limit(
     request: Request, principal: Principal, action: str, agent_id: str = ""
 ) -> None:
-    """Take this request's tokens (serve_app/rate_limits.py): the credential's, then each
+    """Take this request's tokens (serve_app/http/rate_limits.py): the credential's, then each
     named team's that the credential grants (or any, for a dev caller trusted from the
     body). An empty bucket is audited as a deny and raised (429)."""
     service = request.app.state.service
