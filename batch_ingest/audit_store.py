@@ -1,6 +1,6 @@
 """The audit log's records and their table: one schema for SQLite (the default, a file under
 var/) and PostgreSQL (``audit.url``), written with SQLAlchemy Core. Shared by the gateway's
-audit log (serve_app/audit.py: a queue and a writer thread) and the bus consumer, which writes
+audit log (serve_app/audit/log.py: a queue and a writer thread) and the bus consumer, which writes
 the record of every bus write before applying it (batch_ingest/events/bus_audit.py)."""
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ class ConsumerSettings(BaseModel):
 
 
 class AuditSettings(BaseModel):
-    """The audit log of every access decision: the gateway's (serve_app/audit.py) and the bus
+    """The audit log of every access decision: the gateway's (serve_app/audit/log.py) and the bus
     consumer's (batch_ingest/events/bus_audit.py), one table."""
 
     enabled: bool = True

@@ -87,7 +87,7 @@ from bench.quality import appstream_set, bible_set
 from bench.quality.bible_set import DEFAULT_BOOKS, LabeledSet
 from bench.quality.metrics import distinct, evaluate, ndcg_at_k
 from bench.serve_harness import ServeHarness, run_benchmark
-from serve_app.cache.semantic import normalise
+from serve_app.search.cache.semantic import normalise
 
 logger = logging.getLogger("bench.agent_tools")
 SECRET = "bench-agent-tools-hs256-secret-0123456789abcdef"
@@ -1076,7 +1076,7 @@ async def mcp_phase(
 
 
 async def clear_redis(url: str, prefix: str) -> int:
-    from serve_app.cache.store import RedisCacheStore
+    from serve_app.search.cache.store import RedisCacheStore
 
     store = RedisCacheStore(url, prefix, 256, 5.0)
     try:

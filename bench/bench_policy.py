@@ -74,7 +74,7 @@ def measure(fn: Callable[[], Any], rounds: int, calls: int, warmup: int = 50) ->
 
 
 def big_policy(projects: int, skills: int) -> Any:
-    from serve_app.policy import Policy
+    from serve_app.access.policy import Policy
 
     base = Policy.load()
     return Policy(
@@ -175,10 +175,10 @@ def setup_auth(workdir: Path) -> dict[str, Any]:
 
 
 def bench_units(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    from serve_app.access import AccessContext
+    from serve_app.access.context import AccessContext
+    from serve_app.access.policy import Policy
     from serve_app.auth.authenticator import Authenticator
     from serve_app.contracts import SearchDocsRequest
-    from serve_app.policy import Policy
 
     out: dict[str, Any] = {}
     a = setup_auth(workdir)

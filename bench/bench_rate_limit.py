@@ -17,7 +17,7 @@ import uuid
 from typing import Any
 
 from bench.common import environment_info, setup_logging, write_result
-from serve_app.rate_limits import RateLimiter
+from serve_app.http.rate_limits import RateLimiter
 from serve_app.settings import RateLimitSettings
 from serve_app.testing import build_gateway, mint
 

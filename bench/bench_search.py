@@ -154,10 +154,10 @@ async def baseline(
     args: argparse.Namespace, h: ServeHarness, store: Any, modes: list[str]
 ) -> dict[str, Any]:
     """Query embedding via the Embedder handle + in-process MilvusStore.search, sequential."""
-    from serve_app.access import AccessContext
+    from serve_app.access.context import AccessContext
+    from serve_app.access.policy import Policy
     from serve_app.auth.principal import Principal
     from serve_app.contracts import SearchDocsRequest
-    from serve_app.policy import Policy
 
     settings = h.settings
     limit = args.top_k * settings.search.candidate_multiplier

@@ -43,7 +43,7 @@ from bench.common import environment_info, markdown_table, setup_logging, write_
 from deployments.protocols import ChunkRecord, SearchFilter, SearchHit
 from deployments.vector_store.deployment import RetrieverDeployment
 from deployments.vector_store.store import MilvusStore
-from serve_app.ranking import adaptive_weights, fuse_weighted
+from serve_app.search.ranking import adaptive_weights, fuse_weighted
 from serve_app.settings import GatewaySettings, SearchSettings
 
 logger = logging.getLogger("bench.swap_latency")

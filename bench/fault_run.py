@@ -962,7 +962,7 @@ async def run(
         services.restore_all()
         if args.cache == "redis":
             with contextlib.suppress(Exception):
-                from serve_app.cache.store import RedisCacheStore
+                from serve_app.search.cache.store import RedisCacheStore
 
                 cfg = h.settings.cache
                 cache = RedisCacheStore(cfg.redis_url, cfg.redis_prefix, 256, 5.0)

@@ -152,7 +152,7 @@ def search_rows(args: argparse.Namespace, paragraphs: list[str]) -> list[dict[st
     from deployments.protocols import ChunkRecord, SearchFilter
     from deployments.vector_store.filter import compile_filter
     from deployments.vector_store.memindex.team import TeamIndex
-    from serve_app.ranking import fuse_weighted
+    from serve_app.search.ranking import fuse_weighted
 
     queries = [t.split(". ")[0][:200] for t in paragraphs][:64]
     flt = compile_filter(SearchFilter(team_id="bench"))

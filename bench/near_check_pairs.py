@@ -6,7 +6,7 @@ queried by ``bench_agent_tools``) and of the Bible WEB and KJV wordings of the v
 within one set whose cosine is at least ``--similarity`` (the cache's near-duplicate
 threshold), and per pair: whether the two queries want the same answer (their relevant
 documents are the same set), the multiset Jaccard of their content words and whether their
-protected terms (numbers, negations) agree (``serve_app/cache/wording.py``). The table: per
+protected terms (numbers, negations) agree (``serve_app/search/cache/wording.py``). The table: per
 Jaccard threshold, the pairs the check would serve — with the same answer wanted, and with
 another — to choose ``cache.near_min_jaccard`` on data.
 
@@ -25,8 +25,8 @@ from bench import realtext
 from bench.common import markdown_table, setup_logging, write_result
 from bench.quality import appstream_set, bible_set
 from bench.quality.bible_set import DEFAULT_BOOKS
-from serve_app.cache import wording
-from serve_app.cache.semantic import normalise
+from serve_app.search.cache import wording
+from serve_app.search.cache.semantic import normalise
 from serve_app.settings import GatewaySettings
 
 THRESHOLDS = (1.0, 0.9, 0.8, 0.75, 0.67, 0.6, 0.5)

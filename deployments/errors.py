@@ -1,4 +1,4 @@
-"""One exception tree for the whole gateway; ``serve_app.errors`` maps it to HTTP status.
+"""One exception tree for the whole gateway; ``serve_app.http.errors`` maps it to HTTP status.
 
 Every error survives pickling with all its fields (``GatewayError.__reduce__``): raised
 inside a Serve replica, it reaches the ingress as itself, not as Ray's

@@ -160,13 +160,13 @@ NO_POLICY: dict[str, Any] = {
 @dataclass(frozen=True)
 class GraphScope:
     """What a graph query may touch: one team and the visibilities its caller sees. Built
-    only by ``serve_app.graph_access.graph_scope``; the graph store binds both as
+    only by ``serve_app.access.graph.graph_scope``; the graph store binds both as
     ``$team_id`` and ``$visibilities`` in every statement."""
 
     team_id: str
     visibilities: tuple[str, ...] = ("public",)
     # The caller's doc-type, project and skill policies as parameters
-    # (serve_app.policy.Policy.graph_params); empty = nothing beyond team and visibility.
+    # (serve_app.access.policy.Policy.graph_params); empty = nothing beyond team and visibility.
     policy: dict[str, Any] = field(default_factory=dict, compare=False)
     # The caller's ACL tokens (deployments.acl.principal_tokens), bound as
     # ``$acl_principals``; the default sees only documents without an access list.
@@ -285,7 +285,7 @@ class GraphStore(Protocol):
         relationships: list[dict[str, Any]],
         scope: GraphScope,
     ) -> dict[str, Any]:
-        """MERGE validated entities and relationships (see serve_app.graph_contracts), or
+        """MERGE validated entities and relationships (see serve_app.graph.contracts), or
         nothing when the write would touch what the writer's ``scope`` does not hold:
         ``{"nodes", "relationships", "refused", "changes", "derived_ends"}``."""
         ...

@@ -24,7 +24,7 @@ on 127.0.0.1:4222, no anonymous connection: nkey users in var/nats/auth (the con
 operators' seeds made on the first start, producers bound to their teams added with
 ``python -m batch_ingest.bus_auth issue NAME --teams T``).
 
-Redis (the shared backend of the semantic cache, serve_app/cache/store.py) is the Debian
+Redis (the shared backend of the semantic cache, serve_app/search/cache/store.py) is the Debian
 package ``redis-server`` (7.0.x, installed with apt-get like PostgreSQL), run in the
 foreground with its own config in var/redis: 127.0.0.1:6380 (not 6379, where a system Redis
 may listen), no persistence (a cache), ``maxmemory 256mb`` with ``allkeys-lru`` eviction.

@@ -30,10 +30,10 @@ from deployments.protocols import Backends
 from deployments.vector_store.deployment import RetrieverDeployment, build_store
 from deployments.vector_store.deployment import deployment_options as retriever_options
 from deployments.vector_store.memindex.front import MemoryFront, hot_index
+from serve_app.access.policy import Policy
+from serve_app.asgi import create_app
 from serve_app.composition import build_service
 from serve_app.handles import HandleProxy, MemoryFirstStore, StoreProxy
-from serve_app.http import create_app
-from serve_app.policy import Policy
 from serve_app.settings import GatewaySettings
 from serve_app.timing import InFlight
 

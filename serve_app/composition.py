@@ -9,8 +9,8 @@ from batch_ingest.chunking import TokenCounter, embedder_token_counter
 from batch_ingest.pipeline import build_pipeline
 from batch_ingest.source_store import SourceStore
 from deployments.protocols import Backends
-from serve_app.audit import AuditLog
-from serve_app.policy import Policy
+from serve_app.access.policy import Policy
+from serve_app.audit.log import AuditLog
 from serve_app.service import GatewayService
 from serve_app.settings import GatewaySettings
 

@@ -228,7 +228,7 @@ class ProfileInfo(BaseModel):
 
 
 class CacheInfo(BaseModel):
-    """Whether the answer came from the semantic cache (serve_app/cache/)."""
+    """Whether the answer came from the semantic cache (serve_app/search/cache/)."""
 
     hit: bool
     # "hit", "miss", "near_refused" (a miss: a near-duplicate query's answer was found but

@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from deployments.validation import plain_schema
-from serve_app.graph_contracts import query_forms
+from serve_app.graph.contracts import query_forms
 from serve_app.settings import GatewaySettings
 from serve_app.tools.bounds import request_bounds, tighten, tool_bounds
 from serve_app.tools.catalog import TOOL_ROUTE, TOOLS, ToolSpec

@@ -1,6 +1,6 @@
 """RequestContext: what every audited request carries from its route to the audit record —
 the verified caller, the trace id and when the request began. Built once per request by the
-``Caller`` dependency (serve_app/api/deps.py)."""
+``Caller`` dependency (serve_app/http/deps.py)."""
 
 from __future__ import annotations
 

@@ -20,18 +20,18 @@ from deployments.protocols import (
     Reranker,
     VectorStore,
 )
-from serve_app.audit import AuditLog
-from serve_app.cache.semantic import SemanticCache
-from serve_app.cache.store import build_store
-from serve_app.enrich import EnrichService
-from serve_app.graph_tools import GraphTools
-from serve_app.ingest import IngestService
-from serve_app.policy import Policy
+from serve_app.access.policy import Policy
+from serve_app.audit.log import AuditLog
+from serve_app.audit.recorder import AuditRecorder
+from serve_app.enrich.service import EnrichService
+from serve_app.graph.service import GraphTools
+from serve_app.http.rate_limits import RateLimiter
+from serve_app.ingest.service import IngestService
 from serve_app.profiles import ProfileSet
-from serve_app.rate_limits import RateLimiter
-from serve_app.recorder import AuditRecorder
-from serve_app.retrieval import Retrieval
-from serve_app.search import SearchService
+from serve_app.search.cache.semantic import SemanticCache
+from serve_app.search.cache.store import build_store
+from serve_app.search.retrieval import Retrieval
+from serve_app.search.service import SearchService
 from serve_app.settings import GatewaySettings
 
 # The longest /readyz waits for one component (a probe must answer before its own timeout).
@@ -54,7 +54,7 @@ class GatewayService:
         profiles: ProfileSet | None = None,
     ) -> None:
         self.settings = settings
-        # Every allow/deny decision goes here (asynchronously; see serve_app/audit.py).
+        # Every allow/deny decision goes here (asynchronously; see serve_app/audit/log.py).
         self.recorder = AuditRecorder(audit if audit is not None else AuditLog(settings.audit))
         # Roles, doc types and resource policies; the file of auth.policy_file by default.
         self.policy = policy if policy is not None else Policy.load(settings.auth.policy_file)
@@ -90,7 +90,7 @@ class GatewayService:
             if settings.cache.enabled and pipeline.generations is not None
             else None
         )
-        # One service per feature; the routes get theirs through api/deps.py.
+        # One service per feature; each folder's routes read theirs through its own dependency.
         self.search = SearchService(
             settings, self.policy, self.retrieval, self.recorder, self.profiles, self.cache
         )
@@ -98,7 +98,7 @@ class GatewayService:
             settings, self.policy, self.retrieval, self.recorder, self.profiles
         )
         self.ingest = IngestService(settings, self.policy, pipeline, self.recorder)
-        # Token buckets per credential and team (serve_app/rate_limits.py).
+        # Token buckets per credential and team (serve_app/http/rate_limits.py).
         self.rate_limiter = RateLimiter.from_settings(
             settings.rate_limit, settings.cache.backend, settings.cache.redis_url
         )

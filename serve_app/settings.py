@@ -73,7 +73,7 @@ class SearchSettings(BaseModel):
     # weight (BGE-M3's authors weigh sparse 0.3 beside dense 1; 0 leaves it out).
     lexical_weight: float = Field(0.3, ge=0.0)
     # fusion "adaptive": per query, each method's weight × (confidence of its candidate list,
-    # serve_app.ranking.list_confidence over the first adaptive_k) ** adaptive_gamma.
+    # serve_app.search.ranking.list_confidence over the first adaptive_k) ** adaptive_gamma.
     adaptive_gamma: float = Field(1.0, ge=0.0, le=10.0)
     adaptive_k: int = Field(10, ge=2, le=100)
     adaptive_measure: Literal["relgap", "peak", "margin"] = "relgap"
@@ -101,7 +101,7 @@ class IngestSettings(BaseModel):
 
 
 class EnrichSettings(BaseModel):
-    """Bounds and support thresholds of rag.enrich_answer (serve_app/enrich.py).
+    """Bounds and support thresholds of rag.enrich_answer (serve_app/enrich/service.py).
 
     A claim (one sentence of the draft) is supported by a passage when
     ``support = dense_weight * max(cosine, 0) + (1 - dense_weight) * coverage`` reaches
@@ -182,7 +182,7 @@ class AuthSettings(BaseModel):
     api_key_pepper: SecretStr = SecretStr("")
     # Seconds between checks whether the API key file changed (revocations apply then).
     api_keys_reload_s: float = Field(5.0, ge=0)
-    # Policy YAML (roles, doc types, project and skill policies); "" = serve_app/policy.yaml.
+    # Policy YAML (roles, doc types, project and skill policies); "" = serve_app/access/policy.yaml.
     policy_file: str = ""
     # Team roles of a dev-mode caller without credentials (body trust).
     dev_roles: list[str] = Field(default_factory=lambda: ["owner"])
@@ -222,9 +222,10 @@ class AuthSettings(BaseModel):
 
 
 class CacheSettings(BaseModel):
-    """The semantic cache of rag.search_docs (serve_app/cache/): answers kept per agent, team,
-    compiled access scope and index generation, found again for the same or a near-duplicate
-    query (cosine of the query embeddings at least ``similarity``) within ``ttl_s``."""
+    """The semantic cache of rag.search_docs (serve_app/search/cache/): answers kept per agent,
+    team, compiled access scope and index generation, found again for the same or a
+    near-duplicate query (cosine of the query embeddings at least ``similarity``) within
+    ``ttl_s``."""
 
     enabled: bool = True
     # "memory": one cache per ingress replica (the embedded default); "redis": shared by all
@@ -239,7 +240,7 @@ class CacheSettings(BaseModel):
     # result; 1.0 keeps only exact repeats (after whitespace and case folding).
     similarity: float = Field(0.95, ge=0.5, le=1.0)
     # What a near duplicate must also pass before it is served (issue 38, item 7): "lexical"
-    # — the two queries' content words agree (serve_app/cache/wording.py: numbers, versions
+    # — the two queries' content words agree (serve_app/search/cache/wording.py: numbers, versions
     # and negations exactly; the other words with a multiset Jaccard of at least
     # ``near_min_jaccard``, 1.0 = the same words in any order, case or punctuation); "off" —
     # the cosine alone decides. A refused near duplicate is a miss (status "near_refused").
@@ -254,7 +255,7 @@ class CacheSettings(BaseModel):
 
 
 class HttpSettings(BaseModel):
-    """Bounds on reading a request (serve_app/body_limits.py)."""
+    """Bounds on reading a request (serve_app/http/body_limits.py)."""
 
     # A longer URL (path and query string) is refused with 414. At most 12,288: in front of
     # the gateway, HAProxy (deployments/serve_env.py) refuses a request head over its 16 KiB
@@ -267,7 +268,7 @@ class HttpSettings(BaseModel):
 
 
 class RateLimitSettings(BaseModel):
-    """``RATE_LIMIT__*`` (serve_app/rate_limits.py). Generous defaults: a 2-core machine
+    """``RATE_LIMIT__*`` (serve_app/http/rate_limits.py). Generous defaults: a 2-core machine
     serves ~100 searches/s in all (bench/README.md, "Search plumbing"), so they only stop a
     runaway client, never a busy team on a bigger machine; set them per deployment."""
 
@@ -285,7 +286,7 @@ class RateLimitSettings(BaseModel):
 
 
 class SurfaceSettings(BaseModel):
-    """Who may read the operator surface (serve_app/api/surface.py). ``auto`` closes it
+    """Who may read the operator surface (serve_app/ops/surface.py). ``auto`` closes it
     whenever authentication is on (``auth.mode`` jwt: every request needs a credential) or
     ENVIRONMENT=production, and leaves it open only in ``auth.mode`` dev (a laptop, where a
     request without credentials is trusted anyway). ``open`` / ``full`` open it explicitly."""

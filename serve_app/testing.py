@@ -32,10 +32,10 @@ from batch_ingest.documents import SourceDocument
 from batch_ingest.source_store import SourceStore
 from deployments.protocols import Backends
 from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
+from serve_app.access.policy import Policy
+from serve_app.asgi import create_app
 from serve_app.auth.api_keys import hash_key, new_key
 from serve_app.composition import build_service
-from serve_app.http import create_app
-from serve_app.policy import Policy
 from serve_app.service import GatewayService
 from serve_app.settings import GatewaySettings
 

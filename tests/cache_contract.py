@@ -1,4 +1,4 @@
-"""The contract every semantic-cache store keeps (serve_app/cache/protocol.py), written once
+"""The contract every semantic-cache store keeps (serve_app/search/cache/protocol.py), written once
 as async checks that take a store and a clock: tests/unit/test_cache_store.py runs them on
 MemoryCacheStore with a fake clock, tests/integration/test_cache_redis.py on RedisCacheStore
 against the real Redis, with real (short) ttls.
@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from serve_app.cache.protocol import CacheStore
+from serve_app.search.cache.protocol import CacheStore
 
 MAX_PER_BUCKET = 4
 DIM = 16

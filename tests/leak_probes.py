@@ -548,8 +548,8 @@ class GraphGateway:
         from deployments.graph_store.store import Neo4jGraph
         from deployments.protocols import Backends
         from deployments.testing.fakes import FakeEmbedder, FakeVectorStore
+        from serve_app.asgi import create_app
         from serve_app.composition import build_service
-        from serve_app.http import create_app
         from serve_app.settings import GatewaySettings
 
         settings = GatewaySettings(environment="test", auth=auth, neo4j=neo4j)

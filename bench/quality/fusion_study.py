@@ -6,7 +6,7 @@
 ``collect`` starts the gateway, ingests a labeled set (same options as ``run_eval``) and, for
 every query of several query variants, stores the top-50 ``dense`` and ``bm25`` matches with
 their scores (``POST /rag/search_docs``, ``search_mode`` dense / bm25, ``explain``).
-``compare`` then runs the gateway's own fusion functions (``serve_app.ranking``) over those
+``compare`` then runs the gateway's own fusion functions (``serve_app.search.ranking``) over those
 lists — the same code the service runs after retrieval — for RRF and weighted fusion with
 each normalisation and weight, tuning on the dev queries and reporting on the test queries.
 It is a tool for choosing defaults; the figures of record come from ``run_eval``.
@@ -27,7 +27,7 @@ from bench.common import markdown_table, setup_logging
 from bench.quality.bible_set import DEFAULT_BOOKS
 from bench.quality.metrics import distinct, evaluate
 from deployments.protocols import ChunkRecord, SearchHit
-from serve_app.ranking import adaptive_weights, fuse_rrf, fuse_weighted
+from serve_app.search.ranking import adaptive_weights, fuse_rrf, fuse_weighted
 
 logger = logging.getLogger("bench.quality.fusion")
 DEPTH = 50

@@ -24,7 +24,7 @@ and the plan, and ``check_plan`` proves on that plan (see docs/graph_schema.md, 
 caller. ``deployments.graph_store.scope.scope_query`` writes those predicates into a simple
 query that names none (the result is proven the same way before it runs). Operators the checker
 does not know are refused: an unknown shape is never assumed safe. Each returned node,
-relationship and path is filtered again after the run (``serve_app/graph_access.py``,
+relationship and path is filtered again after the run (``serve_app/access/graph.py``,
 ``may_see_value``), as a second line.
 """
 

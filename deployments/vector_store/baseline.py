@@ -1,6 +1,6 @@
 """Milvus's own fusion of a dense and a BM25 search (``hybrid_search`` with ``RRFRanker``):
 the baseline the benchmarks and the store's integration tests hold the gateway's fusion
-(serve_app/ranking.py) against. No gateway path calls it."""
+(serve_app/search/ranking.py) against. No gateway path calls it."""
 
 from __future__ import annotations
 

@@ -317,7 +317,7 @@ class MilvusStore:
         ``mode``: ``dense`` (vector), ``bm25`` (Milvus full-text) or ``lexical`` (the
         learned sparse weights, ``query_lexical``, by inner product; nothing in a collection
         built without them). Scores are "higher is better". The gateway fuses the lists
-        itself (serve_app/ranking.py); Milvus's own RRF fusion is
+        itself (serve_app/search/ranking.py); Milvus's own RRF fusion is
         ``baseline.hybrid_search``, a benchmark baseline.
 
         ``physical``: search this version of the team's collection (by its physical name)

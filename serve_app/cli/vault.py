@@ -55,6 +55,7 @@ from batch_ingest.documents import DocumentAcl, SourceDocument, parse_timestamp
 from batch_ingest.wikilinks import extract_links, wiki_key
 from deployments.errors import InvalidInput
 from deployments.protocols import MAX_TITLE
+from serve_app.access.policy import DEFAULT_POLICY_FILE, SKILL_TAG_PREFIX, Policy, ResourcePolicy
 from serve_app.cli.vault_files import (
     ACCESS_FILE,
     NEAR_MISS,
@@ -65,7 +66,6 @@ from serve_app.cli.vault_files import (
     walk_vault,
 )
 from serve_app.cli.vault_sync import prune
-from serve_app.policy import DEFAULT_POLICY_FILE, SKILL_TAG_PREFIX, Policy, ResourcePolicy
 
 logger = logging.getLogger("serve_app.cli.vault")
 

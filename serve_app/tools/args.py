@@ -1,7 +1,7 @@
 """What an LLM chooses when it calls a tool: the question and how much to bring back, never
 who is asking. Team, user, agent and the privacy mode come from the credential and the router
 (serve_app/tools/tenancy.py); developer knobs (fusion, weights, explain, rerank) stay on the
-full HTTP requests of serve_app/contracts.py and serve_app/graph_contracts.py.
+full HTTP requests of serve_app/contracts.py and serve_app/graph/contracts.py.
 
 Unknown keys are refused, so a model that invents ``team_id`` is told so instead of being
 ignored."""
@@ -24,7 +24,7 @@ from batch_ingest.documents import DATE_TIME_SCHEMA, OptionalId, Tag
 from deployments.graph_store.intents import INTENTS, catalogue
 from deployments.validation import NOT_BLANK, SchemaExtra
 from serve_app.contracts import CREATED_RANGE, MAX_ENRICH_DOCS
-from serve_app.graph_contracts import MAX_CYPHER_CHARS
+from serve_app.graph.contracts import MAX_CYPHER_CHARS
 
 # The most hits a tool caller gets back (the ADR's cap for tool answers; the HTTP route
 # allows search.max_top_k for programs).

@@ -19,7 +19,7 @@ from serve_app.contracts import (
     SearchDocsRequest,
     SearchDocsResponse,
 )
-from serve_app.graph_contracts import (
+from serve_app.graph.contracts import (
     ExplainPathRequest,
     ExplainPathResponse,
     GraphQueryRequest,

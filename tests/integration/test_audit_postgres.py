@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from batch_ingest.audit_store import AuditRecord, AuditStore
 from batch_ingest.settings import AuditSettings
-from serve_app.audit import AuditLog
+from serve_app.audit.log import AuditLog
 from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
 from tests.conftest import port_open
 

@@ -22,7 +22,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from deployments.errors import BackendUnavailable
-from serve_app.cache.store import RedisCacheStore
+from serve_app.search.cache.store import RedisCacheStore
 from tests.cache_contract import CHECKS, LONG_TTL_S, MAX_PER_BUCKET, Check, RealClock, near, unit
 from tests.conftest import port_open
 

@@ -13,8 +13,8 @@ from deployments.models.embedding import LocalEmbedder
 from deployments.protocols import Backends
 from deployments.testing.tiny_models import build_tiny_m3
 from deployments.vector_store.deployment import RetrieverDeployment
+from serve_app.asgi import create_app
 from serve_app.composition import build_service
-from serve_app.http import create_app
 from serve_app.settings import GatewaySettings
 
 pytestmark = pytest.mark.integration

@@ -18,8 +18,8 @@ from deployments.graph_store.guard import check_plan, check_query_type
 from deployments.graph_store.intents import INTENTS
 from deployments.graph_store.store import Neo4jGraph
 from deployments.protocols import GraphDocument, GraphScope
-from serve_app import graph_access
-from serve_app.access import AccessContext
+from serve_app.access import graph as graph_access
+from serve_app.access.context import AccessContext
 
 pytestmark = pytest.mark.integration
 
@@ -290,7 +290,7 @@ CREATE (d)-[:MENTIONS {team_id: $t, visibility: 'public'}]->(t)
 def test_the_gateway_refuses_cypher_and_filters_intents_by_acl(settings):
     """Over HTTP with the real graph: owners' Cypher refused unless every ACL admits them;
     an intent answers what the caller's ACL admits, without filtered rows."""
-    from serve_app.policy import Policy
+    from serve_app.access.policy import Policy
     from serve_app.testing import claims, jwt_auth, mint
     from tests.leak_probes import GraphGateway
 

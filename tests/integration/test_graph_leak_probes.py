@@ -10,7 +10,7 @@ import re
 import pytest
 
 from deployments.protocols import GraphScope
-from serve_app import graph_access
+from serve_app.access import graph as graph_access
 from tests.leak_probes import GRAPH_ENDPOINTS, render_tables, run_probes
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ from deployments.graph_store.intents import INTENTS
 from deployments.graph_store.scope import scope_query
 from deployments.graph_store.store import Neo4jGraph
 from deployments.protocols import GraphDocument, GraphScope
-from serve_app.graph_text import path_sentence
+from serve_app.graph.text import path_sentence
 
 pytestmark = pytest.mark.integration
 
@@ -548,7 +548,7 @@ async def test_neo4j_down_is_backend_unavailable():
 
 
 async def test_intents_apply_doc_type_project_and_skill_policies(graph: Neo4jGraph, team):
-    from serve_app.policy import Policy
+    from serve_app.access.policy import Policy
 
     policy = Policy(
         projects=[{"project": "poimen", "access_level": "private", "owner_group": "board"}],

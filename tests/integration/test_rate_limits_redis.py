@@ -11,7 +11,7 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 
-from serve_app.rate_limits import RateLimited, RateLimiter
+from serve_app.http.rate_limits import RateLimited, RateLimiter
 from serve_app.settings import RateLimitSettings
 from tests.integration.test_cache_redis import redis_url  # noqa: F401 (fixture)
 

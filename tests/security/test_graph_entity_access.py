@@ -284,8 +284,8 @@ async def test_the_tool_route_mcp_and_enrich_hide_them_too(settings):
     from deployments.graph_store.store import Neo4jGraph
     from deployments.protocols import Backends
     from deployments.testing.fakes import FakeEmbedder, FakeVectorStore
+    from serve_app.asgi import create_app
     from serve_app.composition import build_service
-    from serve_app.http import create_app
     from serve_app.settings import GatewaySettings
     from tests.unit.test_mcp_server import mcp, running
 

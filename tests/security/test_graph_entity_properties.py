@@ -37,8 +37,8 @@ from deployments.errors import NotFound
 from deployments.graph_store.intents import INTENTS
 from deployments.graph_store.store import Neo4jGraph
 from deployments.protocols import GraphDocument
-from serve_app import graph_access
-from serve_app.access import AccessContext
+from serve_app.access import graph as graph_access
+from serve_app.access.context import AccessContext
 
 pytestmark = pytest.mark.integration
 

@@ -78,7 +78,7 @@ MAX_EXAMPLES = 15
 REQUEST_TIMEOUT_S = 60
 # Operations that would index documents in the team the request names.
 INGEST_PATHS = ("/ingest/documents", "/ingest/events")
-# The optional keys of the gateway's error body (serve_app/errors.py) and their types.
+# The optional keys of the gateway's error body (serve_app/http/errors.py) and their types.
 OPTIONAL_ERROR_KEYS: dict[str, type | tuple[type, ...]] = {
     "hint": (str, type(None)),
     "reason": str,
@@ -268,7 +268,7 @@ def writes_key_team(case: schemathesis.Case) -> bool:
 
 
 def gateway_error_shape(ctx: Any, response: schemathesis.Response, case: schemathesis.Case):
-    """A 4xx/5xx answer is ``application/json`` with the body of serve_app/errors.py:
+    """A 4xx/5xx answer is ``application/json`` with the body of serve_app/http/errors.py:
     ``{"error": <code>, "message": <text>, "trace_id": <id>, "hint"?, "reason"?, "fields"?}``."""
     if response.status_code < 400:
         return None
@@ -285,7 +285,8 @@ def gateway_error_shape(ctx: Any, response: schemathesis.Response, case: schemat
     assert isinstance(body, dict), f"error body is not a JSON object: {body!r}"
     for key in ("error", "message", "trace_id"):
         assert isinstance(body.get(key), str) and body[key], (
-            f"error body without a non-empty string {key!r} (serve_app/errors.py shape): {body!r}"
+            f"error body without a non-empty string {key!r} "
+            f"(serve_app/http/errors.py shape): {body!r}"
         )
     for key, kind in OPTIONAL_ERROR_KEYS.items():
         if key in body:

@@ -26,7 +26,7 @@ def traced_app() -> Any:
         def __serve_build_asgi_app__(self) -> Any:
             import logging
 
-            from serve_app.http import create_app
+            from serve_app.asgi import create_app
             from serve_app.testing import build_gateway
 
             app = create_app(build_gateway().service)

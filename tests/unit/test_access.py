@@ -8,10 +8,10 @@ import pytest
 from batch_ingest.documents import SourceDocument
 from deployments.errors import Forbidden
 from deployments.protocols import ChunkRecord
-from serve_app.access import AccessContext, OperatorRight, check_ingest, operator_scope
+from serve_app.access.context import AccessContext, OperatorRight, check_ingest, operator_scope
+from serve_app.access.policy import Policy
 from serve_app.auth.principal import Principal
 from serve_app.contracts import SearchDocsRequest, SearchFilters
-from serve_app.policy import Policy
 
 POLICY = Policy(
     projects=[

@@ -13,7 +13,7 @@ import pytest
 
 from batch_ingest.audit_store import AuditRecord, AuditStore
 from batch_ingest.settings import AuditSettings
-from serve_app.audit import AuditLog, main, parse_time, sha256_text
+from serve_app.audit.log import AuditLog, main, parse_time, sha256_text
 from serve_app.testing import (
     TENANCY_POLICY,
     build_gateway,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.cache.store import MemoryCacheStore, RedisCacheStore, build_store, redact_url
+from serve_app.search.cache.store import MemoryCacheStore, RedisCacheStore, build_store, redact_url
 from serve_app.settings import CacheSettings
 from tests.cache_contract import CHECKS, LONG_TTL_S, MAX_PER_BUCKET, Check, FakeClock, unit
 

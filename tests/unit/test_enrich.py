@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from serve_app.claims import extract_claims, insert_markers, split_sentences
+from serve_app.enrich.claims import extract_claims, insert_markers, split_sentences
 from serve_app.testing import build_gateway, claims, jwt_auth, mint
 
 pytestmark = pytest.mark.usefixtures("clean_gateway_env")

@@ -24,7 +24,7 @@ from deployments.errors import (
 )
 from deployments.graph_store.guard import CypherRejected
 from serve_app.cli.vault import AccessFileError
-from serve_app.rate_limits import RateLimited
+from serve_app.http.rate_limits import RateLimited
 
 SAMPLES: list[GatewayError] = [
     GatewayError("boom", hint="h", field="f"),

@@ -17,8 +17,8 @@ from deployments.graph_store.cypher import ACL_HIDDEN, ENTITIES, MERGE_DOCUMENTS
 from deployments.graph_store.intents import INTENTS, acl_allowed, doc_allowed, entity_allowed
 from deployments.graph_store.store import Neo4jGraph
 from deployments.protocols import GraphDocument, GraphScope
-from serve_app import graph_access
-from serve_app.access import AccessContext
+from serve_app.access import graph as graph_access
+from serve_app.access.context import AccessContext
 from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint
 
 HR_ONLY = {"acl_allow": ["group:hr", "user:alice"], "acl_deny": ["group:contractors"]}
@@ -264,7 +264,7 @@ def test_intent_rows_with_an_acld_doc_are_filtered(gw, groups, kept):
 
 def test_access_properties_are_removed_at_every_depth_and_cypher_naming_them_is_refused():
     from deployments.errors import Forbidden
-    from serve_app.graph_access import check_cypher_names, without_access_properties
+    from serve_app.access.graph import check_cypher_names, without_access_properties
 
     doc = {
         "_type": "node",

@@ -10,7 +10,7 @@ import pytest
 from deployments.errors import InvalidQuery, QueryLimitExceeded
 from deployments.graph_store.intents import INTENTS
 from deployments.protocols import GraphScope
-from serve_app.audit import sha256_text
+from serve_app.audit.log import sha256_text
 from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
 
 # The document-ACL tokens of the tokens' subject without groups.
@@ -570,7 +570,7 @@ def test_no_graph_field_without_the_option_and_bad_modes_are_422(small):
 
 
 def test_tools_lists_the_four_agent_tools_with_schemas(gw):
-    # With authentication on the catalogue needs a credential (serve_app/api/surface.py).
+    # With authentication on the catalogue needs a credential (serve_app/ops/surface.py).
     r = gw.client.get("/tools", headers=auth(token()))
     assert r.status_code == 200
     tools = {t["name"]: t for t in r.json()["tools"]}

@@ -15,7 +15,7 @@ from batch_ingest.documents import SourceDocument
 from batch_ingest.jobs import IngestJobs
 from batch_ingest.source_store import SourceStore
 from deployments.errors import BackendUnavailable
-from serve_app.ingest_jobs import JobWorker
+from serve_app.ingest.worker import JobWorker
 from serve_app.testing import build_gateway, claims, mint
 
 TEAM = "dao_jobs"

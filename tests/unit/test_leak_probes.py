@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from deployments.testing.fakes import MemoryIndexStore
-from serve_app import access
-from serve_app.access import AccessContext
-from serve_app.cache import semantic
+from serve_app.access import context as access
+from serve_app.access.context import AccessContext
+from serve_app.search.cache import semantic
 from tests.leak_probes import ENDPOINTS, render_tables, run_probes
 
 pytestmark = pytest.mark.usefixtures("clean_gateway_env")

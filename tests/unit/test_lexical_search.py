@@ -13,8 +13,8 @@ from batch_ingest.chunking import tokenizer_counter
 from deployments.models.embedding import default_model_path
 from deployments.protocols import Backends
 from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
+from serve_app.asgi import create_app
 from serve_app.composition import build_service
-from serve_app.http import create_app
 from serve_app.settings import GatewaySettings
 
 TEAM = "dao_lex"

@@ -1,4 +1,4 @@
-"""The MCP server at /mcp (serve_app/mcp_server.py), driven by the SDK's own client over the
+"""The MCP server at /mcp (serve_app/tools/mcp.py), driven by the SDK's own client over the
 Streamable HTTP transport against the in-process app (httpx2's ASGITransport, the app's
 lifespan entered by the test): the catalog's tools, each call through ToolRunner, tool errors
 in the gateway's error body, authentication before the MCP layer, the audit trail. Both

@@ -54,7 +54,7 @@ def live(monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.parametrize(
     ("reason", "expected"),
     [
-        # serve_app/retrieval.py
+        # serve_app/search/retrieval.py
         (
             "embedder unavailable, fell back to BM25 only: embedder: no answer within 3 s",
             "embedder",

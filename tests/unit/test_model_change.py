@@ -23,7 +23,7 @@ from deployments.protocols import Encoded
 from deployments.testing.fakes import FakeVectorStore
 from deployments.timing import MeanTimes
 from deployments.vector_store.model_choice import vector_for
-from serve_app.query_models import QueryModels
+from serve_app.search.query_models import QueryModels
 
 OLD = EmbedderSettings(backend="transformers")
 NEW = EmbedderSettings(model_name="tiny-embed", model_version="v1", dim=4)

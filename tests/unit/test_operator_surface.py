@@ -1,4 +1,4 @@
-"""The operator surface closed whenever authentication is on (serve_app/api/surface.py): in
+"""The operator surface closed whenever authentication is on (serve_app/ops/surface.py): in
 production and with ``AUTH__MODE=jwt`` in any environment — the shipped serve_config.yaml
 included — the catalogue needs a credential and /readyz names no path or URI without the
 details permission; only dev mode (a laptop) leaves them open, or an explicit setting. Every
@@ -17,9 +17,9 @@ from batch_ingest.chunking import whitespace_tokens
 from deployments.protocols import Backends
 from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
 from serve_app.app import AppArgs
+from serve_app.asgi import create_app
 from serve_app.composition import build_service
 from serve_app.contracts import ErrorBody
-from serve_app.http import create_app
 from serve_app.testing import AUDIENCE, ISSUER, SECRET, build_gateway, claims, mint, unsigned_token
 
 pytestmark = pytest.mark.usefixtures("clean_gateway_env")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.policy import DEFAULT_POLICY_FILE, Policy, ResourcePolicy
+from serve_app.access.policy import DEFAULT_POLICY_FILE, Policy, ResourcePolicy
 
 SPEC_POLICIES = """
 projects:

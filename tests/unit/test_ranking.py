@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deployments.protocols import ChunkRecord, SearchHit
-from serve_app.ranking import (
+from serve_app.search.ranking import (
     adaptive_weights,
     drop_near_duplicates,
     fuse_rrf,

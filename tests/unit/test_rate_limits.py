@@ -1,4 +1,4 @@
-"""Rate limits per credential and per team (serve_app/rate_limits.py): token buckets in
+"""Rate limits per credential and per team (serve_app/http/rate_limits.py): token buckets in
 memory here (tests/integration/test_rate_limits_redis.py shares them in a real Redis)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from serve_app import rate_limits
-from serve_app.rate_limits import Limit, RateLimited, RateLimiter
+from serve_app.http import rate_limits
+from serve_app.http.rate_limits import Limit, RateLimited, RateLimiter
 from serve_app.settings import RateLimitSettings
 from serve_app.testing import build_gateway, claims, mint
 

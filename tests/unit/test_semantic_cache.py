@@ -360,14 +360,14 @@ def test_an_exact_repeat_is_served_before_any_embedding(make):
     ],
 )
 def test_the_lexical_agreement_of_two_queries(a, b, same):
-    from serve_app.cache import wording
+    from serve_app.search.cache import wording
 
     assert wording.agree(wording.terms(a), wording.terms(b)) is same
     assert wording.agree(wording.terms(b), wording.terms(a)) is same
 
 
 def test_a_jaccard_below_one_still_needs_numbers_and_negations_exactly():
-    from serve_app.cache import wording
+    from serve_app.search.cache import wording
 
     a = wording.terms("deploy gateway notes debian 12 quickly")
     assert wording.agree(a, wording.terms("deploy gateway notes debian 12"), 0.8)

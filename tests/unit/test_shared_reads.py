@@ -1,4 +1,4 @@
-"""SharedReads (serve_app/cache/shared_reads.py): concurrent reads of a team's generation
+"""SharedReads (serve_app/search/cache/shared_reads.py): concurrent reads of a team's generation
 share one read, and a caller never gets a value read before it arrived."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from serve_app.cache.shared_reads import SharedReads
+from serve_app.search.cache.shared_reads import SharedReads
 
 
 class Store:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.snippets import best_snippet, terms
+from serve_app.search.snippets import best_snippet, terms
 
 FILLER = [
     "The weather in the valley was mild all week.",

@@ -25,7 +25,7 @@ from deployments.tracing import (
     trace_context,
     traceparent_for,
 )
-from serve_app.audit import AuditLog
+from serve_app.audit.log import AuditLog
 from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
 from tests.unit.test_audit import QUERY, fast
 from tests.unit.test_events import envelope, fake_pipeline, upsert

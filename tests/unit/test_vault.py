@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from batch_ingest.documents import DocumentAcl
+from serve_app.access.policy import Policy
 from serve_app.cli.vault import (
     AccessFileError,
     _payload,
@@ -20,7 +21,6 @@ from serve_app.cli.vault import (
     split_front_matter,
     write_policy,
 )
-from serve_app.policy import Policy
 from serve_app.testing import build_gateway, claims, mint
 
 TEAM = "dao_vault"

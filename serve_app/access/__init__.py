@@ -1,0 +1,1 @@
+"""Access: the caller's access context, the policy file, and graph access."""

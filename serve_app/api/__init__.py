@@ -1,1 +1,0 @@
-"""FastAPI routers; each route is one line over ``GatewayService``."""

@@ -1,0 +1,1 @@
+"""Audit: the audit log and the recorder the services write through."""

@@ -1,0 +1,1 @@
+"""Enrich: POST /rag/enrich_answer, its service and the claim extraction."""

@@ -1,0 +1,1 @@
+"""Graph: the graph routes, their contracts, the graph service and its sentences."""

@@ -1,0 +1,1 @@
+"""HTTP plumbing: route dependencies, error answers, body limits and tracing."""

@@ -1,0 +1,1 @@
+"""Operations: reindex, audit and usage routes, health, and the catalog surface."""

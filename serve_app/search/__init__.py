@@ -1,0 +1,1 @@
+"""Search: POST /rag/search_docs, its service, retrieval, ranking, snippets and semantic cache."""

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+
+from serve_app.contracts import SearchDocsRequest, SearchDocsResponse
+from serve_app.http.deps import Caller
+from serve_app.search.service import SearchService
+
+
+async def _search(request: Request) -> SearchService:
+    return request.app.state.service.search
+
+
+Search = Annotated[SearchService, Depends(_search)]
+
+router = APIRouter(tags=["rag"])
+
+
+@router.post(
+    "/rag/search_docs", response_model=SearchDocsResponse, response_model_exclude_none=True
+)
+async def search_docs(body: SearchDocsRequest, caller: Caller, search: Search):
+    """rag.search_docs: hybrid search inside the caller's tenant and visibility."""
+    return await search.search_docs(body, caller)
