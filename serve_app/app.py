@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from fastapi import FastAPI
 from pydantic import BaseModel, Field
 from ray import serve
 from ray.serve import Application
@@ -88,7 +89,7 @@ class Ingress:
         )
         self.service = build_service(settings, backends, sources=SourceStore(settings.state.url))
 
-    def __serve_build_asgi_app__(self):
+    def __serve_build_asgi_app__(self) -> FastAPI:
         return create_app(self.service, in_flight=self.in_flight)
 
     def __del__(self) -> None:

@@ -21,7 +21,9 @@ router = APIRouter(tags=["rag"])
 @router.post(
     "/rag/enrich_answer", response_model=EnrichAnswerResponse, response_model_exclude_none=True
 )
-async def enrich_answer(body: EnrichAnswerRequest, caller: Caller, enrich: Enrich):
+async def enrich_answer(
+    body: EnrichAnswerRequest, caller: Caller, enrich: Enrich
+) -> EnrichAnswerResponse:
     """rag.enrich_answer: cite the caller's documents after the claims of a draft answer, and
     report the claims nothing in the caller's tenant and visibility supports."""
     return await enrich.enrich_answer(body, caller)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
@@ -26,26 +26,30 @@ router = APIRouter(tags=["graph"])
 
 
 @router.post("/graph/query", response_model=GraphQueryResponse)
-async def graph_query(body: GraphQueryRequest, caller: Caller, graph: Graph):
+async def graph_query(body: GraphQueryRequest, caller: Caller, graph: Graph) -> GraphQueryResponse:
     """graph.query_context: a named intent with args, or read-only Cypher for roles allowed
     to send it; answers only what lies in the caller's team and visibility."""
     return await graph.graph_query(body, caller)
 
 
-@router.get("/graph/intents")
-async def graph_intents(principal: CurrentPrincipal, graph: Graph):
+@router.get("/graph/intents", response_model=None)
+async def graph_intents(principal: CurrentPrincipal, graph: Graph) -> dict[str, Any]:
     """The named intents of graph.query_context with their argument schemas."""
     return {"intents": graph.graph_intents()}
 
 
 @router.post("/graph/explain_path", response_model=ExplainPathResponse)
-async def explain_path(body: ExplainPathRequest, caller: Caller, graph: Graph):
+async def explain_path(
+    body: ExplainPathRequest, caller: Caller, graph: Graph
+) -> ExplainPathResponse:
     """graph.explain_path: shortest connections between two entities, with a sentence each."""
     return await graph.explain_path(body, caller)
 
 
 @router.post("/graph/entities", response_model=GraphUpsertResponse)
-async def upsert_entities(body: GraphUpsertRequest, caller: Caller, graph: Graph):
+async def upsert_entities(
+    body: GraphUpsertRequest, caller: Caller, graph: Graph
+) -> GraphUpsertResponse:
     """MERGE users, agents, resources and their relationships (MEMBER_OF, SERVES, USES, ...)
     into the caller's team; idempotent."""
     return await graph.graph_upsert(body, caller)

@@ -65,7 +65,12 @@ class GraphTools:
             )
         return self.graph
 
-    async def _audited(self, audit: dict, rc: RequestContext, run) -> Any:
+    async def _audited(
+        self,
+        audit: dict,
+        rc: RequestContext,
+        run: Callable[[float], Awaitable[tuple[Any, dict[str, Any]]]],
+    ) -> Any:
         with self.recorder.audited(rc, audit) as allowed:
             response, allowed.fields = await run(rc.started)
         return response

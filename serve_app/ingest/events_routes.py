@@ -32,7 +32,9 @@ class IngestEventsRequest(BaseModel):
 
 
 @router.post("/ingest/events", response_model=IngestEventsResponse)
-async def ingest_events(body: IngestEventsRequest, caller: Caller, ingest: Ingest):
+async def ingest_events(
+    body: IngestEventsRequest, caller: Caller, ingest: Ingest
+) -> IngestEventsResponse:
     """Apply upsert/delete events idempotently: per document, only an event newer than the
     stored revision changes anything. Per-event status: indexed, unchanged, skipped_stale,
     deleted, failed, invalid."""

@@ -43,7 +43,7 @@ async def ingest_documents(
     caller: Caller,
     ingest: Ingest,
     prefer: Annotated[str | None, Header(description="`respond-async`: always a job")] = None,
-):
+) -> IngestDocumentsResponse | JSONResponse:
     """Chunk, embed and upsert documents; idempotent per (team_id, doc_type, doc_id)."""
     prefer_async = "respond-async" in (prefer or "").lower()
     result = await ingest.ingest_documents(body.documents, caller, prefer_async=prefer_async)

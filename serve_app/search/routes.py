@@ -21,6 +21,8 @@ router = APIRouter(tags=["rag"])
 @router.post(
     "/rag/search_docs", response_model=SearchDocsResponse, response_model_exclude_none=True
 )
-async def search_docs(body: SearchDocsRequest, caller: Caller, search: Search):
+async def search_docs(
+    body: SearchDocsRequest, caller: Caller, search: Search
+) -> SearchDocsResponse:
     """rag.search_docs: hybrid search inside the caller's tenant and visibility."""
     return await search.search_docs(body, caller)

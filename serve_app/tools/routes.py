@@ -47,7 +47,7 @@ async def call_tool(
     request: Request,
     caller: Caller,
     arguments: Annotated[dict[str, Any] | None, Body()] = None,
-):
+) -> dict[str, Any] | PlainTextResponse:
     """Run a tool (``rag_search_docs``, ``rag_enrich_answer``, ``graph_query_context``,
     ``graph_explain_path``) with the LLM's arguments as the JSON body. ``X-Team-Id`` names
     the team when the credential grants several; ``X-Rag-Visibility: confidential`` widens to
