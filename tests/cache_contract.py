@@ -1,7 +1,8 @@
 """The contract every semantic-cache store keeps (serve_app/search/cache/protocol.py), written once
-as async checks that take a store and a clock: tests/unit/test_cache_store.py runs them on
-MemoryCacheStore with a fake clock, tests/integration/test_cache_redis.py on RedisCacheStore
-against the real Redis, with real (short) ttls.
+as async checks that take a store and a clock:
+tests/unit/serve_app/search/cache/test_cache_store.py runs them on MemoryCacheStore with a fake
+clock, tests/integration/test_cache_redis.py on RedisCacheStore against the real Redis, with
+real (short) ttls.
 
 Each check gets a fresh, empty store built with ``max_per_bucket=MAX_PER_BUCKET``."""
 

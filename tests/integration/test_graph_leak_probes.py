@@ -1,4 +1,4 @@
-"""The leak probes of the graph endpoints (tests/leak_probes.py --graph) against the real
+"""The leak probes of the graph endpoints (tests/security/leak_probes.py --graph) against the real
 Neo4j: no leak, no write and no 500 (but the known one below), and a broken graph access path
 is reported as a leak (a detector that cannot fail is worthless)."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from deployments.protocols import GraphScope
 from serve_app.access import graph as graph_access
-from tests.leak_probes import GRAPH_ENDPOINTS, render_tables, run_probes
+from tests.security.leak_probes import GRAPH_ENDPOINTS, render_tables, run_probes
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ def test_graph_probes_find_no_leak(settings):
 
 def test_a_failing_fulltext_procedure_is_not_a_500(settings):
     from serve_app.testing import TENANCY_POLICY, claims, jwt_auth, mint
-    from tests.leak_probes import GraphGateway
+    from tests.security.leak_probes import GraphGateway
 
     gw = GraphGateway(jwt_auth(), TENANCY_POLICY, settings.neo4j)
     try:

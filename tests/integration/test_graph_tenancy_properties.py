@@ -4,7 +4,7 @@ real or adversarial arguments, caller Cypher (scoped, attacking, writing) and ex
 references, no response holds an entity of another team or one the caller may not see, a
 write never changes the graph, and a bad credential is always 401.
 
-The graph is seeded once per module by the leak-probe machinery (tests/leak_probes.py:
+The graph is seeded once per module by the leak-probe machinery (tests/security/leak_probes.py:
 three teams of this run, documents with markers, wiki-links, users, projects, resources and
 agents in both visibilities); its oracle (``GraphSeed.visible``) is written from the policy's
 rules, not from AccessContext.
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from deployments.graph_store.cypher import NODE_LABELS
 from deployments.graph_store.intents import INTENTS
-from tests.leak_probes import (
+from tests.security.leak_probes import (
     INJECTIONS,
     REFUSED_CYPHER,
     SCOPED_CYPHER,
@@ -30,7 +30,7 @@ from tests.leak_probes import (
     Prober,
     isolated_env,
 )
-from tests.unit.test_tenancy_properties import ADVERSARIAL, BAD_TOKENS, ROLES, token_for
+from tests.security.test_tenancy_properties import ADVERSARIAL, BAD_TOKENS, ROLES, token_for
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """Issue 32's two reproductions, over HTTP against the real Neo4j (the in-process gateway of
-tests/leak_probes.py, JWT callers):
+tests/security/leak_probes.py, JWT callers):
 
 1. the entities an ACL'd document makes (its tags, channel and author) reach no caller its
    ACL excludes — not in graph-boosted search, not in any intent, not as an explain_path end
@@ -23,7 +23,7 @@ import pytest
 
 from deployments.graph_store.intents import INTENTS
 from serve_app.testing import claims, isolated_env, jwt_auth, mint
-from tests.leak_probes import GraphGateway
+from tests.security.leak_probes import GraphGateway
 
 pytestmark = pytest.mark.integration
 
@@ -287,7 +287,7 @@ async def test_the_tool_route_mcp_and_enrich_hide_them_too(settings):
     from serve_app.asgi import create_app
     from serve_app.composition import build_service
     from serve_app.settings import GatewaySettings
-    from tests.unit.test_mcp_server import mcp, running
+    from tests.unit.serve_app.tools.test_mcp import mcp, running
 
     team = f"dao_ea_{uuid.uuid4().hex[:8]}"
     with (

@@ -102,7 +102,7 @@ def gateway(run_id: str):
     auth = {"api_keys_file": str(tmp / "api_keys.yaml"), "api_key_pepper": PEPPER}
     # A short body-read timeout for tests/serve/test_ingest_limits_serve.py's stalled body.
     # The fuzz run sends ~50 requests/s with the one key: over the default rate limit, which
-    # tests/unit/test_rate_limits.py covers.
+    # tests/unit/serve_app/http/test_rate_limits.py covers.
     main = {
         "milvus": {"collection": collection},
         "auth": auth,

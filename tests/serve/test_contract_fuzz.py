@@ -6,7 +6,7 @@ shipped file — with ``AUTH__MODE=jwt`` and an HS256 secret, as the issue's pro
 deployed as ``rag_jwt`` under ``/jwt`` beside the suite's dev-mode apps and deleted at the end
 of the module. Changed beyond the shipped args, for the test only: the suite's Milvus
 collection, and the rate limits raised (the fuzz run sends ~50 requests/s with one credential,
-over the default limit, which tests/unit/test_rate_limits.py covers).
+over the default limit, which tests/unit/serve_app/http/test_rate_limits.py covers).
 
 **Fuzzing.** Every operation of the app's ``GET /openapi.json`` (fetched with a credential:
 the catalogue is closed) in schemathesis' examples, coverage and fuzzing phases, valid

@@ -6,7 +6,7 @@ The suite's app runs in ``auth.mode=dev`` (tests/serve/conftest.py): a request w
 credential is a development caller trusted in the team it names (X-Team-Id here), so the
 401 is a credential that does not verify. A credential sent is verified all the same: the
 suite's API key (one team) shows the team coming from the credential and another team
-forbidden; tests/unit/test_mcp_server.py covers the same with JWTs."""
+forbidden; tests/unit/serve_app/tools/test_mcp.py covers the same with JWTs."""
 
 from __future__ import annotations
 

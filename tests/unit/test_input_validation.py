@@ -20,7 +20,7 @@ from deployments.validation import (
 )
 from serve_app.contracts import IngestDocumentsRequest, SearchDocsRequest
 from serve_app.testing import build_gateway, claims, mint
-from tests.unit.test_events import envelope
+from tests.unit.batch_ingest.events.test_events import envelope
 
 pytestmark = pytest.mark.usefixtures("clean_gateway_env")
 TEAM = "dao_greenfood"

@@ -27,8 +27,8 @@ from deployments.tracing import (
 )
 from serve_app.audit.log import AuditLog
 from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
-from tests.unit.test_audit import QUERY, fast
-from tests.unit.test_events import envelope, fake_pipeline, upsert
+from tests.unit.batch_ingest.events.test_events import envelope, fake_pipeline, upsert
+from tests.unit.serve_app.audit.test_audit import QUERY, fast
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"

@@ -1,0 +1,1 @@
+"""Unit tests of batch_ingest/reindex/ (the folder mirrors the product tree)."""

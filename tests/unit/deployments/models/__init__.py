@@ -1,0 +1,1 @@
+"""Unit tests of deployments/models/ (the folder mirrors the product tree)."""

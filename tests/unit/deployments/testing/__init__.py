@@ -1,0 +1,1 @@
+"""Unit tests of deployments/testing/ (the folder mirrors the product tree)."""
