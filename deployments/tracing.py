@@ -219,7 +219,8 @@ def keep_log_handlers() -> Iterator[None]:
 
     How: ``dictConfig`` (and ``fileConfig``) begin with ``logging.config._clearExistingHandlers``
     (CPython since 3.2); it is a no-op while the block runs. A Python without it leaves this a
-    no-op too, and tests/unit/test_replica_log_handlers.py says whether handlers survive.
+    no-op too, and tests/unit/deployments/test_replica_log_handlers.py says whether handlers
+    survive.
     """
     clear = getattr(logging.config, "_clearExistingHandlers", None)
     if clear is None:
