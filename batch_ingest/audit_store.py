@@ -6,6 +6,7 @@ the record of every bus write before applying it (batch_ingest/events/bus_audit.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -125,14 +126,27 @@ class AuditStore:
         self.metadata = sa.MetaData()
         self.table = build_table(self.metadata, table)
         self._created = False
+        self._create_lock = threading.Lock()
 
     @property
     def backend(self) -> str:
         return self.engine.dialect.name
 
     def create(self) -> None:
-        if not self._created:
-            self.metadata.create_all(self.engine, checkfirst=True)
+        """The table (and columns added since), once per store. The writer thread's first
+        insert and a request's first query may both get here first; another process may
+        create the table between the existence check and the CREATE: either way the table
+        is there, which is all that is asked."""
+        if self._created:
+            return
+        with self._create_lock:
+            if self._created:
+                return
+            try:
+                self.metadata.create_all(self.engine, checkfirst=True)
+            except sa.exc.DBAPIError:
+                if not sa.inspect(self.engine).has_table(self.table.name):
+                    raise
             self._add_missing_columns()
             self._created = True
 

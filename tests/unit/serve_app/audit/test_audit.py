@@ -514,3 +514,45 @@ def test_an_instant_outside_the_years_1_to_9999_in_utc_is_422_not_503(gateway, p
     assert response.status_code == 422, response.text
     (field,) = params
     assert response.json()["fields"][0]["field"] == field
+
+
+def test_a_table_created_meanwhile_by_another_writer_is_used_not_an_error(url, monkeypatch):
+    """A fresh database: another store (another thread or replica) creates the table between
+    this store's existence check and its CREATE. The first query and insert still work."""
+    first, second = AuditStore(url), AuditStore(url)
+    create_all = second.metadata.create_all
+
+    def raced(engine, checkfirst=True):
+        first.create()  # the other writer wins the race
+        create_all(engine, checkfirst=False)  # this one's CREATE then finds the table
+
+    monkeypatch.setattr(second.metadata, "create_all", raced)
+    assert second.query() == []
+    second.insert([rec()])
+    assert len(first.query()) == 1
+
+
+def test_the_first_insert_and_the_first_query_race_to_create_the_table(url):
+    """The writer thread's first insert and a request's first query on a fresh database,
+    at once, many times: neither fails (each store creates its table once)."""
+    for i in range(20):
+        store = AuditStore(url.replace("audit.db", f"race{i}.db"))
+        errors: list[BaseException] = []
+        start = threading.Barrier(2)
+
+        def run(call, store=store, errors=errors, start=start):
+            start.wait()
+            try:
+                call()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=run, args=(lambda s=store: s.insert([rec()]),)),
+            threading.Thread(target=run, args=(lambda s=store: s.query(),)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
