@@ -3,12 +3,10 @@ token budget. Pure functions over ``SearchHit`` lists, so each step is tested on
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from deployments.protocols import SearchHit
-
-WORD = re.compile(r"\w+", re.UNICODE)
+from deployments.text import words as text_words
 
 
 def fuse_rrf(
@@ -136,7 +134,7 @@ def _ranked(
 
 
 def shingles(text: str, size: int = 4) -> set[tuple[str, ...]]:
-    words = WORD.findall(text.lower())  # one lower() per text, not one per word
+    words = text_words(text)
     if len(words) <= size:
         return {tuple(words)} if words else set()
     # zip of shifted word lists: the same tuples as slicing, ~1.3x faster (the step runs

@@ -142,7 +142,7 @@ class Retrieval:
         mode = found.mode
         # The store filtered by team, visibility and doc type already; this drops chunks of
         # projects and skills whose policy denies the caller, and anything a store bug let by.
-        lists = {m: [h for h in hits if ctx.may_see(h.chunk)] for m, hits in found.lists.items()}
+        lists = _visible(found.lists, ctx)
         if linked and req.graph is not None and req.graph.mode == "boost":
             hits = await self._graph_boost(
                 req, ctx, flt, lists, linked, mode, found.vector, fetch, read, found.lexical
@@ -464,6 +464,23 @@ class Retrieval:
             for h, s in zip(hits, scores, strict=True)
         ]
         return sorted(rescored, key=lambda h: h.score, reverse=True)
+
+
+def _visible(lists: dict[str, list[SearchHit]], ctx: AccessContext) -> dict[str, list[SearchHit]]:
+    """Each list without the hits ``ctx`` may not see; a record found by several methods is
+    judged once (by identity: two reads of one chunk that differ are each judged)."""
+    verdicts: dict[int, bool] = {}
+    out: dict[str, list[SearchHit]] = {}
+    for method, hits in lists.items():
+        kept = []
+        for hit in hits:
+            seen = verdicts.get(id(hit.chunk))
+            if seen is None:
+                seen = verdicts[id(hit.chunk)] = ctx.may_see(hit.chunk)
+            if seen:
+                kept.append(hit)
+        out[method] = kept
+    return out
 
 
 def _as_list(vector: Any) -> list[float] | None:

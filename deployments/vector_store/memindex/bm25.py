@@ -14,16 +14,11 @@ grow (``rebuild``), never per write.
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 
 import numpy as np
 
-TOKEN = re.compile(r"\w+", re.UNICODE)
-
-
-def tokens(text: str) -> list[str]:
-    return TOKEN.findall(text.lower())
+from deployments.text import words
 
 
 class BM25Postings:
@@ -71,7 +66,7 @@ class BM25Postings:
         )
 
     def _term_ids(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        counts = Counter(tokens(text))
+        counts = Counter(words(text))
         vocab = self._vocab
         ids = np.empty(len(counts), dtype=np.int32)
         for i, term in enumerate(counts):
@@ -163,7 +158,7 @@ class BM25Postings:
         avgdl = self.total_len / n if self.total_len > 0 else 1.0
         k1, b = self.k1, self.b
         acc: np.ndarray | None = None
-        for term, weight in Counter(tokens(query)).items():
+        for term, weight in Counter(words(query)).items():
             tid = self._vocab.get(term)
             if tid is None or self._df[tid] <= 0:
                 continue

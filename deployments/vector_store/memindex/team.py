@@ -273,10 +273,9 @@ class TeamIndex:
                 mask = mask & (bm25 > 0)
             picked = _top(scores, mask, limit, ascending=method == "dense" and self.metric == "L2")
             hits = []
-            for slot in picked:
+            for slot, score in zip(picked, scores[picked].tolist(), strict=True):
                 record = self._records[slot]
                 assert record is not None  # picked slots are live
-                score = float(scores[slot])
                 hits.append(SearchHit(chunk=record, score=score, scores={method: score}))
             return hits
 

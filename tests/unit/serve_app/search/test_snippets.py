@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from serve_app.search.snippets import best_snippet, terms
 
@@ -85,3 +87,58 @@ def test_newlines_separate_sentences():
 
 def test_terms_ignore_words_of_two_letters_or_less():
     assert terms("Is it AI or Milvus?") == {"milvus"}
+
+
+def reference_snippet(body: str, query: str, max_chars: int) -> str:
+    """The window search as first written: every window built as a string, step by step."""
+    import re
+
+    from serve_app.search.snippets import sentences
+
+    body = body.strip()
+    if len(body) <= max_chars:
+        return body
+    wanted = terms(query)
+    parts = sentences(body)
+    hits_of = [len(wanted & set(re.findall(r"\w+", s.lower()))) for s in parts]
+    best, best_hits = "", -1
+    for start in range(len(parts)):
+        window, hits = "", 0
+        for i in range(start, len(parts)):
+            candidate = f"{window} {parts[i]}".strip()
+            if len(candidate) > max_chars and window:
+                break
+            window = candidate
+            hits += hits_of[i]
+        if hits > best_hits:
+            best, best_hits = window, hits
+    if len(best) > max_chars:
+        best = best[: max_chars - 1].rsplit(" ", 1)[0] + "…"
+    return best
+
+
+_PIECES = st.sampled_from(
+    [
+        "Milvus stores vectors.",
+        "hybrid search!",
+        "  Neo4j holds the graph?  ",
+        "a…",
+        "\n\n",
+        "   ",
+        "Straße İstanbul naïve.",
+        "x" * 90 + ".",
+        "tabs\tand\u00a0spaces.",
+        "word",
+        "\t",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(_PIECES, max_size=14).map(" ".join),
+    st.sampled_from(["milvus hybrid search", "graph neo4j", "", "the", "straße naïve"]),
+    st.integers(min_value=40, max_value=200),
+)
+def test_window_search_equals_building_every_window(body: str, query: str, max_chars: int):
+    assert best_snippet(body, query, max_chars) == reference_snippet(body, query, max_chars)

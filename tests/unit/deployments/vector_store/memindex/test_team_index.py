@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections import Counter
 from dataclasses import replace
 
@@ -16,9 +17,13 @@ from hypothesis import strategies as st
 
 from deployments.protocols import ChunkRecord, SearchFilter
 from deployments.vector_store.filter import compile_filter
-from deployments.vector_store.memindex.bm25 import tokens
 from deployments.vector_store.memindex.team import TeamIndex
 from tests.unit.deployments.testing.test_fakes import FILTERS, ROWS, eval_milvus_expr
+
+
+def tokens(text: str) -> list[str]:
+    """Milvus Lite's standard analyzer, the reference the index must match."""
+    return re.findall(r"\w+", text.lower())
 
 WORDS = [
     "milvus",
