@@ -25,6 +25,7 @@ def tokens(text: str) -> list[str]:
     """Milvus Lite's standard analyzer, the reference the index must match."""
     return re.findall(r"\w+", text.lower())
 
+
 WORDS = [
     "milvus",
     "neo4j",
