@@ -125,12 +125,12 @@ def _ranked(
     name: str,
 ) -> list[SearchHit]:
     order = sorted(fused, key=lambda cid: (-fused[cid], cid))
-    return [
-        SearchHit(
-            chunk=first[cid].chunk, score=fused[cid], scores={**per_method[cid], name: fused[cid]}
-        )
-        for cid in order
-    ]
+    out = []
+    for cid in order:
+        scores = per_method[cid]  # built by the caller for this list only: extended in place
+        scores[name] = score = fused[cid]
+        out.append(SearchHit(chunk=first[cid].chunk, score=score, scores=scores))
+    return out
 
 
 def shingles(text: str, size: int = 4) -> set[tuple[str, ...]]:
