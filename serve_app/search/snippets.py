@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
-from functools import lru_cache
 
 from deployments.text import words
 
@@ -19,44 +17,16 @@ def terms(text: str) -> set[str]:
 
 def sentences(body: str) -> list[str]:
     """The non-blank sentences of ``body``, in order, with their inner whitespace kept."""
-    return [body[a:b] for a, b in sentence_spans(body)]
-
-
-def sentence_spans(body: str) -> list[tuple[int, int]]:
-    """``(start, end)`` of each non-blank sentence of ``body``."""
     out = []
     start = 0
     for m in BOUNDARY.finditer(body):
         end = m.start() if m.group()[0] == "\n" else m.start() + 1
-        if not body[start:end].isspace() and end > start:
-            out.append((start, end))
+        if body[start:end].strip():
+            out.append(body[start:end])
         start = m.end()
-    if start < len(body) and not body[start:].isspace():
-        out.append((start, len(body)))
+    if body[start:].strip():
+        out.append(body[start:])
     return out
-
-
-@lru_cache(maxsize=256)
-def _term_pattern(wanted: frozenset[str]) -> re.Pattern[str]:
-    """Any of ``wanted`` (runs of word characters) as a whole ``\\w+`` run: ``\\b`` on both
-    sides, the longest first so a term never stops inside a longer one."""
-    alternatives = "|".join(map(re.escape, sorted(wanted, key=lambda t: (-len(t), t))))
-    return re.compile(rf"\b(?:{alternatives})\b")
-
-
-def _terms_per_sentence(body: str, spans: list[tuple[int, int]], wanted: set[str]) -> list[int]:
-    """How many of ``wanted`` (lower-case words) each sentence holds. An ASCII body is
-    scanned once for the terms (its lower-cased form has the same offsets); another is
-    split into words sentence by sentence."""
-    if not wanted:
-        return [0] * len(spans)
-    if not body.isascii():
-        return [len(wanted.intersection(words(body[a:b]))) for a, b in spans]
-    starts = [a for a, _ in spans]
-    found: list[set[str]] = [set() for _ in spans]
-    for m in _term_pattern(frozenset(wanted)).finditer(body.lower()):
-        found[bisect_right(starts, m.start()) - 1].add(m.group())
-    return [len(f) for f in found]
 
 
 def best_snippet(body: str, query: str, max_chars: int) -> str:
@@ -64,10 +34,10 @@ def best_snippet(body: str, query: str, max_chars: int) -> str:
     body = body.strip()
     if len(body) <= max_chars:
         return body
-    spans = sentence_spans(body)
-    parts = [body[a:b] for a, b in spans]
+    wanted = terms(query)
+    parts = sentences(body)
     # Each sentence's query terms once, not once per window it falls in.
-    sentence_hits = _terms_per_sentence(body, spans, terms(query))
+    sentence_hits = [len(wanted.intersection(words(p))) if wanted else 0 for p in parts]
     # A window of parts[s..e] is parts[s].strip() joined by single spaces to each following
     # part with its trailing whitespace stripped (what joining and stripping step by step
     # gives), so windows are compared by length and only the best one is built.
