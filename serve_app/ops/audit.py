@@ -10,13 +10,13 @@ from serve_app.access.context import OperatorRight, operator_scope
 from serve_app.auth import Principal
 from serve_app.http.deps import Caller
 from serve_app.http.errors import BackendUnavailable, InvalidInput
-from serve_app.ops.deps import Service
-from serve_app.service import GatewayService
+from serve_app.ops.deps import Ops
+from serve_app.ops.service import OpsService
 
 router = APIRouter(tags=["ops"])
 
 
-def audit_scope(service: GatewayService, principal: Principal, team_id: str | None) -> str:
+def audit_scope(service: OpsService, principal: Principal, team_id: str | None) -> str:
     """Why ``principal`` may read the audit log for ``team_id`` (None = every team;
     ``access.operator_scope``)."""
     cfg = service.settings.audit
@@ -52,7 +52,7 @@ def utc(value: datetime | None, name: str) -> datetime | None:
 async def audit_decisions(
     request: Request,
     caller: Caller,
-    service: Service,
+    service: Ops,
     since: Annotated[
         datetime | None,
         Query(description="ISO 8601 (naive = UTC); ts >= since. Not after `until` (422)."),
@@ -84,11 +84,11 @@ async def audit_decisions(
         # since == until is an empty window, answered empty; since > until is a mistake.
         if since is not None and until is not None and since > until:
             raise InvalidInput("since must not be after until", field="since")
-        if not service.audit.enabled:
+        if not service.recorder.log.enabled:
             raise BackendUnavailable("audit", "the audit log is disabled (AUDIT__ENABLED=false)")
         try:
             rows = await asyncio.to_thread(
-                service.audit.query, since, until, subject, decision, team_id, limit
+                service.recorder.log.query, since, until, subject, decision, team_id, limit
             )
         except Exception as exc:
             raise BackendUnavailable(

@@ -27,13 +27,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from batch_ingest.reindex.launcher import ReindexJobs
 from deployments.errors import Forbidden, NotFound
 from serve_app.access.context import OperatorRight, operator_scope
 from serve_app.auth import Principal
 from serve_app.http.deps import Caller
-from serve_app.ops.deps import Service
-from serve_app.service import GatewayService
+from serve_app.ops.deps import Ops
+from serve_app.ops.service import OpsService
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["ops"])
@@ -52,7 +51,7 @@ class ReindexRequest(BaseModel):
     allow_empty: bool = False
 
 
-def reindex_scope(service: GatewayService, principal: Principal, team_id: str) -> str:
+def reindex_scope(service: OpsService, principal: Principal, team_id: str) -> str:
     """Why ``principal`` may reindex ``team_id`` (``access.operator_scope``)."""
     cfg = service.settings.reindex
     right = OperatorRight(
@@ -68,19 +67,12 @@ def reindex_scope(service: GatewayService, principal: Principal, team_id: str) -
     return operator_scope(principal, team_id, right, production=production)
 
 
-def _jobs(request: Request, service: GatewayService) -> ReindexJobs:
-    jobs = getattr(request.app.state, "reindex_jobs", None)
-    if jobs is None:
-        jobs = request.app.state.reindex_jobs = ReindexJobs(service.settings)
-    return jobs
-
-
 @router.post("/admin/reindex", status_code=202)
 async def start_reindex(
     body: ReindexRequest,
     request: Request,
     caller: Caller,
-    service: Service,
+    service: Ops,
 ) -> dict[str, Any]:
     """Start re-embedding ``team_id`` into a new collection version (swapped in when done)."""
     principal, trace_id = caller.principal, caller.trace_id
@@ -88,7 +80,7 @@ async def start_reindex(
     with service.recorder.audited(caller, fields) as allowed:
         allowed.reason = reindex_scope(service, principal, body.team_id)
         job = await asyncio.to_thread(
-            _jobs(request, service).submit,
+            service.reindex_jobs.submit,
             body.team_id,
             principal.sub or "dev",
             allow_empty=body.allow_empty,
@@ -102,13 +94,13 @@ async def reindex_status(
     job_id: str,
     request: Request,
     caller: Caller,
-    service: Service,
+    service: Ops,
 ) -> dict[str, Any]:
     """A reindex job: status, progress (done/total documents, rate, ETA), counts, error."""
     principal, trace_id = caller.principal, caller.trace_id
     fields = {"action": "admin.reindex.status", "path": request.url.path[:256]}
     with service.recorder.audited(caller, fields) as allowed:
-        job = await asyncio.to_thread(_jobs(request, service).get, job_id[:64])
+        job = await asyncio.to_thread(service.reindex_jobs.get, job_id[:64])
         if job is None:
             # Same answer whoever asks: a missing job says nothing about other teams.
             if not principal.trusts_body and (

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query, Request
 from serve_app.http.deps import Caller
 from serve_app.http.errors import BackendUnavailable, InvalidInput
 from serve_app.ops.audit import audit_scope
-from serve_app.ops.deps import Service
+from serve_app.ops.deps import Ops
 
 router = APIRouter(tags=["ops"])
 
@@ -24,7 +24,7 @@ router = APIRouter(tags=["ops"])
 async def embedding_usage(
     request: Request,
     caller: Caller,
-    service: Service,
+    service: Ops,
     team_id: Annotated[str | None, Query(max_length=256)] = None,
     since: Annotated[
         date | None, Query(description="first UTC day, YYYY-MM-DD; not after `until` (422)")
