@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, date, datetime
 from typing import Any
@@ -28,8 +29,10 @@ from serve_app.request import RequestContext
 from serve_app.search.cache.semantic import SemanticCache
 from serve_app.settings import GatewaySettings
 
-# The longest /readyz waits for one component (a probe must answer before its own timeout).
+# The longest /readyz waits for one component (a probe must answer before its own timeout),
+# and for the semantic cache, which never blocks readiness.
 READY_TIMEOUT_S = 3.0
+CACHE_READY_TIMEOUT_S = 2.0
 
 # The two operator rights, less the permission and roles that grant them (the settings'
 # at call time): reading the audit log (and the embedding ledger), and reindexing a team.
@@ -52,6 +55,29 @@ REINDEX = OperatorRight(
     by_permission="permission_admin_reindex",
     by_role="team_admin_role",
 )
+
+
+async def probe(
+    name: str,
+    status: Callable[[], Awaitable[dict[str, Any]]],
+    timeout_s: float = READY_TIMEOUT_S,
+) -> tuple[str, dict[str, Any]]:
+    """``name`` and what ``status()`` answers within ``timeout_s``; not ready, with the
+    error, when it fails or is late."""
+    try:
+        return name, await asyncio.wait_for(status(), timeout=timeout_s)
+    except Exception as exc:
+        return name, {"ready": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def check_window(since: date | None, until: date | None) -> None:
+    """A window of time (or days) from ``since`` to ``until``, either open.
+
+    Raises:
+        InvalidInput: ``since`` is after ``until`` (the same instant is an empty window).
+    """
+    if since is not None and until is not None and since > until:
+        raise InvalidInput("since must not be after until", field="since")
 
 
 def utc(value: datetime | None, name: str) -> datetime | None:
@@ -107,32 +133,11 @@ class OpsService:
         if backends.reranker is not None:
             parts["reranker"] = backends.reranker
 
-        async def one(name: str, backend: Any) -> tuple[str, dict[str, Any]]:
-            try:
-                return name, await asyncio.wait_for(backend.status(), timeout=READY_TIMEOUT_S)
-            except Exception as exc:
-                return name, {"ready": False, "error": f"{type(exc).__name__}: {exc}"}
-
-        async def cache() -> tuple[str, dict[str, Any]]:
-            assert self.cache is not None
-            try:
-                return "cache", await asyncio.wait_for(self.cache.status(), timeout=2)
-            except Exception as exc:
-                return "cache", {"ready": False, "error": f"{type(exc).__name__}: {exc}"}
-
-        async def audit() -> tuple[str, dict[str, Any]]:
-            try:
-                return "audit", await asyncio.wait_for(
-                    asyncio.to_thread(audit_log.status), timeout=READY_TIMEOUT_S
-                )
-            except Exception as exc:
-                return "audit", {"ready": False, "error": f"{type(exc).__name__}: {exc}"}
-
-        checks = [one(n, b) for n, b in parts.items()]
+        checks = [probe(n, b.status, READY_TIMEOUT_S) for n, b in parts.items()]
         if audit_log.enabled:
-            checks.append(audit())
+            checks.append(probe("audit", lambda: asyncio.to_thread(audit_log.status)))
         if self.cache is not None:
-            checks.append(cache())
+            checks.append(probe("cache", self.cache.status, CACHE_READY_TIMEOUT_S))
         results = dict(await asyncio.gather(*checks))
         # The cache never blocks readiness: without it searches run uncached.
         optional = {"cache"} if self.settings.audit.required_for_ready else {"audit", "cache"}
@@ -204,9 +209,7 @@ class OpsService:
                     f"limit must be at most {cfg.max_query_limit}, got {limit}", field="limit"
                 )
             since, until = utc(since, "since"), utc(until, "until")
-            # since == until is an empty window, answered empty; since > until is a mistake.
-            if since is not None and until is not None and since > until:
-                raise InvalidInput("since must not be after until", field="since")
+            check_window(since, until)
             log = self.recorder.log
             if not log.enabled:
                 raise BackendUnavailable(
@@ -251,8 +254,7 @@ class OpsService:
         with self.recorder.audited(rc, fields) as allowed:
             allowed.reason = self.audit_scope(rc.principal, team_id)
             allowed.fields = {"resource": f"usage:{team_id or '*'}"}
-            if since is not None and until is not None and since > until:
-                raise InvalidInput("since must not be after until", field="since")
+            check_window(since, until)
             usage = self.pipeline.usage
             if usage is None:
                 raise BackendUnavailable("state", "no state database, so no embedding ledger")
