@@ -276,7 +276,7 @@ def bench_http(args: argparse.Namespace) -> dict[str, Any]:
                 raise RuntimeError(f"{mode} search answered {resp.status_code}: {resp.text[:300]}")
     for gw in (jwt_gw, dev_gw):
         gw.client.close()
-        gw.service.audit.close()
+        gw.services.recorder.log.close()
     return {
         mode: {
             "n": len(t),

@@ -33,7 +33,7 @@ from deployments.vector_store.deployment import deployment_options as retriever_
 from deployments.vector_store.memindex.front import MemoryFront, hot_index
 from serve_app.access.policy import Policy
 from serve_app.asgi import create_app
-from serve_app.composition import build_service
+from serve_app.composition import build_services
 from serve_app.handles import HandleProxy, MemoryFirstStore, StoreProxy
 from serve_app.settings import GatewaySettings
 from serve_app.timing import InFlight
@@ -64,7 +64,8 @@ class AppArgs(BaseModel):
 
 
 class Ingress:
-    """FastAPI ingress: builds ``GatewayService`` over the handles of the other deployments."""
+    """FastAPI ingress: builds the gateway's ``Services`` over the handles of the other
+    deployments."""
 
     def __init__(
         self,
@@ -87,16 +88,16 @@ class Ingress:
             graph=HandleProxy(_direct(graph), "neo4j") if graph is not None else None,
             reranker=HandleProxy(_direct(reranker), "reranker") if reranker is not None else None,
         )
-        self.service = build_service(settings, backends, sources=SourceStore(settings.state.url))
+        self.services = build_services(settings, backends, sources=SourceStore(settings.state.url))
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_app(self.service, in_flight=self.in_flight)
+        return create_app(self.services, in_flight=self.in_flight)
 
     def __del__(self) -> None:
         # Serve calls __del__ on a graceful replica shutdown: write the queued audit records.
-        service = getattr(self, "service", None)
-        if service is not None:
-            service.audit.close()
+        services = getattr(self, "services", None)
+        if services is not None:
+            services.recorder.log.close()
         local_store = getattr(self, "local_store", None)
         if local_store is not None:
             local_store.close()

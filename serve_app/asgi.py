@@ -1,4 +1,5 @@
-"""The FastAPI application, built around a ``GatewayService`` (real or fake)."""
+"""The FastAPI application over the gateway's ``Services`` (serve_app/composition.py), real or
+over fakes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from serve_app.auth import Authenticator
+from serve_app.composition import Services
 from serve_app.contracts import ErrorBody
 from serve_app.enrich import routes as enrich
 from serve_app.graph import routes as graph
@@ -24,11 +25,9 @@ from serve_app.ops import audit, health, usage
 from serve_app.ops import reindex as admin
 from serve_app.ops.surface import catalog_urls, closed_catalog_router
 from serve_app.search import routes as search
-from serve_app.service import GatewayService
 from serve_app.timing import CountInFlight, InFlight, ServerTiming
 from serve_app.tools import routes as tools
 from serve_app.tools.mcp import mount_mcp
-from serve_app.tools.runner import ToolRunner
 
 # The error answers every tool route may give, in the one shape of serve_app/http/errors.py.
 ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
@@ -46,40 +45,36 @@ ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
 }
 
 
-def create_app(
-    service: GatewayService,
-    authenticator: Authenticator | None = None,
-    in_flight: InFlight | None = None,
-) -> FastAPI:
-    """The app over ``service``; ``authenticator`` defaults to the one ``service.settings``
-    configure (every route but /healthz and /readyz needs a principal); ``in_flight``, when
-    given, counts the requests in progress."""
+def create_app(services: Services, in_flight: InFlight | None = None) -> FastAPI:
+    """The app over ``services`` (every route but /healthz and /readyz needs a principal,
+    verified by ``services.authenticator``); ``in_flight``, when given, counts the requests
+    in progress."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # The MCP server's session manager runs for the app's lifetime (Serve runs this too).
         # So does the worker of background ingestion jobs (serve_app/ingest/worker.py).
-        worker = service.ingest.worker
+        worker = services.ingest.worker
         async with mcp.running(), worker.running() if worker else contextlib.nullcontext():
             yield
         # Shutdown: write every queued audit record before the process goes.
-        await asyncio.to_thread(service.audit.close)
+        await asyncio.to_thread(services.recorder.log.close)
 
     app = FastAPI(
         lifespan=lifespan,
         title="RAG Gateway",
         version="0.1.0",
         description="Tool endpoints for agents over Milvus and Neo4j, tenancy-enforced.",
-        **catalog_urls(service.settings),
+        **catalog_urls(services.settings),
     )
-    app.state.service = service
-    app.state.tools = ToolRunner(service)
-    app.state.authenticator = authenticator or Authenticator.from_settings(service.settings)
+    # Each feature's routes read their service from here; http/deps.py the shared parts.
+    app.state.services = services
+    app.state.shared = services.shared
     install_error_handlers(app)
-    install_openapi(app, service.settings)
+    install_openapi(app, services.settings)
     install_tracing(app)  # trace id headers and log context, around everything
     app.add_middleware(ServerTiming)
-    limits = service.settings.http
+    limits = services.settings.http
     app.add_middleware(
         BodyLimits, timeout_s=limits.body_read_timeout_s, max_bytes=limits.max_body_bytes
     )
@@ -90,8 +85,8 @@ def create_app(
     for module in (search, enrich, graph, ingest, events, audit, admin, usage, tools):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.include_router(health.router)
-    if service.settings.catalog_needs_credential:
+    if services.settings.catalog_needs_credential:
         app.include_router(closed_catalog_router(app))
-    # The same four tools over MCP (Streamable HTTP) at /mcp, through app.state.tools.
+    # The same four tools over MCP (Streamable HTTP) at /mcp, through app.state.services.tools.
     mcp = mount_mcp(app)
     return app

@@ -35,8 +35,7 @@ from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeVectorSt
 from serve_app.access.policy import Policy
 from serve_app.asgi import create_app
 from serve_app.auth.api_keys import hash_key, new_key
-from serve_app.composition import build_service
-from serve_app.service import GatewayService
+from serve_app.composition import Services, build_services
 from serve_app.settings import GatewaySettings
 
 SECRET = "unit-test-hs256-shared-secret-0123456789"
@@ -171,7 +170,7 @@ def jwt_auth(**overrides: Any) -> dict[str, Any]:
 @dataclass
 class AuthGateway:
     client: TestClient
-    service: GatewayService
+    services: Services
     store: FakeVectorStore
     embedder: FakeEmbedder
 
@@ -203,7 +202,7 @@ def build_gateway(
     settings = GatewaySettings(environment=environment, auth=auth or jwt_auth(), **sections)
     embedder, graph = FakeEmbedder(dim=32), FakeGraphStore()
     store = store if store is not None else FakeVectorStore()
-    service = build_service(
+    services = build_services(
         settings,
         Backends(embedder=embedder, store=store, graph=graph),
         count_tokens=whitespace_tokens,
@@ -212,10 +211,10 @@ def build_gateway(
     )
     if corpus:
         docs = [SourceDocument.model_validate(d) for d in corpus]
-        report = asyncio.run(service.pipeline.ingest(docs))
+        report = asyncio.run(services.pipeline.ingest(docs))
         assert not report.failed, report
-    client = TestClient(create_app(service), raise_server_exceptions=False)
-    return AuthGateway(client, service, store, embedder)
+    client = TestClient(create_app(services), raise_server_exceptions=False)
+    return AuthGateway(client, services, store, embedder)
 
 
 # --- a multi-team corpus with both visibilities, several doc types, projects and a skill ----

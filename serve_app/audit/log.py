@@ -270,7 +270,8 @@ def parse_time(value: str, now: datetime | None = None) -> datetime:
     return parse_iso(value)
 
 
-def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+def jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    """An audit row with its timestamps as ISO 8601 strings (the CLI's and the API's)."""
     return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()}
 
 
@@ -309,12 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         store.dispose()
     if args.format == "json":
         for row in rows:
-            print(json.dumps(_jsonable(row), ensure_ascii=False))
+            print(json.dumps(jsonable(row), ensure_ascii=False))
         return 0
     cols = ("ts", "decision", "reason", "http_status", "action", "subject", "team_id", "trace_id")
     print("\t".join(cols))
     for row in rows:
-        print("\t".join(str(_jsonable(row)[c]) for c in cols))
+        print("\t".join(str(jsonable(row)[c]) for c in cols))
     return 0
 
 

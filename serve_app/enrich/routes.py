@@ -10,7 +10,7 @@ from serve_app.http.deps import Caller
 
 
 async def _enrich(request: Request) -> EnrichService:
-    return request.app.state.service.enrich
+    return request.app.state.services.enrich
 
 
 Enrich = Annotated[EnrichService, Depends(_enrich)]

@@ -16,11 +16,11 @@ from serve_app.graph.service import GraphTools
 from serve_app.http.deps import Caller, CurrentPrincipal
 
 
-async def _graph_tools(request: Request) -> GraphTools:
-    return request.app.state.service.graph_tools
+async def _graph(request: Request) -> GraphTools:
+    return request.app.state.services.graph
 
 
-Graph = Annotated[GraphTools, Depends(_graph_tools)]
+Graph = Annotated[GraphTools, Depends(_graph)]
 
 router = APIRouter(tags=["graph"])
 

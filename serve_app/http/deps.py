@@ -7,9 +7,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from serve_app.auth import Authenticator, Principal
+from serve_app.auth import Principal
 from serve_app.http.errors import GatewayError, trace_id_of
 from serve_app.http.rate_limits import Limit, RateLimited
+from serve_app.http.shared import Shared
 from serve_app.request import RequestContext
 from serve_app.timing import stage
 
@@ -34,19 +35,19 @@ async def authenticate(request: Request, action: str | None = None) -> Principal
     """The verified caller of ``request``. A failure (401, or 503 when the JWKS cannot be
     fetched) is audited as a deny with the subject unknown, as ``action`` (default: the
     route's action name), and raised."""
-    authenticator: Authenticator = request.app.state.authenticator
+    shared: Shared = request.app.state.shared
+    authenticator = shared.authenticator
     started = time.perf_counter()
     try:
         with stage("auth"):
             return await authenticator.authenticate(request.headers)
     except GatewayError as exc:
-        service = request.app.state.service
         path = request.url.path
         try:
             found = authenticator.credential(request.headers)
         except GatewayError:
             found = ("malformed", "")
-        service.recorder.error(
+        shared.recorder.error(
             exc,
             trace_id_of(request),
             None,
@@ -95,8 +96,8 @@ async def rate_limit(
     """Take this request's tokens (serve_app/http/rate_limits.py): the credential's, then each
     named team's that the credential grants (or any, for a dev caller trusted from the
     body). An empty bucket is audited as a deny and raised (429)."""
-    service = request.app.state.service
-    limiter = service.rate_limiter
+    shared: Shared = request.app.state.shared
+    limiter = shared.rate_limiter
     if not limiter.settings.enabled:
         return
     started = time.perf_counter()
@@ -109,7 +110,7 @@ async def rate_limit(
     teams = named_teams(request, body)
     if not principal.trusts_body:
         teams &= set(principal.teams)
-    profile = service.profiles.for_agent(agent_id or principal.agent_id).profile
+    profile = shared.profiles.for_agent(agent_id or principal.agent_id).profile
     limit = (
         Limit(profile.requests_per_s, profile.burst or limiter.settings.per_credential_burst)
         if profile.requests_per_s
@@ -120,7 +121,7 @@ async def rate_limit(
         await limiter.admit(f"{principal.method}:{credential}", teams, limit)
     except RateLimited as exc:
         path = request.url.path
-        service.recorder.error(
+        shared.recorder.error(
             exc,
             trace_id_of(request),
             principal,
@@ -139,7 +140,8 @@ async def request_context(
     """The verified caller, the trace id and the profile-routing agent of one request,
     after its rate limits."""
     routed = request.headers.get("x-agent-id", "").strip()[:256]
-    permission = request.app.state.service.settings.profiles.route_permission
+    shared: Shared = request.app.state.shared
+    permission = shared.settings.profiles.route_permission
     if routed and not (principal.trusts_body or permission in principal.permissions):
         routed = ""  # only a router's credential may pick another agent's profile
     path = request.url.path

@@ -18,7 +18,7 @@ from serve_app.ingest.service import IngestService
 
 
 async def _ingest(request: Request) -> IngestService:
-    return request.app.state.service.ingest
+    return request.app.state.services.ingest
 
 
 Ingest = Annotated[IngestService, Depends(_ingest)]

@@ -1,5 +1,4 @@
-"""The dependency the operator routes read ``GatewayService`` through (moved from
-serve_app/http/deps.py, whose shared dependencies import no feature)."""
+"""The dependency the operator routes read their service through."""
 
 from __future__ import annotations
 
@@ -7,13 +6,13 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from serve_app.service import GatewayService
+from serve_app.ops.service import OpsService
 
 
 # Async on purpose: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop
 # on every request for a single attribute read.
-async def _service(request: Request) -> GatewayService:
-    return request.app.state.service
+async def _ops(request: Request) -> OpsService:
+    return request.app.state.services.ops
 
 
-Service = Annotated[GatewayService, Depends(_service)]
+Ops = Annotated[OpsService, Depends(_ops)]

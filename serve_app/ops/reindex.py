@@ -20,103 +20,26 @@ started it.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from typing import Any
-
 from fastapi import APIRouter, Request
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from batch_ingest.reindex.launcher import ReindexJobs
-from deployments.errors import Forbidden, NotFound
-from serve_app.access.context import OperatorRight, operator_scope
-from serve_app.auth import Principal
 from serve_app.http.deps import Caller
-from serve_app.ops.deps import Service
-from serve_app.service import GatewayService
+from serve_app.ops.contracts import ReindexJobResponse, ReindexRequest
+from serve_app.ops.deps import Ops
 
-logger = logging.getLogger(__name__)
 router = APIRouter(tags=["ops"])
-
-
-class ReindexRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    team_id: str = Field(
-        min_length=1,
-        max_length=128,
-        pattern=r"^[^\x00-\x1f]+$",
-        validation_alias=AliasChoices("team_id", "dao_id", "microdao_id"),
-    )
-    # Build a team with no documents and no collection on purpose (else 404 unknown_team).
-    allow_empty: bool = False
-
-
-def reindex_scope(service: GatewayService, principal: Principal, team_id: str) -> str:
-    """Why ``principal`` may reindex ``team_id`` (``access.operator_scope``)."""
-    cfg = service.settings.reindex
-    right = OperatorRight(
-        action="reindexing this team",
-        subject="reindex",
-        permission=cfg.admin_permission,
-        roles=tuple(cfg.admin_roles),
-        denied="reindex_not_granted",
-        by_permission="permission_admin_reindex",
-        by_role="team_admin_role",
-    )
-    production = service.settings.environment == "production"
-    return operator_scope(principal, team_id, right, production=production)
-
-
-def _jobs(request: Request, service: GatewayService) -> ReindexJobs:
-    jobs = getattr(request.app.state, "reindex_jobs", None)
-    if jobs is None:
-        jobs = request.app.state.reindex_jobs = ReindexJobs(service.settings)
-    return jobs
 
 
 @router.post("/admin/reindex", status_code=202)
 async def start_reindex(
-    body: ReindexRequest,
-    request: Request,
-    caller: Caller,
-    service: Service,
-) -> dict[str, Any]:
+    body: ReindexRequest, request: Request, caller: Caller, ops: Ops
+) -> ReindexJobResponse:
     """Start re-embedding ``team_id`` into a new collection version (swapped in when done)."""
-    principal, trace_id = caller.principal, caller.trace_id
-    fields = {"action": "admin.reindex", "team_id": body.team_id, "path": request.url.path}
-    with service.recorder.audited(caller, fields) as allowed:
-        allowed.reason = reindex_scope(service, principal, body.team_id)
-        job = await asyncio.to_thread(
-            _jobs(request, service).submit,
-            body.team_id,
-            principal.sub or "dev",
-            allow_empty=body.allow_empty,
-        )
-        allowed.http_status, allowed.fields = 202, {"resource": f"reindex:{job.job_id}"}
-    return {**job.public(), "trace_id": trace_id}
+    return await ops.start_reindex(body, caller, request.url.path)
 
 
 @router.get("/admin/reindex/{job_id}")
 async def reindex_status(
-    job_id: str,
-    request: Request,
-    caller: Caller,
-    service: Service,
-) -> dict[str, Any]:
+    job_id: str, request: Request, caller: Caller, ops: Ops
+) -> ReindexJobResponse:
     """A reindex job: status, progress (done/total documents, rate, ETA), counts, error."""
-    principal, trace_id = caller.principal, caller.trace_id
-    fields = {"action": "admin.reindex.status", "path": request.url.path[:256]}
-    with service.recorder.audited(caller, fields) as allowed:
-        job = await asyncio.to_thread(_jobs(request, service).get, job_id[:64])
-        if job is None:
-            # Same answer whoever asks: a missing job says nothing about other teams.
-            if not principal.trusts_body and (
-                service.settings.reindex.admin_permission not in principal.permissions
-            ):
-                raise Forbidden("this reindex job is not visible", reason="reindex_not_granted")
-            raise NotFound(f"no reindex job {job_id!r}")
-        fields["team_id"] = job.team_id
-        allowed.reason = reindex_scope(service, principal, job.team_id)
-        allowed.fields = {"resource": f"reindex:{job.job_id}"}
-    return {**job.public(), "trace_id": trace_id}
+    return await ops.reindex_status(job_id, caller, request.url.path)

@@ -19,8 +19,8 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from serve_app.auth import Authenticator
 from serve_app.http.deps import authenticate
+from serve_app.http.shared import Shared
 from serve_app.settings import GatewaySettings
 
 CATALOG_ACTION = "catalog.read"
@@ -28,8 +28,8 @@ CATALOG_ACTION = "catalog.read"
 
 async def catalog_access(request: Request) -> None:
     """Route dependency: a verified credential when the catalogue is closed (else nothing)."""
-    settings: GatewaySettings = request.app.state.service.settings
-    if settings.catalog_needs_credential:
+    shared: Shared = request.app.state.shared
+    if shared.settings.catalog_needs_credential:
         await authenticate(request, CATALOG_ACTION)
 
 
@@ -65,11 +65,11 @@ def closed_catalog_router(app: FastAPI) -> APIRouter:
 async def readiness_view(request: Request, body: dict[str, Any]) -> dict[str, Any]:
     """``body`` as this caller may see it: whole when details are open or the caller holds
     the details permission, else each component's ``ready`` flag only."""
-    settings: GatewaySettings = request.app.state.service.settings
+    shared: Shared = request.app.state.shared
+    settings = shared.settings
     if settings.readyz_details_open:
         return body
-    authenticator: Authenticator = request.app.state.authenticator
-    if authenticator.credential(request.headers):
+    if shared.authenticator.credential(request.headers):
         principal = await authenticate(request, "readyz.details")
         if settings.surface.details_permission in principal.permissions:
             return body

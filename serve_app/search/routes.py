@@ -10,7 +10,7 @@ from serve_app.search.service import SearchService
 
 
 async def _search(request: Request) -> SearchService:
-    return request.app.state.service.search
+    return request.app.state.services.search
 
 
 Search = Annotated[SearchService, Depends(_search)]

@@ -72,7 +72,8 @@ class ToolSpec:
     response: type[BaseModel]
     # The argument fields of the full request (tenancy is added by ``build``).
     _fields: Callable[[BaseModel], dict[str, Any]]
-    # The service call of the HTTP route: (the gateway's services, full request, caller).
+    # The service call of the HTTP route: (the ToolRunner holding the services, full
+    # request, caller).
     call: Callable[[Any, Any, RequestContext], Awaitable[BaseModel]]
 
     @property
@@ -142,7 +143,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         GraphQueryRequest,
         GraphQueryResponse,
         _graph,
-        lambda s, request, rc: s.graph_tools.graph_query(request, rc),
+        lambda s, request, rc: s.graph.graph_query(request, rc),
     ),
     ToolSpec(
         "graph.explain_path",
@@ -151,7 +152,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         ExplainPathRequest,
         ExplainPathResponse,
         _path,
-        lambda s, request, rc: s.graph_tools.explain_path(request, rc),
+        lambda s, request, rc: s.graph.explain_path(request, rc),
     ),
 )
 BY_FUNCTION = {t.function: t for t in TOOLS} | {t.name: t for t in TOOLS}

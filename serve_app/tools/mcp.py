@@ -6,10 +6,10 @@ Every HTTP request to ``/mcp`` is authenticated first, like every route (a missi
 credential is a 401 with the gateway's error body, audited as action ``mcp``); the verified
 principal rides in the ASGI scope to the tool handler, which builds the request context of
 every route from it and the call's HTTP request (trace id, X-Agent-Id, the tenancy headers) and
-calls ``app.state.tools`` (``ToolRunner``): the policy, the audit records and the errors are
-those of ``POST /tools/{function}``. A ``GatewayError`` is a tool error (``isError``) whose
-text is the gateway's JSON error body, so the agent sees it; anything unexpected is a tool
-error ``internal_error`` without its traceback (which goes to the log).
+calls ``app.state.services.tools`` (``ToolRunner``): the policy, the audit records and the
+errors are those of ``POST /tools/{function}``. A ``GatewayError`` is a tool error
+(``isError``) whose text is the gateway's JSON error body, so the agent sees it; anything
+unexpected is a tool error ``internal_error`` without its traceback (which goes to the log).
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def _tool_error(body: dict[str, Any]) -> types.CallToolResult:
 
 
 def build_server(app: FastAPI) -> Server[Any]:
-    """The MCP server of the catalog's tools, each call run by ``app.state.tools``."""
-    settings = app.state.service.settings
+    """The MCP server of the catalog's tools, each call run by ``app.state.services.tools``."""
+    settings = app.state.shared.settings
     listing = types.ListToolsResult(
         tools=[types.Tool.model_validate(t) for t in mcp_tools(settings)]
     )
@@ -90,7 +90,7 @@ def build_server(app: FastAPI) -> Server[Any]:
                 raise Unauthorized("the MCP call carries no verified caller", error=None)
             # The Caller of every route (trace id, principal, routed agent), built the same way.
             rc = await request_context(request, principal)
-            runner: ToolRunner = app.state.tools
+            runner: ToolRunner = app.state.services.tools
             result = await runner.call(params.name, params.arguments, rc, request.headers)
         except GatewayError as exc:
             return _tool_error(error_body(exc, trace_id))
@@ -180,7 +180,7 @@ async def protected_resource_metadata(request: Request) -> JSONResponse:
     sent. Public, like any discovery document. ``jwks_uri`` is left out on purpose: in
     RFC 9728 it names the resource's own signing keys, and the gateway signs nothing; the
     issuer's keys are found through the issuer's own metadata."""
-    auth = request.app.state.service.settings.auth
+    auth = request.app.state.shared.settings.auth
     issuers = [auth.issuer] if auth.mode == "jwt" and auth.issuer else []
     return JSONResponse(
         {

@@ -31,7 +31,7 @@ async def tools(
 ) -> dict[str, Any]:
     """The four tools with their argument schemas, in the shape ``format`` names; every bound
     is the one this server enforces (its settings)."""
-    settings = request.app.state.service.settings
+    settings = request.app.state.shared.settings
     if format in ("openai", "openai-strict"):
         return {"tools": openai_tools(settings, strict=format == "openai-strict")}
     if format == "mcp":
@@ -53,7 +53,7 @@ async def call_tool(
     the team when the credential grants several; ``X-Rag-Visibility: confidential`` widens to
     confidential documents where the credential allows it. ``format: "text"`` answers
     ``text/plain``."""
-    runner: ToolRunner = request.app.state.tools
+    runner: ToolRunner = request.app.state.services.tools
     result = await runner.call(function, arguments, caller, request.headers)
     if result.text is not None:
         return PlainTextResponse(result.text)

@@ -12,8 +12,10 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from deployments.errors import InvalidInput, NotFound
+from serve_app.enrich.service import EnrichService
+from serve_app.graph.service import GraphTools
 from serve_app.request import RequestContext
-from serve_app.service import GatewayService
+from serve_app.search.service import SearchService
 from serve_app.tools.catalog import BY_FUNCTION, TOOLS, ToolSpec
 from serve_app.tools.tenancy import ToolTenancy
 from serve_app.tools.text import render
@@ -81,8 +83,12 @@ def invalid_arguments(exc: ValidationError, prefix: str = "") -> InvalidInput:
 
 
 class ToolRunner:
-    def __init__(self, service: GatewayService) -> None:
-        self.service = service
+    """Runs the catalog's tools on the services their HTTP routes call."""
+
+    def __init__(self, *, search: SearchService, enrich: EnrichService, graph: GraphTools) -> None:
+        self.search = search
+        self.enrich = enrich
+        self.graph = graph
 
     async def call(
         self,
@@ -107,6 +113,6 @@ class ToolRunner:
             request = spec.build(args, tenancy)
         except ValidationError as exc:
             raise invalid_arguments(exc) from None
-        response = await spec.call(self.service, request, rc)
+        response = await spec.call(self, request, rc)
         text = render(response) if getattr(args, "format", "json") == "text" else None
         return ToolResult(response, text)

@@ -133,14 +133,14 @@ def test_unreachable_postgres_degrades_without_failing(table):
 
 def test_gateway_decisions_land_in_postgres(url, table, store):
     gw = build_gateway(policy=TENANCY_POLICY, corpus=tenancy_corpus())
-    gw.service.audit = AuditLog(AuditSettings(url=url, table=table, flush_interval_s=0.05))
+    gw.services.recorder.log = AuditLog(AuditSettings(url=url, table=table, flush_interval_s=0.05))
     member = mint(claims(teams={"dao_a": ["member"]}))
     ok = gw.search({"team_id": "dao_a", "query": "Milvus notes"}, member)
     assert ok.status_code == 200
     denied = gw.search({"team_id": "dao_b", "query": "x"}, mint(claims()))
     assert denied.status_code == 403
     assert gw.search({"team_id": "dao_a", "query": "x"}).status_code == 401
-    gw.service.audit.close()
+    gw.services.recorder.log.close()
     rows = store.query()
     assert [(r["decision"], r["http_status"]) for r in reversed(rows)] == [
         ("allow", 200),

@@ -14,7 +14,7 @@ from deployments.protocols import Backends
 from deployments.testing.tiny_models import build_tiny_m3
 from deployments.vector_store.deployment import RetrieverDeployment
 from serve_app.asgi import create_app
-from serve_app.composition import build_service
+from serve_app.composition import build_services
 from serve_app.settings import GatewaySettings
 
 pytestmark = pytest.mark.integration
@@ -40,8 +40,8 @@ def gateway(settings, tmp_path_factory):
     embedder.core.start()
     retriever = RetrieverDeployment(milvus, embedder.core.dim or 0, lexical=True)
     backends = Backends(embedder=embedder, store=retriever, graph=None)
-    service = build_service(gateway_settings, backends, count_tokens=embedder.core.count_tokens)
-    with TestClient(create_app(service)) as client:
+    services = build_services(gateway_settings, backends, count_tokens=embedder.core.count_tokens)
+    with TestClient(create_app(services)) as client:
         yield client, retriever
     retriever.store.drop()
     retriever.store.close()

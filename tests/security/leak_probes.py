@@ -549,20 +549,20 @@ class GraphGateway:
         from deployments.protocols import Backends
         from deployments.testing.fakes import FakeEmbedder, FakeVectorStore
         from serve_app.asgi import create_app
-        from serve_app.composition import build_service
+        from serve_app.composition import build_services
         from serve_app.settings import GatewaySettings
 
         settings = GatewaySettings(environment="test", auth=auth, neo4j=neo4j)
         self.embedder = FakeEmbedder(dim=32)
         self.store = store if store is not None else FakeVectorStore()
         self.graph = Neo4jGraph(settings.neo4j)
-        self.service = build_service(
+        self.services = build_services(
             settings,
             Backends(embedder=self.embedder, store=self.store, graph=self.graph),
             count_tokens=whitespace_tokens,
             policy=policy,
         )
-        self.client = TestClient(create_app(self.service), raise_server_exceptions=False)
+        self.client = TestClient(create_app(self.services), raise_server_exceptions=False)
         # One event loop for the client's lifetime (the async driver is bound to it).
         self.client.__enter__()
 
@@ -1211,7 +1211,7 @@ class Prober(GraphProbes):
     def close(self) -> None:
         for gw in self.gateways:
             gw.client.close()
-            gw.service.audit.close()
+            gw.services.recorder.log.close()
 
     # --- random inputs -----------------------------------------------------------------------
     def adv(self) -> Any:
@@ -1337,7 +1337,7 @@ class Prober(GraphProbes):
             body = {"team_id": team, "query": query, "top_k": 50, "mode": mode}
             second_mode = self.rng.choice(["public", mode])
             for order in ((first, second), (second, first)):
-                asyncio.run(self.search_gw.service.cache.store.clear())
+                asyncio.run(self.search_gw.services.cache.store.clear())
                 for ident in order:
                     mode_of = mode if ident is first else second_mode
                     self.probe_search("jwt_valid", fixed=(ident, body | {"mode": mode_of}))
@@ -1675,7 +1675,7 @@ def run_probes(
         "leaks_found": len(prober.leaks),
         "server_errors": len(prober.server_errors),
         "checked_matches": prober.checked_matches,
-        "cache_hits": prober.search_gw.service.cache.hits + prober.dev_gw.service.cache.hits,
+        "cache_hits": prober.search_gw.services.cache.hits + prober.dev_gw.services.cache.hits,
         "runs": {e: dict(c) for e, c in per_endpoint.items()},
         "statuses": {e: dict(s) for e, s in statuses.items()},
         "leaks_by": {f"{e} {c}": n for (e, c), n in leaks_by.items()},

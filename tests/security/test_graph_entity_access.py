@@ -244,8 +244,8 @@ def test_a_writer_without_the_grant_cannot_declassify_through_a_relationship(gw,
             "was_derived": False,
         }
     ]
-    gw.service.audit.flush()
-    rows = gw.service.audit.query(team_id=team, limit=50)
+    gw.services.recorder.log.flush()
+    rows = gw.services.recorder.log.query(team_id=team, limit=50)
     changes = [r for r in rows if r["action"] == "graph.visibility"]
     assert [(c["resource"], c["reason"]) for c in changes] == [
         (f"team:{team}/entity:Resource:vault", "visibility:confidential->public")
@@ -285,7 +285,7 @@ async def test_the_tool_route_mcp_and_enrich_hide_them_too(settings):
     from deployments.protocols import Backends
     from deployments.testing.fakes import FakeEmbedder, FakeVectorStore
     from serve_app.asgi import create_app
-    from serve_app.composition import build_service
+    from serve_app.composition import build_services
     from serve_app.settings import GatewaySettings
     from tests.unit.serve_app.tools.test_mcp import mcp, running
 
@@ -296,12 +296,12 @@ async def test_the_tool_route_mcp_and_enrich_hide_them_too(settings):
     ):
         gs = GatewaySettings(environment="test", auth=jwt_auth(), neo4j=settings.neo4j)
         graph = Neo4jGraph(gs.neo4j)
-        service = build_service(
+        services = build_services(
             gs,
             Backends(embedder=FakeEmbedder(dim=32), store=FakeVectorStore(), graph=graph),
             count_tokens=whitespace_tokens,
         )
-        app = create_app(service)
+        app = create_app(services)
         owner, outsider, insider = (
             mint(claims(sub="bob", teams={team: [role]}, groups=list(groups)))
             for role, groups in (("owner", ()), ("member", ()), ("member", ("hr",)))

@@ -29,7 +29,7 @@ def traced_app() -> Any:
             from serve_app.asgi import create_app
             from serve_app.testing import build_gateway
 
-            app = create_app(build_gateway().service)
+            app = create_app(build_gateway().services)
 
             @app.get("/_probe")
             def probe() -> dict[str, bool]:

@@ -209,7 +209,7 @@ CYPHER = {"team_id": "dao_a", "cypher": "MATCH (d:Doc) WHERE d.team_id = $team_i
 
 
 def test_caller_cypher_is_refused_when_the_acl_hides_a_document(gw):
-    graph = gw.service.graph
+    graph = gw.services.backends.graph
     graph.hidden = True
     graph.results["cypher"] = {"columns": ["n"], "rows": [[1]]}
     r = gw.client.post("/graph/query", json=CYPHER, headers=owner())
@@ -224,13 +224,13 @@ def test_caller_cypher_is_refused_when_the_acl_hides_a_document(gw):
         "group:board",
         "group:ops",
     )
-    gw.service.audit.flush()
-    rows = gw.service.audit.query(team_id="dao_a", limit=10)
+    gw.services.recorder.log.flush()
+    rows = gw.services.recorder.log.query(team_id="dao_a", limit=10)
     assert ("deny", "cypher_restricted_by_policy") in {(r["decision"], r["reason"]) for r in rows}
 
 
 def test_caller_cypher_runs_when_the_caller_sees_every_document(gw):
-    graph = gw.service.graph
+    graph = gw.services.backends.graph
     graph.results["cypher"] = {"columns": ["n"], "rows": [[1]]}
     r = gw.client.post("/graph/query", json=CYPHER, headers=owner())
     assert r.status_code == 200, r.text
@@ -239,15 +239,15 @@ def test_caller_cypher_runs_when_the_caller_sees_every_document(gw):
 
 
 def test_the_acl_check_comes_after_the_role_check(gw):
-    gw.service.graph.hidden = True
+    gw.services.backends.graph.hidden = True
     r = gw.client.post("/graph/query", json=CYPHER, headers=member([]))
     assert r.status_code == 403 and r.json()["reason"] == "cypher_not_granted"
-    assert not gw.service.graph.calls
+    assert not gw.services.backends.graph.calls
 
 
 @pytest.mark.parametrize("groups, kept", [([], 0), (["hr"], 1), (["hr", "contractors"], 0)])
 def test_intent_rows_with_an_acld_doc_are_filtered(gw, groups, kept):
-    gw.service.graph.results["DOCS_MENTIONING_TOPIC"] = {
+    gw.services.backends.graph.results["DOCS_MENTIONING_TOPIC"] = {
         "columns": ["doc"],
         "rows": [[doc_node("hr.md", **HR_ONLY)]],
     }
@@ -258,7 +258,7 @@ def test_intent_rows_with_an_acld_doc_are_filtered(gw, groups, kept):
     )
     assert r.status_code == 200, r.text
     assert len(r.json()["rows"]) == kept and r.json()["filtered_rows"] == 1 - kept
-    scope = gw.service.graph.calls[-1][2]
+    scope = gw.services.backends.graph.calls[-1][2]
     assert scope.acl_principals == ("*", "user:bob", *(f"group:{g}" for g in sorted(groups)))
 
 

@@ -162,7 +162,7 @@ def test_configure_logging_writes_json_lines_with_the_trace_id(monkeypatch):
 @pytest.fixture
 def gateway(tmp_path, clean_gateway_env):
     gw = build_gateway(policy=TENANCY_POLICY, corpus=tenancy_corpus())
-    gw.service.audit = AuditLog(fast(f"sqlite:///{tmp_path / 'audit.db'}"))
+    gw.services.recorder.log = AuditLog(fast(f"sqlite:///{tmp_path / 'audit.db'}"))
     app = gw.client.app
 
     @app.get("/_test/log")
@@ -175,7 +175,7 @@ def gateway(tmp_path, clean_gateway_env):
         raise RuntimeError("boom")
 
     yield gw
-    gw.service.audit.close()
+    gw.services.recorder.log.close()
 
 
 @pytest.fixture
@@ -200,8 +200,8 @@ def test_a_traceparent_names_the_trace_of_the_response_and_the_audit_record(gate
     assert r.status_code == 200, r.text
     assert_traced(r, TRACE)
     assert r.headers["traceparent"].endswith("-01")  # the caller's sampled flag is kept
-    assert gateway.service.audit.flush(5)
-    (row,) = gateway.service.audit.query()
+    assert gateway.services.recorder.log.flush(5)
+    (row,) = gateway.services.recorder.log.query()
     assert row["trace_id"] == TRACE
 
 
@@ -256,7 +256,7 @@ def test_an_unexpected_error_is_a_500_with_the_trace_headers_and_a_traced_log(ga
 
 
 def test_events_over_http_keep_the_request_trace_and_report_each_events_own(gateway, tmp_path):
-    gateway.service.pipeline.sources = SourceStore(f"sqlite:///{tmp_path}/state.db")
+    gateway.services.pipeline.sources = SourceStore(f"sqlite:///{tmp_path}/state.db")
     events = [upsert("d1", "Milvus notes", revision=1), upsert("d2", "Neo4j notes", revision=1)]
     events[1]["meta"]["trace_id"] = "producer-trace-2"
     r = gateway.client.post(
@@ -271,8 +271,8 @@ def test_events_over_http_keep_the_request_trace_and_report_each_events_own(gate
     body = r.json()
     assert body["trace_id"] == TRACE
     assert [e["trace_id"] for e in body["events"]] == ["tr-1", "producer-trace-2"]
-    assert gateway.service.audit.flush(5)
-    rows = gateway.service.audit.query(action="ingest.events")
+    assert gateway.services.recorder.log.flush(5)
+    rows = gateway.services.recorder.log.query(action="ingest.events")
     assert len(rows) == 2 and {row["trace_id"] for row in rows} == {TRACE}
 
 

@@ -26,7 +26,7 @@ def test_api_ingestion_is_metered_and_readable_by_an_owner(tmp_path):
     ]
     r = gw.client.post("/ingest/documents", json={"documents": docs}, headers=auth("service"))
     assert r.status_code == 200, r.text
-    chunks = [c for d in docs for c in gw.service.pipeline.build_chunks(_doc(d))]
+    chunks = [c for d in docs for c in gw.services.pipeline.build_chunks(_doc(d))]
     expected = sum(whitespace_tokens(c.text) for c in chunks)
     body = gw.client.get(f"/admin/usage?team_id={TEAM}", headers=auth("owner")).json()
     (row,) = body["usage"]

@@ -1,4 +1,4 @@
-"""The HTTP contract of the gateway, over GatewayService with in-memory fakes (no Ray)."""
+"""The HTTP contract of the gateway, over the composed Services with in-memory fakes (no Ray)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from deployments.models.embedding import default_model_path
 from deployments.protocols import Backends
 from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeReranker, FakeVectorStore
 from serve_app.asgi import create_app
-from serve_app.composition import build_service
+from serve_app.composition import build_services
 from serve_app.settings import GatewaySettings
 
 TEAM = "dao_greenfood"
@@ -124,8 +124,8 @@ def make_gateway(count):
         store = store or FakeVectorStore()
         fake_reranker = FakeReranker() if reranker else None
         backends = Backends(embedder=embedder, store=store, graph=graph, reranker=fake_reranker)
-        service = build_service(gateway_settings, backends, count_tokens=count)
-        client = TestClient(create_app(service), raise_server_exceptions=False)
+        services = build_services(gateway_settings, backends, count_tokens=count)
+        client = TestClient(create_app(services), raise_server_exceptions=False)
         gateway = Gateway(client, gateway_settings, embedder, store, graph, fake_reranker)
         if corpus:
             response = gateway.ingest(CORPUS)

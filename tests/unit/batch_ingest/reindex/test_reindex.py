@@ -400,15 +400,15 @@ class FakeJobs:
 @pytest.fixture
 def admin(tmp_path, clean_gateway_env):
     gw = build_gateway()
-    gw.client.app.state.reindex_jobs = FakeJobs(tmp_path)
+    gw.services.ops.reindex_jobs = FakeJobs(tmp_path)
     audited: list[dict[str, Any]] = []
-    original = gw.service.recorder.decision
+    original = gw.services.recorder.decision
 
     def capture(trace_id, principal, started=None, **fields):
         audited.append(fields)
         original(trace_id, principal, started, **fields)
 
-    gw.service.recorder.decision = capture
+    gw.services.recorder.decision = capture
     gw.audited = audited
     return gw
 
@@ -422,7 +422,7 @@ def test_member_gets_403_and_the_deny_is_audited(admin):
     response = call(admin, "POST", "/admin/reindex", member, json={"team_id": "dao_a"})
     assert response.status_code == 403
     assert response.json()["reason"] == "reindex_not_granted"
-    assert admin.client.app.state.reindex_jobs.submitted == []
+    assert admin.services.ops.reindex_jobs.submitted == []
     assert admin.audited[-1]["decision"] == "deny"
     assert admin.audited[-1]["action"] == "admin.reindex"
 

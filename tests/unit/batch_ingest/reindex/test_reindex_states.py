@@ -379,7 +379,7 @@ def http_jobs(admin, env, monkeypatch):
         update={"reindex": env.settings.reindex.model_copy(update={"runner": "subprocess"})}
     )
     jobs = launcher.ReindexJobs(settings, sources=env.sources, versions=env.versions)
-    admin.client.app.state.reindex_jobs = jobs
+    admin.services.ops.reindex_jobs = jobs
     return jobs
 
 

@@ -232,14 +232,14 @@ def token(teams=None, **overrides) -> str:
 @pytest.fixture
 def gateway(url):
     gw = build_gateway(policy=TENANCY_POLICY, corpus=tenancy_corpus())
-    gw.service.audit = AuditLog(fast(url))
+    gw.services.recorder.log = AuditLog(fast(url))
     yield gw
-    gw.service.audit.close()
+    gw.services.recorder.log.close()
 
 
 def decisions(gateway, **filters) -> list[dict[str, Any]]:
-    assert gateway.service.audit.flush(5)
-    return gateway.service.audit.query(**filters)
+    assert gateway.services.recorder.log.flush(5)
+    return gateway.services.recorder.log.query(**filters)
 
 
 def test_allowed_search_is_recorded_with_returned_chunk_ids_and_query_hash(gateway):
@@ -313,7 +313,7 @@ def test_denied_ingest_is_recorded_naming_the_document(gateway):
 
 
 def test_ingest_refused_for_its_size_is_recorded_with_its_status(gateway):
-    gateway.service.settings.ingest.max_documents = 1
+    gateway.services.settings.ingest.max_documents = 1
     owner = token({"dao_a": ["owner"]})
     docs = [{"team_id": "dao_a", "doc_id": f"n{i}", "text": "x"} for i in range(2)]
     assert gateway.ingest(docs, owner).status_code == 422
@@ -324,7 +324,7 @@ def test_ingest_refused_for_its_size_is_recorded_with_its_status(gateway):
 
 def test_request_answers_when_the_audit_database_is_down(gateway, store):
     flaky = FlakyStore(store)
-    gateway.service.audit = AuditLog(fast("sqlite://"), store=flaky)
+    gateway.services.recorder.log = AuditLog(fast("sqlite://"), store=flaky)
     assert gateway.search(QUERY, token()).status_code == 200
     ready = gateway.client.get("/readyz")
     assert ready.status_code == 200  # audit is reported, not required, by default
@@ -332,14 +332,14 @@ def test_request_answers_when_the_audit_database_is_down(gateway, store):
     assert body["components"]["audit"]["ready"] is False
     assert body["degraded"] == ["audit"]
     flaky.up.set()
-    assert gateway.service.audit.flush(5)
+    assert gateway.services.recorder.log.flush(5)
     assert store.query()[0]["action"] == "search"
 
 
 def test_readyz_requires_audit_when_configured(url, store):
     gw = build_gateway(policy=TENANCY_POLICY)
-    gw.service.settings.audit.required_for_ready = True
-    gw.service.audit = AuditLog(fast(url), store=FlakyStore(store))
+    gw.services.settings.audit.required_for_ready = True
+    gw.services.recorder.log = AuditLog(fast(url), store=FlakyStore(store))
     response = gw.client.get("/readyz")
     assert response.status_code == 503
     assert "audit" in response.json()["not_ready"]
@@ -359,7 +359,7 @@ def test_endpoint_needs_the_audit_read_permission(gateway):
     assert response.status_code == 403
     assert response.json()["reason"] == "audit_read_not_granted"
     auditor = mint(claims(sub="auditor", teams={}, permissions=["audit:read"]))
-    assert gateway.service.audit.flush(5)
+    assert gateway.services.recorder.log.flush(5)
     response = get(gateway, auditor, decision="deny", subject="alice")
     assert response.status_code == 200, response.text
     body = response.json()
@@ -379,7 +379,7 @@ def test_endpoint_needs_the_audit_read_permission(gateway):
 def test_team_owner_reads_only_its_own_team(gateway):
     gateway.search(QUERY, token())
     gateway.search(QUERY | {"team_id": "dao_b"}, token({"dao_b": ["member"]}))
-    assert gateway.service.audit.flush(5)
+    assert gateway.services.recorder.log.flush(5)
     owner = token({"dao_a": ["owner"]})
     response = get(gateway, owner, team_id="dao_a")
     assert response.status_code == 200
@@ -394,7 +394,7 @@ def test_an_unreadable_audit_database_is_503_naming_the_audit_log(gateway, monke
     def broken(*args):
         raise ConnectionError("database is gone")
 
-    monkeypatch.setattr(gateway.service.audit, "query", broken)
+    monkeypatch.setattr(gateway.services.recorder.log, "query", broken)
     response = get(gateway, auditor)
     assert response.status_code == 503, response.text
     body = response.json()
@@ -425,13 +425,13 @@ def test_bad_parameters_are_422_naming_the_field(gateway, params, field):
 
 def test_dev_mode_reads_without_credentials_outside_production(url):
     gw = build_gateway(auth={"mode": "dev"})
-    gw.service.audit = AuditLog(fast(url))
+    gw.services.recorder.log = AuditLog(fast(url))
     gw.search(QUERY | {"user_id": "dev_user"})
-    assert gw.service.audit.flush(5)
+    assert gw.services.recorder.log.flush(5)
     response = get(gw, since="2000-01-01T00:00:00Z", decision="allow")
     assert response.status_code == 200
     assert "dev_user" in {d["subject"] for d in response.json()["decisions"]}
-    gw.service.audit.close()
+    gw.services.recorder.log.close()
 
 
 # --- CLI -----------------------------------------------------------------------------------
@@ -494,7 +494,7 @@ def test_a_table_of_an_older_gateway_gains_the_new_columns(url):
 def test_a_naive_and_an_offset_bound_compare_and_an_empty_window_answers_empty(gateway):
     auditor = mint(claims(sub="auditor", permissions=["audit:read"]))
     gateway.search(QUERY, token())
-    assert gateway.service.audit.flush(5)
+    assert gateway.services.recorder.log.flush(5)
     # Naive means UTC; comparing it with an aware bound was a TypeError (500).
     wide = get(gateway, auditor, since="2000-01-01T00:00:00", until="2200-01-01T00:00:00Z")
     assert wide.status_code == 200, wide.text

@@ -440,7 +440,7 @@ def test_cli_posts_document_acls(acl_vault, capsys, tmp_path):
         "indexed 5, unchanged 0, failed 0, removed 0, skipped 1; 6 wiki-links; 5 notes with an ACL"
         in (capsys.readouterr().out)
     )
-    graph = gw.service.graph.docs
+    graph = gw.services.backends.graph.docs
     assert graph[(TEAM, "README.md")].acl_allow == ("group:staff",)
     kubectl = graph[(TEAM, "projects/poimen/tools/kubectl.md")]
     assert kubectl.acl_allow == ("*",) and kubectl.acl_deny == ("group:contractors",)
@@ -492,7 +492,7 @@ def test_cli_posts_to_the_gateway(vault, tmp_path, capsys):
     assert f"AUTH__POLICY_FILE={out.resolve()}" in text
     Policy.load(out)
 
-    graph = gw.service.graph.docs
+    graph = gw.services.backends.graph.docs
     index = graph[(TEAM, "projects/poimen/index.md")]
     assert index.project_id == "poimen" and index.doc_type == "wiki"
     assert index.links == ("kubectl", "skill-kubernetes-debugging")

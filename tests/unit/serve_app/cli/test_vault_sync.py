@@ -57,7 +57,7 @@ def seen(gw, token: str, words: str = "mkt7 sol3 sal9 pwd0 host1 out2") -> set[s
 
 
 def graph_docs(gw) -> set[str]:
-    return {doc_id for team, doc_id in gw.service.graph.docs if team == TEAM}
+    return {doc_id for team, doc_id in gw.services.backends.graph.docs if team == TEAM}
 
 
 def test_a_clean_import_gives_each_reader_its_notes(gw, vault):
@@ -77,7 +77,7 @@ def test_no_byte_from_outside_the_vault_by_a_link(gw, vault, tmp_path, capsys):
     assert "public/leak.md" in err.out and "outside the vault" in err.out
     assert "public/linked-folder/" in err.out
     assert seen(gw, HR) == {"public/market.md", "public/solar.md", "hr/salary.md"}
-    assert "pwd0" not in str(gw.service.graph.docs) and len(graph_docs(gw)) == 3
+    assert "pwd0" not in str(gw.services.backends.graph.docs) and len(graph_docs(gw)) == 3
 
 
 def test_a_link_across_folders_does_not_carry_a_note_out_of_its_rules(gw, vault):
@@ -103,7 +103,7 @@ def test_deleted_and_moved_notes_are_removed_everywhere(gw, vault):
     assert seen(gw, NOBODY) == set()
     assert seen(gw, HR) == {"hr/market.md", "hr/salary.md"}
     assert graph_docs(gw) == {"hr/market.md", "hr/salary.md"}
-    rows = {d.doc_id for d in gw.service.pipeline.sources.iter_team(TEAM)}
+    rows = {d.doc_id for d in gw.services.pipeline.sources.iter_team(TEAM)}
     assert rows == {"hr/market.md", "hr/salary.md"}
     for token, want in ((NOBODY, set()), (HR, {"hr/market.md"})):
         r = gw.client.post(

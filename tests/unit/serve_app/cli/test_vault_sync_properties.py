@@ -142,8 +142,8 @@ def check(gw, team: Team, tree: dict[int, str], folder_rules: dict) -> None:
     assert r.status_code == 200, r.text
     assert {s["id"] for s in r.json()["sources"]} <= open_notes
     current = {rel(f, n) for n, f in tree.items()}
-    assert {d for t, d in gw.service.graph.docs if t == team.id} == current
-    assert {d.doc_id for d in gw.service.pipeline.sources.iter_team(team.id)} == current
+    assert {d for t, d in gw.services.backends.graph.docs if t == team.id} == current
+    assert {d.doc_id for d in gw.services.pipeline.sources.iter_team(team.id)} == current
 
 
 @settings(

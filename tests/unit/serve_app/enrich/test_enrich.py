@@ -76,8 +76,8 @@ def gateway():
 
 def with_enrich_settings(**enrich: Any):
     gw = build_gateway(auth={"mode": "dev"}, corpus=CORPUS)
-    settings = gw.service.settings
-    gw.service.enrich.settings = settings.model_copy(
+    settings = gw.services.settings
+    gw.services.enrich.settings = settings.model_copy(
         update={"enrich": settings.enrich.model_copy(update=enrich)}
     )
     return gw
@@ -313,8 +313,8 @@ def test_ungranted_team_is_403_and_nothing_is_searched(jwt_gateway):
     assert response.status_code == 403
     assert response.json()["reason"] == "team_not_granted"
     assert jwt_gateway.store.searches == []
-    assert jwt_gateway.service.audit.flush(5)
-    denied = jwt_gateway.service.audit.query(action="enrich", decision="deny")
+    assert jwt_gateway.services.recorder.log.flush(5)
+    denied = jwt_gateway.services.recorder.log.query(action="enrich", decision="deny")
     assert denied and denied[0]["team_id"] == OTHER
 
 
@@ -328,8 +328,8 @@ def test_member_cannot_ask_for_confidential_mode(jwt_gateway):
 def test_granted_request_is_audited_with_cited_documents(jwt_gateway):
     token = mint(claims(teams={TEAM: ["member"]}))
     body = ok(enrich(jwt_gateway, SPEC_EXAMPLE, token))
-    assert jwt_gateway.service.audit.flush(5)
-    allowed = jwt_gateway.service.audit.query(action="enrich", decision="allow")
+    assert jwt_gateway.services.recorder.log.flush(5)
+    allowed = jwt_gateway.services.recorder.log.query(action="enrich", decision="allow")
     assert allowed[0]["doc_ids"] == [s["id"] for s in body["sources"]]
     assert allowed[0]["subject"] == "alice"
 

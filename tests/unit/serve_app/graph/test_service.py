@@ -47,7 +47,7 @@ def gw():
 
 
 def test_intent_gets_the_callers_scope_and_rows_outside_it_are_dropped(gw):
-    graph = gw.service.graph
+    graph = gw.services.backends.graph
     graph.results["FIND_PROJECTS_BY_TECH"] = {
         "columns": ["project", "evidence"],
         "rows": [
@@ -136,8 +136,8 @@ def test_cypher_needs_a_cypher_role(gw):
     body = {"team_id": "dao_a", "cypher": "MATCH (n) RETURN n"}
     r = gw.client.post("/graph/query", json=body, headers=auth(token()))
     assert r.status_code == 403 and r.json()["reason"] == "cypher_not_granted"
-    assert not gw.service.graph.calls
-    gw.service.graph.results["cypher"] = {"columns": ["n"], "rows": [[1]]}
+    assert not gw.services.backends.graph.calls
+    gw.services.backends.graph.results["cypher"] = {"columns": ["n"], "rows": [[1]]}
     # An owner whom project policies keep out of prj_ops / prj_board sees less than the
     # whole team: the plan check cannot apply those policies, so Cypher is refused.
     r = gw.client.post(
@@ -146,14 +146,14 @@ def test_cypher_needs_a_cypher_role(gw):
         headers=auth(token({"dao_a": ["owner"]})),
     )
     assert r.status_code == 403 and r.json()["reason"] == "cypher_restricted_by_policy"
-    assert "prj_board" in r.json()["message"] and not gw.service.graph.calls
+    assert "prj_board" in r.json()["message"] and not gw.services.backends.graph.calls
     everything = token({"dao_a": ["owner"]}, groups=["ops", "board"], permissions=["skill:read"])
     r = gw.client.post(
         "/graph/query", json={**body, "mode": "confidential"}, headers=auth(everything)
     )
     assert r.status_code == 200, r.text
     assert r.json()["rows"] == [{"n": 1}]
-    _, (query, params), scope = gw.service.graph.calls[-1]
+    _, (query, params), scope = gw.services.backends.graph.calls[-1]
     assert scope == GraphScope(
         "dao_a", ("public", "confidential"), acl_principals=(*ALICE, "group:board", "group:ops")
     )
@@ -166,7 +166,7 @@ def test_cypher_in_another_team_is_403_before_the_store_is_asked(gw):
         headers=auth(token({"dao_a": ["owner"]})),
     )
     assert r.status_code == 403 and r.json()["reason"] == "team_not_granted"
-    assert not gw.service.graph.calls
+    assert not gw.services.backends.graph.calls
 
 
 @pytest.mark.parametrize(
@@ -178,7 +178,7 @@ def test_cypher_in_another_team_is_403_before_the_store_is_asked(gw):
     ],
 )
 def test_store_errors_keep_their_status_and_message(gw, error, status, code):
-    gw.service.graph.results["cypher"] = error
+    gw.services.backends.graph.results["cypher"] = error
     r = gw.client.post(
         "/graph/query",
         json={"team_id": "dao_a", "cypher": "RETURN 1"},
@@ -189,7 +189,7 @@ def test_store_errors_keep_their_status_and_message(gw, error, status, code):
 
 
 def test_graph_down_is_503_while_search_keeps_working(gw):
-    gw.service.graph.down = True
+    gw.services.backends.graph.down = True
     r = gw.client.post(
         "/graph/query",
         json={"team_id": "dao_a", "intent": "MEMBERS_OF_DAO"},
@@ -207,7 +207,7 @@ def test_graph_down_is_503_while_search_keeps_working(gw):
 
 
 def test_graph_disabled_is_503_with_a_reason(gw):
-    gw.service.graph_tools.graph = None
+    gw.services.graph.graph = None
     r = gw.client.post(
         "/graph/query",
         json={"team_id": "dao_a", "intent": "MEMBERS_OF_DAO"},
@@ -242,7 +242,7 @@ def test_explain_path_writes_a_sentence_and_drops_paths_outside_the_scope(gw):
             "visibility": visibility,
         }
 
-    gw.service.graph.results["path"] = {
+    gw.services.backends.graph.results["path"] = {
         "source": [alice],
         "target": [milvus],
         "paths": [
@@ -269,7 +269,7 @@ def test_explain_path_writes_a_sentence_and_drops_paths_outside_the_scope(gw):
     assert body["explanation"] == (
         "User 'Alice' is a member of Project 'Open'; Project 'Open' uses Resource 'Milvus'."
     )
-    _, (source, target, hops, paths), scope = gw.service.graph.calls[-1]
+    _, (source, target, hops, paths), scope = gw.services.backends.graph.calls[-1]
     assert source == {"ref": "alice", "label": None}
     assert target == {"ref": "Milvus", "label": "Resource"}
     assert (hops, paths) == (4, 3)
@@ -323,7 +323,7 @@ def test_upsert_needs_a_write_role_and_passes_validated_entities(gw):
     r = gw.client.post("/graph/entities", json=UPSERT, headers=auth(token({"dao_a": ["owner"]})))
     assert r.status_code == 200, r.text
     assert (r.json()["nodes"], r.json()["relationships"]) == (1, 2)
-    team, nodes, rels = gw.service.graph.entities[-1]
+    team, nodes, rels = gw.services.backends.graph.entities[-1]
     assert team == "dao_a" and nodes[0]["label"] == "Resource"
     assert rels[0] == {
         "type": "USES",
@@ -339,12 +339,12 @@ def test_upsert_needs_a_write_role_and_passes_validated_entities(gw):
 def test_upsert_hands_the_writers_scope_to_the_store(gw):
     r = gw.client.post("/graph/entities", json=UPSERT, headers=auth(token({"dao_a": ["service"]})))
     assert r.status_code == 200, r.text
-    name, _, scope = gw.service.graph.calls[-1]
+    name, _, scope = gw.services.backends.graph.calls[-1]
     assert name == "upsert" and scope.team_id == "dao_a" and scope.visibilities == ("public",)
 
 
 def test_an_upsert_the_store_refuses_is_403_naming_what_is_out_of_reach(gw):
-    gw.service.graph.results["upsert"] = {
+    gw.services.backends.graph.results["upsert"] = {
         "nodes": 0,
         "relationships": 0,
         "refused": [
@@ -361,7 +361,7 @@ def test_an_upsert_the_store_refuses_is_403_naming_what_is_out_of_reach(gw):
 
 
 def test_every_visibility_change_is_audited_and_returned(gw):
-    gw.service.graph.results["upsert"] = {
+    gw.services.backends.graph.results["upsert"] = {
         "changes": [
             {"label": "Resource", "id": "milvus", "before": "confidential", "after": "public"},
             {
@@ -385,8 +385,8 @@ def test_every_visibility_change_is_audited_and_returned(gw):
     assert r.status_code == 200, r.text
     assert len(r.json()["visibility_changes"]) == 3
     assert r.json()["derived_ends"] == [{"label": "Project", "id": "prj_open"}]
-    gw.service.audit.flush()
-    rows = gw.service.audit.query(team_id="dao_a", limit=20)
+    gw.services.recorder.log.flush()
+    rows = gw.services.recorder.log.query(team_id="dao_a", limit=20)
     changes = {(x["resource"], x["reason"]) for x in rows if x["action"] == "graph.visibility"}
     assert changes == {
         ("team:dao_a/entity:Resource:milvus", "visibility:confidential->public"),
@@ -461,8 +461,8 @@ def test_graph_decisions_are_audited(gw):
         json={"team_id": "dao_a", "intent": "MEMBERS_OF_DAO"},
         headers=auth(token()),
     )
-    gw.service.audit.flush()
-    rows = gw.service.audit.query(team_id="dao_a", limit=10)
+    gw.services.recorder.log.flush()
+    rows = gw.services.recorder.log.query(team_id="dao_a", limit=10)
     graph_rows = [r for r in rows if r["action"].startswith("graph.")]
     assert {(r["decision"], r["reason"]) for r in graph_rows} >= {
         ("deny", "cypher_not_granted"),
@@ -515,7 +515,7 @@ def search(gw, **body):
 def test_graph_boost_lifts_linked_documents(small):
     plain = [m["source_ref"]["id"] for m in search(small)["matches"]]
     assert plain[0] != "d2"
-    small.service.graph.results["related"] = linked({"d2": 2.0})
+    small.services.backends.graph.results["related"] = linked({"d2": 2.0})
     body = search(small, graph={"mode": "boost", "weight": 2.0})
     assert [m["source_ref"]["id"] for m in body["matches"]][0] == "d2"
     assert body["graph"] == {
@@ -524,13 +524,13 @@ def test_graph_boost_lifts_linked_documents(small):
         "linked_docs": 1,
         "applied": True,
     }
-    _, text, scope = small.service.graph.calls[-1]
+    _, text, scope = small.services.backends.graph.calls[-1]
     assert text == "vector store"
     assert scope == GraphScope("dao_a", ("public",), acl_principals=ALICE)
 
 
 def test_graph_scope_narrows_the_search_to_linked_documents(small):
-    small.service.graph.results["related"] = linked({"d1": 1.0, "d2": 1.0})
+    small.services.backends.graph.results["related"] = linked({"d1": 1.0, "d2": 1.0})
     body = search(small, graph="scope")
     assert {m["source_ref"]["id"] for m in body["matches"]} == {"d1", "d2"}
 
@@ -546,14 +546,14 @@ def test_graph_option_without_entities_leaves_the_search_alone(small):
 
 def test_entities_outside_the_scope_are_ignored(small):
     secret = node("Project", "atlas", visibility="confidential")
-    small.service.graph.results["related"] = linked({"d2": 1.0}, entity=secret)
+    small.services.backends.graph.results["related"] = linked({"d2": 1.0}, entity=secret)
     body = search(small, graph="scope")
     assert body["graph"]["entities"] == [] and body["graph"]["applied"] is False
     assert len(body["matches"]) == 3
 
 
 def test_graph_down_degrades_the_search_but_answers(small):
-    small.service.graph.down = True
+    small.services.backends.graph.down = True
     body = search(small, graph="boost")
     assert body["degraded"] is True and "graph unavailable" in body["degraded_reasons"][0]
     assert len(body["matches"]) == 3

@@ -98,8 +98,8 @@ def bearer(token: str) -> dict[str, str]:
 def test_429_with_retry_after_in_the_error_shape_and_audited():
     gateway = build_gateway(rate_limit={"per_credential_per_s": 0.01, "per_credential_burst": 2})
     denials: list[dict] = []
-    record = gateway.service.recorder.error
-    gateway.service.recorder.error = lambda exc, *a, **f: (denials.append(f), record(exc, *a, **f))
+    record = gateway.services.recorder.error
+    gateway.services.recorder.error = lambda exc, *a, **f: (denials.append(f), record(exc, *a, **f))
     token = bearer(mint())
     assert [
         gateway.client.post("/rag/search_docs", json=SEARCH, headers=token).status_code

@@ -19,7 +19,7 @@ def token(teams) -> str:
 @pytest.fixture
 def gateway(tmp_path):
     gw = build_gateway(policy=TENANCY_POLICY)
-    gw.service.pipeline.sources = SourceStore(f"sqlite:///{tmp_path}/state.db")
+    gw.services.pipeline.sources = SourceStore(f"sqlite:///{tmp_path}/state.db")
     return gw
 
 
@@ -101,6 +101,6 @@ def test_delete_is_checked_against_the_stored_document(gateway):
 
 
 def test_too_many_events_is_422(gateway):
-    gateway.service.settings.ingest.max_documents = 2
+    gateway.services.settings.ingest.max_documents = 2
     r = post(gateway, [upsert(f"d{i}", "x", revision=1) for i in range(3)])
     assert r.status_code == 422

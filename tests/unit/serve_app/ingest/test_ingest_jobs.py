@@ -94,7 +94,7 @@ def test_a_refused_request_stores_no_job(gateway):
             "/ingest/documents", json={"documents": [doc("x")]}, headers=auth(team="dao_other")
         )
         assert r.status_code == 403
-    assert IngestJobs(gateway.service.pipeline.sources.engine).pending() == 0
+    assert IngestJobs(gateway.services.pipeline.sources.engine).pending() == 0
 
 
 def source(doc_id: str) -> SourceDocument:

@@ -18,7 +18,7 @@ from deployments.protocols import Backends
 from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
 from serve_app.app import AppArgs
 from serve_app.asgi import create_app
-from serve_app.composition import build_service
+from serve_app.composition import build_services
 from serve_app.contracts import ErrorBody
 from serve_app.testing import AUDIENCE, ISSUER, SECRET, build_gateway, claims, mint, unsigned_token
 
@@ -158,8 +158,8 @@ def shipped_app(monkeypatch: pytest.MonkeyPatch, **env: str) -> TestClient:
     backends = Backends(
         embedder=FakeEmbedder(dim=32), store=FakeVectorStore(), graph=FakeGraphStore()
     )
-    service = build_service(settings, backends, count_tokens=whitespace_tokens)
-    return TestClient(create_app(service), raise_server_exceptions=False)
+    services = build_services(settings, backends, count_tokens=whitespace_tokens)
+    return TestClient(create_app(services), raise_server_exceptions=False)
 
 
 JWT_ENV = {

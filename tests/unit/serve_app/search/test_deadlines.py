@@ -55,7 +55,7 @@ def test_a_hung_reranker_keeps_the_fused_order_within_the_deadline():
     )
     reranker = FakeReranker()
     reranker.rerank = hang(reranker.rerank)
-    gw.service.retrieval.reranker = reranker
+    gw.services.retrieval.reranker = reranker
     started = time.perf_counter()
     r = gw.client.post("/rag/search_docs", json=QUERY | {"rerank": True}, headers=HEADERS)
     assert r.status_code == 200, r.text
@@ -69,7 +69,7 @@ def test_a_hung_graph_lets_a_graph_boosted_search_go_on_without_it():
     gw = build_gateway(
         corpus=tenancy_corpus(), policy=TENANCY_POLICY, search={"graph_deadline_s": 0.3}
     )
-    gw.service.graph.related_docs = hang(gw.service.graph.related_docs)
+    gw.services.backends.graph.related_docs = hang(gw.services.backends.graph.related_docs)
     started = time.perf_counter()
     r = gw.client.post("/rag/search_docs", json=QUERY | {"graph": "boost"}, headers=HEADERS)
     assert r.status_code == 200, r.text

@@ -14,7 +14,7 @@ from deployments.models.embedding import default_model_path
 from deployments.protocols import Backends
 from deployments.testing.fakes import FakeEmbedder, FakeGraphStore, FakeVectorStore
 from serve_app.asgi import create_app
-from serve_app.composition import build_service
+from serve_app.composition import build_services
 from serve_app.settings import GatewaySettings
 
 TEAM = "dao_lex"
@@ -41,7 +41,7 @@ def gateway(count, *, lexical: bool, settings: dict[str, Any] | None = None):
     )
     embedder, store = FakeEmbedder(dim=32, lexical=lexical), FakeVectorStore()
     backends = Backends(embedder=embedder, store=store, graph=FakeGraphStore())
-    client = TestClient(create_app(build_service(gateway_settings, backends, count_tokens=count)))
+    client = TestClient(create_app(build_services(gateway_settings, backends, count_tokens=count)))
     response = client.post("/ingest/documents", json={"documents": DOCS})
     assert response.status_code == 200, response.text
     return client, embedder, store

@@ -101,7 +101,7 @@ async def test_lists_exactly_the_catalog_tools_with_its_schemas(gw, mode):
             assert client.protocol_version == "2026-07-28"
         assert client.server_capabilities.tools is not None
         listed = (await client.list_tools()).tools
-    catalog = mcp_tools(gw.service.settings)
+    catalog = mcp_tools(gw.services.settings)
     assert [t.name for t in listed] == [t.function for t in TOOLS]
     for tool, entry in zip(listed, catalog, strict=True):
         assert tool.name == entry["name"] and tool.title == entry["title"]
@@ -155,7 +155,7 @@ async def test_enrich_answer_cites_the_callers_documents(gw):
 
 async def test_graph_query_context_runs_an_intent_in_the_callers_scope(gw):
     project, other = node("Project", "prj_open"), node("Project", "prj_b", team="dao_b")
-    gw.service.graph.results["FIND_PROJECTS_BY_TECH"] = {
+    gw.services.backends.graph.results["FIND_PROJECTS_BY_TECH"] = {
         "columns": ["project"],
         "rows": [[project], [other]],
     }
@@ -164,7 +164,7 @@ async def test_graph_query_context_runs_an_intent_in_the_callers_scope(gw):
         body = answer_of(await client.call_tool("graph_query_context", args))
     assert [row["project"]["id"] for row in body["rows"]] == ["prj_open"]
     assert body["filtered_rows"] == 1 and body["intent"] == "FIND_PROJECTS_BY_TECH"
-    name, _, scope = gw.service.graph.calls[-1]
+    name, _, scope = gw.services.backends.graph.calls[-1]
     assert name == "FIND_PROJECTS_BY_TECH" and scope.team_id == "dao_a"
 
 
@@ -184,7 +184,7 @@ async def test_explain_path_answers_a_path_or_a_not_found_tool_error(gw):
             "team_id": "dao_a",
             "visibility": "public",
         }
-        gw.service.graph.results["path"] = {
+        gw.services.backends.graph.results["path"] = {
             "source": [alice],
             "target": [milvus],
             "paths": [{"_type": "path", "nodes": [alice, milvus], "relationships": [uses]}],
@@ -234,7 +234,7 @@ async def test_an_unexpected_exception_is_an_internal_error_without_its_details(
     async def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("secret detail of the failure")
 
-    monkeypatch.setattr(gw.client.app.state.tools, "call", boom)
+    monkeypatch.setattr(gw.client.app.state.services.tools, "call", boom)
     async with mcp(gw.client.app, token()) as client:
         result = await client.call_tool("rag_search_docs", {"query": QUERY})
     body = error_of(result)
@@ -282,8 +282,8 @@ async def test_no_or_a_bad_credential_is_401_before_the_mcp_layer_and_audited(
     body = r.json()
     assert body["error"] == "unauthorized" and body["trace_id"] == trace
     assert "Bearer" in body["hint"]
-    assert gw.service.audit.flush(5)
-    (record,) = gw.service.audit.query(trace_id=trace)
+    assert gw.services.recorder.log.flush(5)
+    (record,) = gw.services.recorder.log.query(trace_id=trace)
     assert record["action"] == "mcp" and record["decision"] == "deny"
     assert record["http_status"] == 401 and record["path"] == "/mcp"
     assert record["auth_method"] == ("jwt" if headers else "none")
@@ -325,13 +325,13 @@ async def test_a_tool_call_is_audited_with_the_verified_caller_and_trace_id(gw):
         gw.client.app, token(), **{"X-Trace-Id": second, "X-Team-Id": "dao_b"}
     ) as client:
         error_of(await client.call_tool("rag_search_docs", {"query": QUERY}))
-    assert gw.service.audit.flush(5)
-    (allowed,) = gw.service.audit.query(trace_id=first, action="search")
+    assert gw.services.recorder.log.flush(5)
+    (allowed,) = gw.services.recorder.log.query(trace_id=first, action="search")
     assert allowed["decision"] == "allow" and allowed["subject"] == "alice"
     assert allowed["team_id"] == "dao_a" and allowed["auth_method"] == "jwt"
     assert allowed["query_sha256"] and allowed["http_status"] == 200
     assert allowed["chunk_ids"] == [m["chunk_id"] for m in body["matches"]]
-    (denied,) = gw.service.audit.query(trace_id=second, action="search")
+    (denied,) = gw.services.recorder.log.query(trace_id=second, action="search")
     assert denied["decision"] == "deny" and denied["reason"] == "team_not_granted"
     assert denied["team_id"] == "dao_b" and denied["http_status"] == 403
 
@@ -370,5 +370,5 @@ async def test_the_protected_resource_metadata_names_the_issuer_and_is_public(gw
     body = r.json()
     assert body == root.json()
     assert body["resource"] == f"{BASE}/mcp"
-    assert body["authorization_servers"] == [gw.service.settings.auth.issuer]
+    assert body["authorization_servers"] == [gw.services.settings.auth.issuer]
     assert body["bearer_methods_supported"] == ["header"]

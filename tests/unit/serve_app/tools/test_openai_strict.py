@@ -170,7 +170,7 @@ def test_the_checker_refuses_the_loose_listing(gw):
 def test_strict_bounds_are_the_servers(gw):
     """Lengths leave the schema in strict mode but not the listing: the description states
     the limit the server enforces (search.max_query_chars), numbers keep their maximum."""
-    settings = gw.service.settings
+    settings = gw.services.settings
     params = listing(gw, "openai-strict")["rag_search_docs"]["parameters"]["properties"]
     assert f"At most {settings.search.max_query_chars} characters" in params["query"]["description"]
     assert params["top_k"]["maximum"] <= settings.search.max_top_k

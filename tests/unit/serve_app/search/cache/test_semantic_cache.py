@@ -48,7 +48,7 @@ def test_a_repeat_is_served_from_the_cache_with_the_same_matches(make):
     third = search(gw, QUERY | {"query": "  MILVUS gateway   search notes deploy "})
     assert third["cache"]["hit"] and third["cache"]["similarity"] == 1.0
     # One generation read per lookup here (one at a time: nothing to share).
-    status = asyncio.run(gw.service.cache.status())
+    status = asyncio.run(gw.services.cache.status())
     assert status["generation_reads"] == 3 and status["generation_reads_shared"] == 0
 
 
@@ -116,11 +116,11 @@ def test_an_ingest_into_the_team_invalidates_and_another_team_does_not(make):
 def test_a_delete_and_a_graph_upsert_invalidate(make):
     gw = make()
     search(gw)
-    generations = gw.service.pipeline.generations
+    generations = gw.services.pipeline.generations
     before = generations.get("dao_a")
     import asyncio
 
-    asyncio.run(gw.service.pipeline.delete([("dao_a", "doc", "dao_a_pub_doc")]))
+    asyncio.run(gw.services.pipeline.delete([("dao_a", "doc", "dao_a_pub_doc")]))
     assert generations.get("dao_a") == before + 1
     assert not search(gw)["cache"]["hit"]
     r = gw.client.post(
@@ -166,7 +166,7 @@ def test_an_unreachable_redis_skips_the_cache_and_still_answers(make):
 
 def test_without_a_state_database_there_is_no_cache():
     gw = build_gateway(corpus=tenancy_corpus(), policy=TENANCY_POLICY)
-    assert gw.service.cache is None
+    assert gw.services.cache is None
     assert "cache" not in search(gw)
 
 
@@ -181,7 +181,7 @@ def test_the_lookups_embedding_is_the_searchs_whatever_type_the_embedder_returns
 
     gw.embedder.embed = as_tuples
     node = {"labels": ["Resource"], "id": "milvus", "team_id": "dao_a", "visibility": "public"}
-    gw.service.graph.results["related"] = {
+    gw.services.backends.graph.results["related"] = {
         "entities": [{"node": node, "score": 1.0}],
         "docs": {"dao_a_pub_doc": 1.0},
     }
@@ -194,7 +194,7 @@ def test_the_search_hands_the_generation_it_read_to_the_store(make):
     """The generation the cache read for this search reaches the store, which may take an
     unchanged one as "nothing written since its last check" (HotIndex.fresh)."""
     gw = make()
-    store = gw.service.retrieval.store
+    store = gw.services.retrieval.store
     real, seen = store.candidates, []
 
     async def candidates(*args, **kwargs):
@@ -203,10 +203,10 @@ def test_the_search_hands_the_generation_it_read_to_the_store(make):
 
     store.candidates = candidates
     search(gw)
-    generation = gw.service.pipeline.generations.get("dao_a")
+    generation = gw.services.pipeline.generations.get("dao_a")
     assert seen and set(seen) == {generation}
     # A write raises it; the next search brings the new one.
-    asyncio.run(gw.service.pipeline.delete([("dao_a", "doc", "dao_a_pub_doc")]))
+    asyncio.run(gw.services.pipeline.delete([("dao_a", "doc", "dao_a_pub_doc")]))
     seen.clear()
     search(gw)
     assert set(seen) == {generation + 1}
@@ -216,7 +216,7 @@ def test_a_failed_generation_raise_is_tried_once_more_then_reported(make):
     """Searches take an unchanged generation as "nothing written": a raise that fails is
     tried again, and one that fails twice is reported to the writer."""
     gw = make()
-    pipeline = gw.service.pipeline
+    pipeline = gw.services.pipeline
     real, calls = pipeline.generations.bump, []
 
     def flaky(teams):
@@ -265,7 +265,7 @@ def test_a_near_duplicate_whose_words_disagree_is_refused_and_searched(make, oth
     search(gw, NEAR | {"query": ASKED})
     refused = search(gw, NEAR | {"query": other})
     assert refused["cache"] == {"hit": False, "status": "near_refused", "backend": "memory"}
-    status = asyncio.run(gw.service.cache.status())
+    status = asyncio.run(gw.services.cache.status())
     assert status["near_refused"] == 1 and status["near_hits"] == 0 and status["hits"] == 0
     assert status["near_refused_candidates"] == 1 and status["misses"] == 2
     # The refused query's own answer was stored under its own key: its repeat is exact, and
@@ -297,7 +297,7 @@ def test_a_rewording_with_the_same_content_words_is_served(make, reworded):
     near = search(gw, NEAR | {"query": reworded})
     assert near["cache"]["hit"] and 0.7 <= near["cache"]["similarity"] < 1.0
     assert near["matches"] == first["matches"]
-    status = asyncio.run(gw.service.cache.status())
+    status = asyncio.run(gw.services.cache.status())
     assert status["near_hits"] == 1 and status["near_refused"] == 0
 
 
@@ -308,7 +308,7 @@ def test_a_remembered_wording_is_checked_against_the_original_question(make):
     search(gw, NEAR | {"query": "deploy milvus gateway search notes debian 12"})
     second = "deploy milvus gateway search notes debian 12 quickly"
     assert search(gw, NEAR | {"query": second})["cache"]["hit"]
-    entries = gw.service.cache.store._buckets
+    entries = gw.services.cache.store._buckets
     (bucket,) = entries.values()
     assert {e.query for e in bucket.entries.values()} == {
         "deploy milvus gateway search notes debian 12"
@@ -319,7 +319,7 @@ def test_an_entry_without_its_query_is_not_served_as_a_near_duplicate(make):
     gw = make(similarity=0.7)
     search(gw, NEAR | {"query": ASKED})
     # An entry of an older version: stored without the query it was made for.
-    for slot in gw.service.cache.store._buckets.values():
+    for slot in gw.services.cache.store._buckets.values():
         for entry in slot.entries.values():
             entry.query = None
     assert search(gw, NEAR | {"query": ASKED})["cache"]["similarity"] == 1.0  # exact: served
