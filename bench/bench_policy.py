@@ -8,7 +8,7 @@ a. authentication through the gateway's ``Authenticator`` (the code path of
    ``Authenticator.authenticate`` without the event loop: ``credential(headers)`` then
    ``_verify``): HS256 JWT, RS256 and ES256 JWT with a JWKS file, an API key (HMAC-SHA256 with
    pepper, from a key file);
-b. ``AccessContext.for_search`` + ``search_filter`` of a request with filters, with the packaged
+b. ``AccessContext.for_caller`` + ``search_filter`` of a request with filters, with the packaged
    policy and with a policy of ``--projects`` project and ``--skills`` skill policies;
 c. the result filter ``AccessContext.may_see`` over ``--hits`` hits;
 d. the whole access path of one search (a + b + c) and its share of the gateway's measured
@@ -178,7 +178,7 @@ def bench_units(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from serve_app.access.context import AccessContext
     from serve_app.access.policy import Policy
     from serve_app.auth.authenticator import Authenticator
-    from serve_app.contracts import SearchDocsRequest
+    from serve_app.search.contracts import SearchDocsRequest
 
     out: dict[str, Any] = {}
     a = setup_auth(workdir)
@@ -222,12 +222,26 @@ def bench_units(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         logger.info("policy: %s", label)
 
         def scope(policy: Policy = policy) -> Any:
-            ctx = AccessContext.for_search(principal, req, policy)
+            ctx = AccessContext.for_caller(
+                principal,
+                policy,
+                team_id=req.team_id,
+                user_id=req.user_id,
+                agent_id=req.agent_id,
+                visibility=req.visibility,
+            )
             return ctx.search_filter(req.filters)
 
         scope()
-        out[f"for_search + search_filter ({label})"] = measure(scope, args.rounds, args.calls)
-        ctx = AccessContext.for_search(principal, req, policy)
+        out[f"for_caller + search_filter ({label})"] = measure(scope, args.rounds, args.calls)
+        ctx = AccessContext.for_caller(
+            principal,
+            policy,
+            team_id=req.team_id,
+            user_id=req.user_id,
+            agent_id=req.agent_id,
+            visibility=req.visibility,
+        )
         batch = hits(args.hits, "dao_a", with_resources=True)
 
         def result_filter(ctx: AccessContext = ctx, batch: list = batch) -> Any:
@@ -289,8 +303,8 @@ def bench_http(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summarise(units: dict[str, Any], http: dict[str, Any], gateway_p50_ms: float) -> dict[str, Any]:
-    label = next(k for k in units if k.startswith("for_search") and "packaged" in k)
-    label_big = next(k for k in units if k.startswith("for_search") and "packaged" not in k)
+    label = next(k for k in units if k.startswith("for_caller") and "packaged" in k)
+    label_big = next(k for k in units if k.startswith("for_caller") and "packaged" not in k)
     see = next(k for k in units if k.startswith("may_see") and "packaged" in k)
     see_big = next(k for k in units if k.startswith("may_see") and "packaged" not in k)
     out = {}

@@ -157,7 +157,7 @@ async def baseline(
     from serve_app.access.context import AccessContext
     from serve_app.access.policy import Policy
     from serve_app.auth.principal import Principal
-    from serve_app.contracts import SearchDocsRequest
+    from serve_app.search.contracts import SearchDocsRequest
 
     settings = h.settings
     limit = args.top_k * settings.search.candidate_multiplier
@@ -170,7 +170,15 @@ async def baseline(
         req = SearchDocsRequest.model_validate(search_body(args, team_id, query))
         # The benchmark's own body trust: the team's owner under the built-in policy.
         owner = Principal.development(("owner",))
-        return AccessContext.for_search(owner, req, Policy()).search_filter(req.filters)
+        ctx = AccessContext.for_caller(
+            owner,
+            Policy(),
+            team_id=req.team_id,
+            user_id=req.user_id,
+            agent_id=req.agent_id,
+            visibility=req.visibility,
+        )
+        return ctx.search_filter(req.filters)
 
     out: dict[str, Any] = {"limit": limit, "requests": len(queries)}
     for mode in modes:

@@ -19,7 +19,7 @@ from deployments.errors import Forbidden
 from deployments.protocols import ChunkRecord, SearchFilter
 from serve_app.access.policy import Policy
 from serve_app.auth.principal import Principal
-from serve_app.contracts import SearchDocsRequest, SearchFilters
+from serve_app.contracts import SearchFilters
 
 VISIBILITY_SCOPE = {
     "public": ("public",),
@@ -36,7 +36,7 @@ def forbidden(
 
 @dataclass(frozen=True)
 class AccessContext:
-    """The caller's scope in one team. Build it with ``for_team``/``for_search``; direct
+    """The caller's scope in one team. Build it with ``for_team``/``for_caller``; direct
     construction is for tests and trusted code."""
 
     team_id: str
@@ -118,19 +118,26 @@ class AccessContext:
         )
 
     @classmethod
-    def for_search(
-        cls, principal: Principal, req: SearchDocsRequest, policy: Policy
+    def for_caller(
+        cls,
+        principal: Principal,
+        policy: Policy,
+        *,
+        team_id: str,
+        user_id: str = "",
+        agent_id: str = "",
+        visibility: str = "public",
     ) -> AccessContext:
-        """The context of one search: the team's rights narrowed to the privacy ``mode``.
+        """The context of one read (a search, an enrich, a graph call): the team's rights
+        narrowed to the privacy mode ``visibility``.
 
         Raises:
-            Forbidden: the team is not granted, or ``mode``/``visibility`` asks for
-                confidential chunks the caller's roles do not grant.
+            Forbidden: the team is not granted, the body names another user or agent than
+                the identity, or ``visibility`` asks for confidential chunks the caller's
+                roles do not grant.
         """
-        ctx = cls.for_team(
-            principal, req.team_id, policy, user_id=req.user_id, agent_id=req.agent_id
-        )
-        return ctx.narrowed_to(req.visibility)
+        ctx = cls.for_team(principal, team_id, policy, user_id=user_id, agent_id=agent_id)
+        return ctx.narrowed_to(visibility)
 
     def narrowed_to(self, visibility: str) -> AccessContext:
         """This context limited to the privacy mode ``visibility`` (public / confidential)."""

@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
-from serve_app.contracts import EnrichAnswerRequest, EnrichAnswerResponse
+from serve_app.enrich.contracts import EnrichAnswerRequest, EnrichAnswerResponse
 from serve_app.enrich.service import EnrichService
 from serve_app.http.deps import Caller
 

@@ -32,17 +32,18 @@ from deployments.protocols import ChunkRecord, SearchFilter, SearchHit
 from serve_app.access.context import AccessContext
 from serve_app.audit.log import request_audit, scope_resource
 from serve_app.audit.recorder import AuditRecorder
-from serve_app.contracts import (
+from serve_app.contracts import ProfileInfo
+from serve_app.enrich.claims import Sentence, content_terms, extract_claims, insert_markers
+from serve_app.enrich.contracts import (
     EnrichAnswerRequest,
     EnrichAnswerResponse,
     EnrichClaim,
     EnrichSource,
-    ProfileInfo,
-    SearchDocsRequest,
 )
-from serve_app.enrich.claims import Sentence, content_terms, extract_claims, insert_markers
 from serve_app.profiles import DEFAULT_PROFILES, ProfileSet, narrower_mode
+from serve_app.search.contracts import SearchDocsRequest
 from serve_app.search.retrieval import Retrieval, RetrievalResult
+from serve_app.search.scope import search_scope
 from serve_app.search.snippets import best_snippet
 
 if TYPE_CHECKING:
@@ -159,11 +160,17 @@ def _plan(
     then the agent's profile (light: its one method, no rerank; strict: its min_support
     when higher) and the draft's bound."""
     ecfg, scfg = settings.enrich, settings.search
-    ctx = AccessContext.for_team(
-        rc.principal, req.team_id, policy, user_id=req.user_id, agent_id=req.agent_id
-    ).narrowed_to(req.visibility)
-    flt = ctx.search_filter(req.filters)
-    agent = profiles.for_agent(ctx.agent_id or rc.routed_agent)
+    scope = search_scope(
+        rc,
+        policy,
+        profiles,
+        team_id=req.team_id,
+        user_id=req.user_id,
+        agent_id=req.agent_id,
+        visibility=req.visibility,
+        filters=req.filters,
+    )
+    ctx, flt, agent = scope.ctx, scope.flt, scope.agent
     rag_mode = narrower_mode(agent.profile.rag_mode, req.rag_mode)
     clamped = ["rag_mode"] if req.rag_mode and rag_mode != req.rag_mode else []
     max_docs = min(req.max_docs, agent.profile.max_docs_per_query)

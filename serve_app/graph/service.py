@@ -76,10 +76,14 @@ class GraphTools:
         return response
 
     def _context(self, principal: Principal, req: Any) -> AccessContext:
-        ctx = AccessContext.for_team(
-            principal, req.team_id, self.policy, user_id=req.user_id, agent_id=req.agent_id
+        return AccessContext.for_caller(
+            principal,
+            self.policy,
+            team_id=req.team_id,
+            user_id=req.user_id,
+            agent_id=req.agent_id,
+            visibility=req.visibility,
         )
-        return ctx.narrowed_to(req.visibility)
 
     # --- graph.query_context ---------------------------------------------------------------
     def graph_intents(self) -> list[dict[str, Any]]:

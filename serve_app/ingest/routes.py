@@ -5,7 +5,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Path, Request
 from fastapi.responses import JSONResponse
 
-from serve_app.contracts import (
+from serve_app.http.deps import Caller
+from serve_app.ingest.contracts import (
     IngestDocumentsRequest,
     IngestDocumentsResponse,
     IngestJobAccepted,
@@ -13,7 +14,6 @@ from serve_app.contracts import (
     IngestSyncRequest,
     IngestSyncResponse,
 )
-from serve_app.http.deps import Caller
 from serve_app.ingest.service import IngestService
 
 

@@ -25,7 +25,7 @@ from serve_app.access.context import AccessContext, check_ingest
 from serve_app.access.policy import Policy
 from serve_app.audit.recorder import AuditRecorder
 from serve_app.auth.principal import Principal
-from serve_app.contracts import (
+from serve_app.ingest.contracts import (
     IngestDocumentsResponse,
     IngestedDocument,
     IngestJobAccepted,

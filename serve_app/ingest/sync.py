@@ -22,7 +22,12 @@ from deployments.errors import Forbidden, InvalidInput
 from serve_app.access.context import AccessContext
 from serve_app.access.policy import Policy
 from serve_app.audit.recorder import AuditRecorder
-from serve_app.contracts import IngestSyncRequest, IngestSyncResponse, SyncedDocument, SyncKey
+from serve_app.ingest.contracts import (
+    IngestSyncRequest,
+    IngestSyncResponse,
+    SyncedDocument,
+    SyncKey,
+)
 from serve_app.request import RequestContext
 
 ACTION = "ingest.sync"

@@ -23,7 +23,7 @@ from deployments.protocols import (
 )
 from serve_app.access import graph as graph_access
 from serve_app.access.context import AccessContext
-from serve_app.contracts import SearchDocsRequest
+from serve_app.search.contracts import SearchDocsRequest
 from serve_app.search.query_models import QueryModels
 from serve_app.search.ranking import (
     adaptive_weights,

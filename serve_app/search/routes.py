@@ -4,8 +4,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
-from serve_app.contracts import SearchDocsRequest, SearchDocsResponse
 from serve_app.http.deps import Caller
+from serve_app.search.contracts import SearchDocsRequest, SearchDocsResponse
 from serve_app.search.service import SearchService
 
 

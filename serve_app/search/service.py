@@ -9,24 +9,23 @@ from dataclasses import dataclass
 from batch_ingest.chunks import strip_header
 from deployments.errors import InvalidInput
 from deployments.protocols import SearchHit
-from serve_app.access.context import AccessContext
 from serve_app.access.policy import Policy
 from serve_app.audit.log import request_audit, scope_resource
 from serve_app.audit.recorder import AuditRecorder
-from serve_app.contracts import (
-    CacheInfo,
-    GraphInfo,
-    Match,
-    ProfileInfo,
-    SearchDocsRequest,
-    SearchDocsResponse,
-    SourceRef,
-)
+from serve_app.contracts import ProfileInfo, SourceRef
 from serve_app.metrics import record_cache, record_search
 from serve_app.profiles import DEFAULT_PROFILES, ProfileSet, plan_search
 from serve_app.request import RequestContext
 from serve_app.search.cache.semantic import Lookup, SemanticCache
+from serve_app.search.contracts import (
+    CacheInfo,
+    GraphInfo,
+    Match,
+    SearchDocsRequest,
+    SearchDocsResponse,
+)
 from serve_app.search.retrieval import Retrieval
+from serve_app.search.scope import search_scope
 from serve_app.search.snippets import best_snippet
 from serve_app.settings import GatewaySettings
 from serve_app.timing import stage
@@ -67,8 +66,17 @@ class SearchService:
     async def _search_docs(self, req: SearchDocsRequest, rc: RequestContext) -> SearchDocsResponse:
         # Access first: a caller outside the scope learns nothing, not even about limits.
         with stage("access"):
-            ctx = AccessContext.for_search(rc.principal, req, self.policy)
-            flt = ctx.search_filter(req.filters)
+            scope = search_scope(
+                rc,
+                self.policy,
+                self.profiles,
+                team_id=req.team_id,
+                user_id=req.user_id,
+                agent_id=req.agent_id,
+                visibility=req.visibility,
+                filters=req.filters,
+            )
+        ctx, flt, agent = scope.ctx, scope.flt, scope.agent
         cfg = self.settings.search
         top_k = req.top_k or cfg.default_top_k
         if top_k > cfg.max_top_k:
@@ -78,7 +86,6 @@ class SearchService:
                 f"query is {len(req.query)} characters; the limit is {cfg.max_query_chars}",
                 field="query",
             )
-        agent = self.profiles.for_agent(ctx.agent_id or rc.routed_agent)
         plan = plan_search(
             agent,
             requested_mode=req.rag_mode,

@@ -23,7 +23,8 @@ from pydantic import (
 from batch_ingest.documents import DATE_TIME_SCHEMA, OptionalId, Tag
 from deployments.graph_store.intents import INTENTS, catalogue
 from deployments.validation import NOT_BLANK, SchemaExtra
-from serve_app.contracts import CREATED_RANGE, MAX_ENRICH_DOCS
+from serve_app.contracts import CREATED_RANGE
+from serve_app.enrich.contracts import MAX_ENRICH_DOCS
 from serve_app.graph.contracts import MAX_CYPHER_CHARS
 
 # The most hits a tool caller gets back (the ADR's cap for tool answers; the HTTP route

@@ -13,12 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from deployments.validation import plain_schema
-from serve_app.contracts import (
-    EnrichAnswerRequest,
-    EnrichAnswerResponse,
-    SearchDocsRequest,
-    SearchDocsResponse,
-)
+from serve_app.enrich.contracts import EnrichAnswerRequest, EnrichAnswerResponse
 from serve_app.graph.contracts import (
     ExplainPathRequest,
     ExplainPathResponse,
@@ -26,6 +21,7 @@ from serve_app.graph.contracts import (
     GraphQueryResponse,
 )
 from serve_app.request import RequestContext
+from serve_app.search.contracts import SearchDocsRequest, SearchDocsResponse
 from serve_app.settings import GatewaySettings
 from serve_app.tools.args import EnrichAnswerArgs, ExplainPathArgs, GraphQueryArgs, SearchDocsArgs
 from serve_app.tools.bounds import apply, request_bounds, tool_bounds

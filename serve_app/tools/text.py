@@ -9,8 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from serve_app.contracts import EnrichAnswerResponse, SearchDocsResponse
+from serve_app.enrich.contracts import EnrichAnswerResponse
 from serve_app.graph.contracts import ExplainPathResponse, GraphQueryResponse
+from serve_app.search.contracts import SearchDocsResponse
 
 MAX_TEXT_BYTES = 16 * 1024
 TRUNCATED = "[… truncated at 16 KiB]"

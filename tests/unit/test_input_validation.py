@@ -18,7 +18,8 @@ from deployments.validation import (
     invalid_values,
     reject_invalid_values,
 )
-from serve_app.contracts import IngestDocumentsRequest, SearchDocsRequest
+from serve_app.ingest.contracts import IngestDocumentsRequest
+from serve_app.search.contracts import SearchDocsRequest
 from serve_app.testing import build_gateway, claims, mint
 from tests.unit.batch_ingest.events.test_events import envelope
 

@@ -11,7 +11,8 @@ from deployments.protocols import ChunkRecord
 from serve_app.access.context import AccessContext, OperatorRight, check_ingest, operator_scope
 from serve_app.access.policy import Policy
 from serve_app.auth.principal import Principal
-from serve_app.contracts import SearchDocsRequest, SearchFilters
+from serve_app.contracts import SearchFilters
+from serve_app.search.contracts import SearchDocsRequest
 
 POLICY = Policy(
     projects=[
@@ -33,7 +34,18 @@ def user(roles=("member",), team="dao_x", **fields) -> Principal:
 
 
 def search_ctx(principal: Principal, **fields) -> AccessContext:
-    return AccessContext.for_search(principal, request(**fields), POLICY)
+    return caller_ctx(principal, request(**fields))
+
+
+def caller_ctx(principal: Principal, req: SearchDocsRequest) -> AccessContext:
+    return AccessContext.for_caller(
+        principal,
+        POLICY,
+        team_id=req.team_id,
+        user_id=req.user_id,
+        agent_id=req.agent_id,
+        visibility=req.visibility,
+    )
 
 
 def forbidden(call) -> Forbidden:
@@ -114,7 +126,7 @@ def test_confidential_is_granted_in_one_team_not_in_another():
     )
     assert search_ctx(principal, mode="confidential").allowed_visibilities[-1] == "confidential"
     other = request(team_id="dao_y", mode="confidential")
-    assert forbidden(lambda: AccessContext.for_search(principal, other, POLICY))
+    assert forbidden(lambda: caller_ctx(principal, other))
 
 
 # --- doc types ------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from deployments.graph_store.intents import INTENTS
-from serve_app.contracts import Match, SearchDocsResponse, SourceRef
+from serve_app.contracts import SourceRef
+from serve_app.search.contracts import Match, SearchDocsResponse
 from serve_app.testing import TENANCY_POLICY, build_gateway, claims, mint, tenancy_corpus
 from serve_app.tools.catalog import TOOLS
 from serve_app.tools.tenancy import ToolTenancy
