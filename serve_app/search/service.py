@@ -14,7 +14,7 @@ from serve_app.audit.log import request_audit, scope_resource
 from serve_app.audit.recorder import AuditRecorder
 from serve_app.contracts import ProfileInfo, SourceRef
 from serve_app.metrics import record_cache, record_search
-from serve_app.profiles import DEFAULT_PROFILES, ProfileSet, plan_search
+from serve_app.profiles import DEFAULT_PROFILES, ProfileSet, SearchPlan, plan_search
 from serve_app.request import RequestContext
 from serve_app.search.cache.semantic import Lookup, SemanticCache
 from serve_app.search.contracts import (
@@ -25,7 +25,7 @@ from serve_app.search.contracts import (
     SearchDocsResponse,
 )
 from serve_app.search.retrieval import Retrieval
-from serve_app.search.scope import search_scope
+from serve_app.search.scope import SearchScope, search_scope
 from serve_app.search.snippets import best_snippet
 from serve_app.settings import GatewaySettings
 from serve_app.timing import stage
@@ -64,74 +64,31 @@ class SearchService:
         return response
 
     async def _search_docs(self, req: SearchDocsRequest, rc: RequestContext) -> SearchDocsResponse:
-        # Access first: a caller outside the scope learns nothing, not even about limits.
-        with stage("access"):
-            scope = search_scope(
-                rc,
-                self.policy,
-                self.profiles,
-                team_id=req.team_id,
-                user_id=req.user_id,
-                agent_id=req.agent_id,
-                visibility=req.visibility,
-                filters=req.filters,
-            )
-        ctx, flt, agent = scope.ctx, scope.flt, scope.agent
-        cfg = self.settings.search
-        top_k = req.top_k or cfg.default_top_k
-        if top_k > cfg.max_top_k:
-            raise InvalidInput(f"top_k must be at most {cfg.max_top_k}, got {top_k}", field="top_k")
-        if len(req.query) > cfg.max_query_chars:
-            raise InvalidInput(
-                f"query is {len(req.query)} characters; the limit is {cfg.max_query_chars}",
-                field="query",
-            )
-        plan = plan_search(
-            agent,
-            requested_mode=req.rag_mode,
-            top_k=top_k,
-            method=req.search_mode or cfg.mode,
-            rerank=req.rerank,
-            graph=req.graph is not None,
-            min_score=req.min_score,
-            max_context_tokens=req.max_context_tokens,
-            method_asked=req.search_mode is not None,
-        )
-        profile = ProfileInfo(name=agent.name, rag_mode=plan.rag_mode, clamped=list(plan.clamped))
+        """Access and the profile's plan, the semantic cache, the search, the answer (cached
+        for the next caller of the same scope)."""
+        scope, plan, profile = self._plan(req, rc)
         if plan.rag_mode == "off":
             return SearchDocsResponse(
                 matches=[],
                 mode="off",
                 profile=profile,
-                notice=f"RAG is off for profile {agent.name!r}: nothing was searched",
+                notice=f"RAG is off for profile {scope.agent.name!r}: nothing was searched",
                 took_ms=rc.elapsed_ms,
                 trace_id=rc.trace_id,
             )
         if plan.updates:
             req = req.model_copy(update=plan.updates)
-        lookup = Lookup(status="bypass")
-        if self.cache is not None:
-            with stage("cache"):
-                lookup = await self.cache.lookup(
-                    agent_id=agent.agent_id,
-                    scope=ctx.scope_key(),
-                    flt=flt,
-                    shape=_shape(req, plan.top_k, plan.method),
-                    query=req.query,
-                    dense=plan.method != "bm25",
-                    ttl_s=self.cache.ttl_for(agent.profile.cache_ttl_s),
-                )
-            record_cache(lookup.status)
-            if lookup.hit is not None:
-                stored = json.loads(lookup.hit.value)
-                stored.update(took_ms=rc.elapsed_ms, trace_id=rc.trace_id)
-                cached = SearchDocsResponse.model_validate(stored)
-                cached.profile, cached.cache = profile, self._cache_info(lookup)
-                return cached
+        lookup = await self._lookup(req, scope, plan)
+        if lookup.hit is not None:
+            stored = json.loads(lookup.hit.value)
+            stored.update(took_ms=rc.elapsed_ms, trace_id=rc.trace_id)
+            cached = SearchDocsResponse.model_validate(stored)
+            cached.profile, cached.cache = profile, self._cache_info(lookup)
+            return cached
         found = await self.retrieval.run(
             req,
-            ctx,
-            flt,
+            scope.ctx,
+            scope.flt,
             plan.top_k,
             plan.method,
             vector=lookup.vector,
@@ -155,6 +112,73 @@ class SearchService:
             payload = response.model_dump_json(exclude={"profile", "cache", "took_ms", "trace_id"})
             await self.cache.put(lookup, payload.encode())
         return response
+
+    def _plan(
+        self, req: SearchDocsRequest, rc: RequestContext
+    ) -> tuple[SearchScope, SearchPlan, ProfileInfo]:
+        """Access first (a caller outside the scope learns nothing, not even about limits),
+        then the request's bounds and what the agent's profile makes of it.
+
+        Raises:
+            Forbidden: the scope does not grant the request.
+            InvalidInput: top_k or the query exceed the configured bounds.
+        """
+        with stage("access"):
+            scope = search_scope(
+                rc,
+                self.policy,
+                self.profiles,
+                team_id=req.team_id,
+                user_id=req.user_id,
+                agent_id=req.agent_id,
+                visibility=req.visibility,
+                filters=req.filters,
+            )
+        cfg = self.settings.search
+        top_k = req.top_k or cfg.default_top_k
+        if top_k > cfg.max_top_k:
+            raise InvalidInput(f"top_k must be at most {cfg.max_top_k}, got {top_k}", field="top_k")
+        if len(req.query) > cfg.max_query_chars:
+            raise InvalidInput(
+                f"query is {len(req.query)} characters; the limit is {cfg.max_query_chars}",
+                field="query",
+            )
+        plan = plan_search(
+            scope.agent,
+            requested_mode=req.rag_mode,
+            top_k=top_k,
+            method=req.search_mode or cfg.mode,
+            rerank=req.rerank,
+            graph=req.graph is not None,
+            min_score=req.min_score,
+            max_context_tokens=req.max_context_tokens,
+            method_asked=req.search_mode is not None,
+        )
+        name = scope.agent.name
+        return (
+            scope,
+            plan,
+            ProfileInfo(name=name, rag_mode=plan.rag_mode, clamped=list(plan.clamped)),
+        )
+
+    async def _lookup(self, req: SearchDocsRequest, scope: SearchScope, plan: SearchPlan) -> Lookup:
+        """This request's place in the semantic cache and what it holds there (``bypass``
+        without a cache)."""
+        if self.cache is None:
+            return Lookup(status="bypass")
+        agent = scope.agent
+        with stage("cache"):
+            lookup = await self.cache.lookup(
+                agent_id=agent.agent_id,
+                scope=scope.ctx.scope_key(),
+                flt=scope.flt,
+                shape=_shape(req, plan.top_k, plan.method),
+                query=req.query,
+                dense=plan.method != "bm25",
+                ttl_s=self.cache.ttl_for(agent.profile.cache_ttl_s),
+            )
+        record_cache(lookup.status)
+        return lookup
 
     def _cache_info(self, lookup: Lookup) -> CacheInfo:
         assert self.cache is not None
