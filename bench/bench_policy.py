@@ -221,8 +221,8 @@ def bench_units(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     for label, policy in policies.items():
         logger.info("policy: %s", label)
 
-        def scope(policy: Policy = policy) -> Any:
-            ctx = AccessContext.for_caller(
+        def context(policy: Policy = policy) -> AccessContext:
+            return AccessContext.for_caller(
                 principal,
                 policy,
                 team_id=req.team_id,
@@ -230,18 +230,13 @@ def bench_units(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 agent_id=req.agent_id,
                 visibility=req.visibility,
             )
-            return ctx.search_filter(req.filters)
+
+        def scope(context: Any = context) -> Any:
+            return context().search_filter(req.filters)
 
         scope()
         out[f"for_caller + search_filter ({label})"] = measure(scope, args.rounds, args.calls)
-        ctx = AccessContext.for_caller(
-            principal,
-            policy,
-            team_id=req.team_id,
-            user_id=req.user_id,
-            agent_id=req.agent_id,
-            visibility=req.visibility,
-        )
+        ctx = context()
         batch = hits(args.hits, "dao_a", with_resources=True)
 
         def result_filter(ctx: AccessContext = ctx, batch: list = batch) -> Any:
