@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batch_ingest.chunking import TokenCounter, embedder_token_counter
+from batch_ingest.jobs import IngestJobs
 from batch_ingest.pipeline import IngestPipeline, build_pipeline
 from batch_ingest.source_store import SourceStore
 from deployments.protocols import Backends
@@ -126,7 +127,9 @@ def build_services(
     graph.on_write = graph_written
     search = SearchService(settings, policy, retrieval, recorder, profiles, cache)
     enrich = EnrichService(settings, policy, retrieval, recorder, profiles)
-    ingest = IngestService(settings, policy, pipeline, recorder)
+    # Background ingestion jobs live in the state database (none: every request inline).
+    jobs = IngestJobs(pipeline.sources.engine) if pipeline.sources is not None else None
+    ingest = IngestService(settings, policy, pipeline, recorder, jobs)
     rate_limiter = RateLimiter.from_settings(
         settings.rate_limit, settings.cache.backend, settings.cache.redis_url
     )

@@ -51,8 +51,7 @@ class IngestService:
     worker: JobWorker | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        if self.jobs is None and self.pipeline.sources is not None:
-            self.jobs = IngestJobs(self.pipeline.sources.engine)
+        # The worker runs this service's own job method: wired here, not in the composition.
         if self.jobs is not None:
             self.worker = JobWorker(
                 self.jobs, self._run_job, lease_s=self.settings.ingest.job_lease_s
