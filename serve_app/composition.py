@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from batch_ingest.chunking import TokenCounter, embedder_token_counter
 from batch_ingest.jobs import IngestJobs
 from batch_ingest.pipeline import IngestPipeline, build_pipeline
+from batch_ingest.reindex.launcher import ReindexJobs
 from batch_ingest.source_store import SourceStore
 from deployments.protocols import Backends
 from serve_app.access.policy import Policy
@@ -148,6 +149,6 @@ def build_services(
         enrich=enrich,
         ingest=ingest,
         graph=graph,
-        ops=OpsService(settings, backends, recorder, pipeline, cache),
+        ops=OpsService(settings, backends, recorder, pipeline, ReindexJobs(settings), cache),
         tools=ToolRunner(search=search, enrich=enrich, graph=graph),
     )

@@ -102,8 +102,8 @@ class OpsService:
         backends: the backends /readyz asks.
         recorder: the audit recorder; its ``log`` is the audit log /audit/decisions reads.
         pipeline: the ingestion pipeline, whose ``usage`` is the embedding ledger.
+        reindex_jobs: the reindex launcher.
         cache: the semantic cache (reported by /readyz, never blocking it), or None.
-        reindex_jobs: the reindex launcher (default: one over ``settings``).
     """
 
     def __init__(
@@ -112,8 +112,8 @@ class OpsService:
         backends: Backends,
         recorder: AuditRecorder,
         pipeline: IngestPipeline,
+        reindex_jobs: ReindexJobs,
         cache: SemanticCache | None = None,
-        reindex_jobs: ReindexJobs | None = None,
     ) -> None:
         self.settings = settings
         self.backends = backends
@@ -121,7 +121,7 @@ class OpsService:
         self.pipeline = pipeline
         self.cache = cache
         # Settable: tests put a fake launcher here.
-        self.reindex_jobs = reindex_jobs if reindex_jobs is not None else ReindexJobs(settings)
+        self.reindex_jobs = reindex_jobs
 
     async def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready when the embedder has its model and Milvus and Neo4j answer. The audit
