@@ -94,15 +94,46 @@ class _Entry:
     query: str | None
 
 
-@dataclass(slots=True)
 class _Index:
-    """The vectors of one bucket of one dimension, stacked for one matmul; rebuilt after the
-    bucket changes."""
+    """The vectors of one bucket of one dimension, stacked for one matmul, rows in stored
+    order. Kept up to date as entries come and go, so a lookup after a store costs no
+    rebuild: a stored entry is appended (the matrix grows by doubling), a removed one leaves
+    a dead row (expiry -inf: never live, never a winner) until dead rows are half of the
+    matrix, when the bucket builds it afresh."""
 
-    dim: int
-    keys: list[str]
-    matrix: np.ndarray  # (len(keys), dim) float32, rows in stored order
-    expires_at: np.ndarray  # (len(keys),) float64
+    __slots__ = ("dim", "keys", "rows", "matrix", "expires_at", "n", "dead")
+
+    def __init__(self, dim: int, capacity: int = 16) -> None:
+        self.dim = dim
+        self.keys: list[str | None] = []  # None: a dead row
+        self.rows: dict[str, int] = {}
+        self.matrix = np.zeros((capacity, dim), np.float32)
+        self.expires_at = np.zeros(capacity, np.float64)
+        self.n = 0
+        self.dead = 0
+
+    def add(self, key: str, vector: np.ndarray, expires_at: float) -> None:
+        if self.n == len(self.matrix):
+            grown = max(16, 2 * self.n)
+            self.matrix = np.resize(self.matrix, (grown, self.dim))
+            self.expires_at = np.resize(self.expires_at, grown)
+        self.matrix[self.n] = vector
+        self.expires_at[self.n] = expires_at
+        self.keys.append(key)
+        self.rows[key] = self.n
+        self.n += 1
+
+    def drop(self, key: str) -> None:
+        row = self.rows.pop(key, None)
+        if row is not None:
+            self.expires_at[row] = -np.inf
+            self.keys[row] = None
+            self.dead += 1
+
+    @property
+    def worn(self) -> bool:
+        """Dead rows are at least half of the rows (and worth a rebuild)."""
+        return self.dead >= 16 and 2 * self.dead >= self.n
 
 
 class _Bucket:
@@ -114,22 +145,27 @@ class _Bucket:
         self.index: _Index | None = None
 
     def vectors(self, dim: int) -> _Index:
-        if self.index is None or self.index.dim != dim:
-            keys: list[str] = []
-            rows: list[np.ndarray] = []
-            expires: list[float] = []
+        index = self.index
+        if index is None or index.dim != dim or index.worn:
+            index = self.index = _Index(dim, capacity=max(16, len(self.entries)))
             for key, entry in self.entries.items():
                 if entry.vector is not None and entry.vector.size == dim:
-                    keys.append(key)
-                    rows.append(entry.vector)
-                    expires.append(entry.expires_at)
-            self.index = _Index(
-                dim=dim,
-                keys=keys,
-                matrix=np.stack(rows) if rows else np.zeros((0, dim), np.float32),
-                expires_at=np.array(expires, np.float64),
-            )
-        return self.index
+                    index.add(key, entry.vector, entry.expires_at)
+        return index
+
+    def store(self, key: str, entry: _Entry) -> None:
+        self.entries[key] = entry
+        index, vector = self.index, entry.vector
+        if index is not None and vector is not None and vector.size == index.dim:
+            index.add(key, vector, entry.expires_at)
+
+    def drop(self, key: str) -> bool:
+        """Remove ``key``; whether it was here."""
+        if self.entries.pop(key, None) is None:
+            return False
+        if self.index is not None:
+            self.index.drop(key)
+        return True
 
 
 class MemoryCacheStore:
@@ -159,10 +195,8 @@ class MemoryCacheStore:
 
     def _remove(self, bucket: str, key: str) -> None:
         slot = self._buckets.get(bucket)
-        if slot is not None and slot.entries.pop(key, None) is not None:
-            slot.index = None
-            if not slot.entries:
-                del self._buckets[bucket]
+        if slot is not None and slot.drop(key) and not slot.entries:
+            del self._buckets[bucket]
         self._lru.pop((bucket, key), None)
 
     def _purge_expired(self, bucket: str, now: float) -> None:
@@ -200,18 +234,20 @@ class MemoryCacheStore:
             return None
         now = self._clock()
         index = slot.vectors(query.size)
-        live = index.expires_at > now
-        scores = np.where(live, index.matrix @ query, -np.inf)
-        i = None
+        expires_at = index.expires_at[: index.n]
+        live = expires_at > now
+        scores = np.where(live, index.matrix[: index.n] @ query, -np.inf)
+        won: tuple[int, str] | None = None
         for candidate in _winners(scores, threshold):
-            if accept is None or accept(slot.entries[index.keys[candidate]].query):
-                i = candidate
+            key = index.keys[candidate]  # a live row: never a dead one's None
+            if key is not None and (accept is None or accept(slot.entries[key].query)):
+                won = candidate, key
                 break
-        if not live.all():
+        if np.count_nonzero(live) < index.n - index.dead:  # an entry expired (not a dead row)
             self._purge_expired(bucket, now)  # the winner, if any, is live and stays
-        if i is None:
+        if won is None:
             return None
-        key = index.keys[i]
+        i, key = won
         entry = self._buckets[bucket].entries[key]
         return self._hit(bucket, entry, key, min(1.0, float(scores[i])), now)
 
@@ -229,8 +265,7 @@ class MemoryCacheStore:
             return
         now = self._clock()
         slot = self._buckets.setdefault(bucket, _Bucket())
-        slot.entries[key] = _Entry(now + ttl_s, now, _unit(vector), bytes(value), query)
-        slot.index = None
+        slot.store(key, _Entry(now + ttl_s, now, _unit(vector), bytes(value), query))
         self._lru[(bucket, key)] = None
         if len(slot.entries) > self.max_per_bucket:
             self._purge_expired(bucket, now)

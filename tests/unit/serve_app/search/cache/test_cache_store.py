@@ -4,9 +4,16 @@ build_store / redact_url (no Redis needed: a RedisCacheStore connects on first u
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from serve_app.search.cache.store import MemoryCacheStore, RedisCacheStore, build_store, redact_url
+from serve_app.search.cache.store import (
+    MemoryCacheStore,
+    RedisCacheStore,
+    _winners,
+    build_store,
+    redact_url,
+)
 from serve_app.settings import CacheSettings
 from tests.cache_contract import CHECKS, LONG_TTL_S, MAX_PER_BUCKET, Check, FakeClock, unit
 
@@ -110,3 +117,61 @@ async def test_build_store_picks_the_backend() -> None:
 )
 def test_redact_url(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+def _reference_nearest(
+    store: MemoryCacheStore, bucket: str, vector: list[float], threshold: float, refused: set[str]
+) -> tuple[bytes, float] | None:
+    """The near-duplicate answer computed from the bucket's entries alone (no kept index):
+    live entries with a vector in stored order, the best cosine at least ``threshold`` that
+    ``refused`` does not name, ties to the last stored."""
+    slot = store._buckets.get(bucket)
+    if slot is None:
+        return None
+    now = store._clock()
+    live = [(k, e) for k, e in slot.entries.items() if e.vector is not None and e.expires_at > now]
+    if not live:
+        return None
+    query = np.asarray(vector, np.float64) / np.linalg.norm(vector)
+    scores = np.array([float(e.vector @ query) for _, e in live])  # type: ignore[operator]
+    for i in _winners(scores, threshold):
+        key, entry = live[i]
+        if key not in refused:
+            return entry.value, min(1.0, float(scores[i]))
+    return None
+
+
+async def test_kept_index_answers_as_one_built_from_the_entries() -> None:
+    """The near-duplicate index a bucket keeps up to date (rows appended on a store, dead rows
+    on a removal, rebuilt once half dead) answers every lookup as the bucket's live entries
+    do: same winner, the same similarity (to float32 rounding), ties to the last stored."""
+    rng = np.random.default_rng(7)
+    clock = FakeClock()
+    store = MemoryCacheStore(max_entries=40, max_per_bucket=24, clock=clock)
+    vectors = [unit(seed) for seed in range(6)]  # few: repeats make exact ties
+    vectors.append([0.0] * len(vectors[0]))  # stored without a vector
+    rebuilt = 0
+    for step in range(3_000):
+        bucket = f"b{rng.integers(3)}"
+        action = rng.random()
+        if action < 0.6:
+            key = f"k{rng.integers(60)}"
+            ttl = float(rng.choice([1.0, 5.0, 1_000.0]))
+            vector = vectors[rng.integers(len(vectors))]
+            await store.put(bucket, key, vector, key.encode(), ttl, query=key)
+        elif action < 0.7:
+            await clock.advance(float(rng.choice([0.5, 2.0])))
+        else:
+            query = vectors[rng.integers(len(vectors) - 1)]
+            threshold = float(rng.choice([0.5, 0.95, 1.0]))
+            refused = {f"k{rng.integers(60)}"}  # the near check refuses this one entry's query
+            expected = _reference_nearest(store, bucket, query, threshold, refused)
+            slot = store._buckets.get(bucket)
+            before = slot.index if slot is not None else None
+            accept = refused.__contains__
+            kept = await store.nearest(bucket, query, threshold, lambda q, a=accept: not a(q))
+            rebuilt += slot is not None and slot.index is not before
+            assert (kept and kept.value) == (expected and expected[0]), step
+            if kept and expected:  # one matmul over more rows may round the last bit apart
+                assert kept.similarity == pytest.approx(expected[1], abs=1e-6), step
+    assert rebuilt < 300  # the index is kept between lookups, not rebuilt for each
