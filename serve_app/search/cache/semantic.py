@@ -94,7 +94,9 @@ class SemanticCache:
         self.generations = generations
         # Concurrent lookups of a team share one read of its generation (never one that
         # began before they arrived: a write acknowledged before a search is always seen).
-        self._generation_reads = SharedReads(generations.get) if generations else None
+        self._generation_reads = (
+            SharedReads(generations.get, generations.read_now) if generations else None
+        )
         # The search pipeline's own query embedding (Retrieval.query_vector), so the vector
         # made here is the one the search then uses.
         self.embed_query = embed_query
@@ -245,5 +247,9 @@ class SemanticCache:
         )
         if self._generation_reads is not None:  # generation reads made, and lookups sharing one
             reads = self._generation_reads
-            body.update(generation_reads=reads.reads, generation_reads_shared=reads.shared)
+            body.update(
+                generation_reads=reads.reads,
+                generation_reads_shared=reads.shared,
+                generation_reads_direct=reads.direct,
+            )
         return body
