@@ -14,8 +14,14 @@ fi
 stamp="$VENV/.rag-gateway-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "[install] installing Python dependencies (first run downloads torch: several minutes)"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e ".[test,bench]"
+  "$VENV/bin/python" -m pip install -q --upgrade pip uv
+  # uv (from PyPI, into the venv) fetches and unpacks the wheels in parallel: torch and its
+  # CUDA libraries are most of the download. pip does the same job when uv cannot.
+  if ! UV_HTTP_TIMEOUT="${UV_HTTP_TIMEOUT:-180}" "$VENV/bin/uv" pip install -q \
+      --python "$VENV/bin/python" -e ".[test,bench]"; then
+    echo "[install] uv failed; installing with pip"
+    "$VENV/bin/python" -m pip install -q -e ".[test,bench]"
+  fi
   touch "$stamp"
 fi
 if ! ls scripts/neo4j/lib/neo4j-kernel-*.jar >/dev/null 2>&1; then
