@@ -156,7 +156,9 @@ class _Bucket:
     def store(self, key: str, entry: _Entry) -> None:
         self.entries[key] = entry
         index, vector = self.index, entry.vector
-        if index is not None and vector is not None and vector.size == index.dim:
+        if index is not None and index.worn:
+            self.index = None  # stores with no lookup between: not grown without bound
+        elif index is not None and vector is not None and vector.size == index.dim:
             index.add(key, vector, entry.expires_at)
 
     def drop(self, key: str) -> bool:

@@ -175,3 +175,16 @@ async def test_kept_index_answers_as_one_built_from_the_entries() -> None:
             if kept and expected:  # one matmul over more rows may round the last bit apart
                 assert kept.similarity == pytest.approx(expected[1], abs=1e-6), step
     assert rebuilt < 300  # the index is kept between lookups, not rebuilt for each
+
+
+async def test_stores_without_lookups_do_not_grow_the_kept_index() -> None:
+    store = MemoryCacheStore(max_entries=1_000, max_per_bucket=8, clock=FakeClock())
+    await store.put("b", "k0", unit(0), b"v", LONG_TTL_S)
+    assert await store.nearest("b", unit(0), 0.99) is not None  # the index is built
+    for i in range(1, 500):  # each store drops the bucket's oldest entry
+        await store.put("b", f"k{i}", unit(i), b"v", LONG_TTL_S)
+        index = store._buckets["b"].index
+        assert index is None or index.n <= 2 * 8 + 16
+    hit = await store.nearest("b", unit(499), 0.99)
+    assert hit is not None and hit.similarity == pytest.approx(1.0)
+    assert await store.nearest("b", unit(0), 0.99) is None  # dropped long ago
