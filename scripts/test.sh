@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: install, start Milvus Lite + Neo4j + PostgreSQL (audit log) + NATS + Redis
-# (semantic cache), run the unit, integration, security and Serve suites (the Serve suite in its
-# own process: it owns a Ray cluster), stop what it started.
+# (semantic cache), run the unit, integration and Serve suites (the Serve suite in its own
+# process: it owns a Ray cluster), stop what it started.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${RAG_VENV:-$ROOT/.venv}"
@@ -17,10 +17,7 @@ export RAG_INSTALL_PACKAGES="${RAG_INSTALL_PACKAGES:-1}"
 
 # Start only the services that are not running, and stop only those at the end.
 started=()
-serve_pid=""
 cleanup() {
-  # A Serve suite still running (the script interrupted) goes first: it uses the services.
-  [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null && wait "$serve_pid" 2>/dev/null
   for name in "${started[@]}"; do "$VENV/bin/python" scripts/services.py down --only "$name"; done
 }
 trap cleanup EXIT
@@ -46,24 +43,15 @@ phase "ruff, lint-imports, mypy"
 "$VENV/bin/lint-imports" --no-cache || exit 1
 # Types of the three packages (pyproject.toml, [tool.mypy]; the pydantic plugin).
 "$VENV/bin/mypy" || exit 1
-# Two processes at once: the Serve suite (its own Ray cluster, mostly waiting on replicas) beside
-# the unit suite (no service but the CPU); the integration and security suites after both,
-# alone, since they and the Serve suite would share Neo4j's small heap and page cache.
-serve_log="$(mktemp -t rag-serve-suite.XXXXXX.log)"
-phase "pytest: serve (in the background, output in $serve_log) and unit"
-"$VENV/bin/python" -m pytest tests/serve "$@" >"$serve_log" 2>&1 &
-serve_pid=$!
-"$VENV/bin/python" -m pytest tests/unit "$@"
-unit=$?
-phase "pytest: unit done (exit $unit); waiting for serve"
-wait "$serve_pid"
-serve=$?
-serve_pid=""
-phase "pytest: serve done (exit $serve); its output:"
-cat "$serve_log"
-rm -f "$serve_log"
-phase "pytest: integration, security"
-"$VENV/bin/python" -m pytest tests/integration tests/security "$@"
-integration=$?
-phase "done (unit exit $unit, serve exit $serve, integration and security exit $integration)"
-[ $unit -eq 0 ] && [ $serve -eq 0 ] && [ $integration -eq 0 ]
+# One suite after the other. Run beside the unit suite (2 vCPUs), the Serve suite's contract
+# fuzzing got a 503 in two trials of two: Neo4j plans each graph intent anew for every new
+# combination of its parameters' lengths (0.3-2 s an intent on 2 cores), past the gateway's
+# 5 s query timeout when the CPU is shared (bench/README.md, "CI layout").
+phase "pytest: unit, integration, security"
+"$VENV/bin/python" -m pytest tests/unit tests/integration tests/security "$@"
+first=$?
+phase "pytest: serve"
+"$VENV/bin/python" -m pytest tests/serve "$@"
+second=$?
+phase "done (unit etc. exit $first, serve exit $second)"
+[ $first -eq 0 ] && [ $second -eq 0 ]
