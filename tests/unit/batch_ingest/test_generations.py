@@ -59,9 +59,3 @@ def test_other_backends_read_through_get_only(tmp_path):
     reads = SharedReads(memory.get, memory.read_now)
     assert asyncio.run(reads.get("t1")) == 1
     assert (reads.reads, reads.direct) == (1, 0)
-
-
-def test_a_direct_read_counts_as_a_read():
-    reads: SharedReads[str, int] = SharedReads(lambda key: 5, lambda key: 4)
-    assert asyncio.run(reads.get("t1")) == 4
-    assert (reads.reads, reads.direct, reads.shared) == (1, 1, 0)

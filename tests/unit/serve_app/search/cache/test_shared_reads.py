@@ -85,3 +85,9 @@ async def test_a_cancelled_caller_does_not_cancel_the_read_others_wait_for():
     store.gate.set()
     assert await b == 3
     await first  # (it read after the gate opened too)
+
+
+async def test_a_direct_read_counts_as_a_read():
+    reads: SharedReads[str, int] = SharedReads(lambda key: 5, lambda key: 4)
+    assert await reads.get("t1") == 4
+    assert (reads.reads, reads.direct, reads.shared) == (1, 1, 0)
