@@ -43,10 +43,10 @@ phase "ruff, lint-imports, mypy"
 "$VENV/bin/lint-imports" --no-cache || exit 1
 # Types of the three packages (pyproject.toml, [tool.mypy]; the pydantic plugin).
 "$VENV/bin/mypy" || exit 1
-# One suite after the other. Run beside the unit suite (2 vCPUs), the Serve suite's contract
-# fuzzing got a 503 in two trials of two: Neo4j plans each graph intent anew for every new
-# combination of its parameters' lengths (0.3-2 s an intent on 2 cores), past the gateway's
-# 5 s query timeout when the CPU is shared (bench/README.md, "CI layout").
+# One suite after the other: side by side on 2 vCPUs saved nothing (both CPU-bound), and the
+# Serve suite's contract fuzzing got a 503 there from Neo4j planning past the 5 s query
+# timeout (bench/README.md, "CI layout"; the gateway's own graph reads now plan once: "Graph
+# plans").
 phase "pytest: unit, integration, security"
 "$VENV/bin/python" -m pytest tests/unit tests/integration tests/security "$@"
 first=$?

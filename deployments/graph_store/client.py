@@ -21,6 +21,7 @@ from deployments.errors import (
     QueryLimitExceeded,
 )
 from deployments.graph_store.cypher import MARK_DERIVED, RECOMPUTE_DERIVED, schema_statements
+from deployments.graph_store.params import bound, bundled
 from deployments.graph_store.values import to_plain
 
 logger = logging.getLogger(__name__)
@@ -297,6 +298,14 @@ class Neo4jClient:
         except Exception as exc:
             await self._raise_mapped(exc, trusted=trusted)
             raise
+
+    async def read_own(
+        self, query: str, params: dict[str, Any], *, max_rows: int
+    ) -> tuple[list[str], list[list[Any]]]:
+        """``read`` for the gateway's own text (a template, never a caller's): its parameters
+        bound as one map, so Neo4j plans it once whatever their lengths
+        (deployments/graph_store/params.py)."""
+        return await self.read(bundled(query), bound(params), max_rows=max_rows)
 
     async def explain(self, query: str, params: dict[str, Any]) -> Any:
         """``EXPLAIN query`` in a READ session: the result summary (query type and plan)."""

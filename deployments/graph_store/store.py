@@ -227,7 +227,7 @@ class Neo4jGraph:
         self, name: str, args: dict[str, Any], scope: GraphScope
     ) -> dict[str, Any]:
         intent = INTENTS[name]
-        columns, rows = await self.client.read(
+        columns, rows = await self.client.read_own(
             intent.cypher, {**args, **scope.params}, max_rows=self.settings.max_rows
         )
         return {"columns": columns, "rows": rows}
@@ -290,13 +290,13 @@ class Neo4jGraph:
     async def acl_hidden(self, scope: GraphScope) -> bool:
         """Whether the team holds a ``Doc`` in ``scope``'s visibilities whose access list
         does not admit ``scope.acl_principals`` (one indexed read of at most one row)."""
-        _, rows = await self.client.read(ACL_HIDDEN, scope.params, max_rows=1)
+        _, rows = await self.client.read_own(ACL_HIDDEN, scope.params, max_rows=1)
         return bool(rows)
 
     async def _resolve(
         self, ref: dict[str, Any], scope: GraphScope, limit: int = 5
     ) -> list[dict[str, Any]]:
-        _, rows = await self.client.read(
+        _, rows = await self.client.read_own(
             f"""
 MATCH (a)
 WHERE a.team_id = $team_id AND a.visibility IN $visibilities AND NOT coalesce(a.stub, false)
@@ -330,7 +330,7 @@ RETURN a ORDER BY a.id = $ref DESC, a.id LIMIT $limit
                 raise entity_not_found(side, ref, scope.team_id)
             ends.append(found)
         hops = max(1, min(int(max_hops), self.settings.max_path_hops))
-        _, rows = await self.client.read(
+        _, rows = await self.client.read_own(
             f"""
 MATCH (a) WHERE a.team_id = $team_id AND any(k IN $sources WHERE a.id = k[1] AND k[0] IN labels(a))
 MATCH (b) WHERE b.team_id = $team_id AND any(k IN $targets WHERE b.id = k[1] AND k[0] IN labels(b))
@@ -363,10 +363,10 @@ RETURN p ORDER BY length(p) LIMIT $max_paths
             "max_docs": max_docs,
             **scope.params,
         }
-        _, entity_rows = await self.client.read(ENTITIES, params, max_rows=max_entities)
+        _, entity_rows = await self.client.read_own(ENTITIES, params, max_rows=max_entities)
         if not entity_rows:
             return {"entities": [], "docs": {}}
-        _, rows = await self.client.read(RELATED_DOCS, params, max_rows=max_docs)
+        _, rows = await self.client.read_own(RELATED_DOCS, params, max_rows=max_docs)
         return {
             "entities": [
                 {"node": node, "score": round(float(score), 4)} for node, score in entity_rows

@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from deployments.config import Neo4jSettings
+from deployments.graph_store.client import Neo4jClient
 from deployments.graph_store.cypher import ACL_HIDDEN, ENTITIES, MERGE_DOCUMENTS, RELATED_DOCS
 from deployments.graph_store.intents import INTENTS, acl_allowed, doc_allowed, entity_allowed
+from deployments.graph_store.params import bundled
 from deployments.graph_store.store import Neo4jGraph
 from deployments.protocols import GraphDocument, GraphScope
 from serve_app.access import graph as graph_access
@@ -110,10 +112,11 @@ def test_a_doc_without_an_acl_is_open_and_other_labels_ignore_acl_properties():
 # --- what the graph store writes and asks ------------------------------------------------
 
 
-class RecordingClient:
-    """Stands in for Neo4jClient: records statements, answers ``rows``."""
+class RecordingClient(Neo4jClient):
+    """Stands in for Neo4jClient's I/O: records statements, answers ``rows``."""
 
     def __init__(self, rows: list[list[Any]] | None = None) -> None:
+        super().__init__(Neo4jSettings())
         self.rows = rows or []
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
@@ -175,7 +178,10 @@ async def test_acl_hidden_asks_one_row_in_the_scope(rows, hidden):
     scope = GraphScope("dao_a", ("public",), acl_principals=("*", "user:bob"))
     assert await graph_with(client).acl_hidden(scope) is hidden
     query, params = client.calls[-1]
-    assert query == ACL_HIDDEN and params["acl_principals"] == ["*", "user:bob"]
+    # The gateway's own read: its parameters in one map (one Neo4j plan for all callers).
+    assert query == bundled(ACL_HIDDEN) and list(params) == ["p"]
+    params = params["p"]
+    assert params["acl_principals"] == ["*", "user:bob"]
     assert params["team_id"] == "dao_a" and params["visibilities"] == ["public"]
 
 
