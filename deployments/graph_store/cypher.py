@@ -263,6 +263,16 @@ WHERE node.team_id = $team_id AND node.visibility IN $visibilities
 RETURN node, score ORDER BY score DESC LIMIT $max_entities
 """
 
+# The entities an explain_path end names (``$ref``: an id, or a name or title in any case),
+# optionally of one label, inside the caller's scope; an exact id first.
+RESOLVE = f"""
+MATCH (a)
+WHERE a.team_id = $team_id AND a.visibility IN $visibilities AND NOT coalesce(a.stub, false)
+  AND ($label IS NULL OR $label IN labels(a)) AND {entity_allowed("a")}
+  AND (a.id = $ref OR toLower(coalesce(a.name, a.title, '')) = toLower($ref))
+RETURN a ORDER BY a.id = $ref DESC, a.id LIMIT $limit
+"""
+
 # Whether some document of the team in the caller's visibility has an access list that does
 # not admit the caller (what caller Cypher cannot be trusted with): at most one row.
 ACL_HIDDEN = f"""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 from deployments.config import Neo4jSettings
 from deployments.graph_store.store import Neo4jGraph
+from deployments.graph_store.warmup import warm_plans
 from deployments.health import BackendHealth
 from deployments.protocols import GraphDocument, GraphScope
 
@@ -24,6 +26,9 @@ class GraphDeployment:
     def __init__(self, settings: Neo4jSettings) -> None:
         self.graph = Neo4jGraph(settings)
         self.health = BackendHealth("neo4j", self.graph.status)
+        # Serve runs the constructor on the replica's event loop: plan the gateway's own
+        # reads there in the background, so no caller waits for Neo4j's planner (warmup.py).
+        self._warm_up = asyncio.get_running_loop().create_task(warm_plans(self.graph.client))
 
     async def check_health(self) -> None:
         """Serve's health check: fails the replica after Neo4j failed several in a row."""

@@ -24,6 +24,7 @@ from deployments.graph_store.cypher import (
     RECOMPUTE_DERIVED,
     RELATED_DOCS,
     RELATIONSHIPS,
+    RESOLVE,
     lucene_terms,
     merge_nodes,
     merge_relationships,
@@ -297,13 +298,7 @@ class Neo4jGraph:
         self, ref: dict[str, Any], scope: GraphScope, limit: int = 5
     ) -> list[dict[str, Any]]:
         _, rows = await self.client.read_own(
-            f"""
-MATCH (a)
-WHERE a.team_id = $team_id AND a.visibility IN $visibilities AND NOT coalesce(a.stub, false)
-  AND ($label IS NULL OR $label IN labels(a)) AND {entity_allowed("a")}
-  AND (a.id = $ref OR toLower(coalesce(a.name, a.title, '')) = toLower($ref))
-RETURN a ORDER BY a.id = $ref DESC, a.id LIMIT $limit
-""",
+            RESOLVE,
             {"ref": ref["ref"], "label": ref.get("label"), "limit": limit, **scope.params},
             max_rows=limit,
         )

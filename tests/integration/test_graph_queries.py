@@ -22,6 +22,7 @@ from deployments.graph_store.intents import INTENTS
 from deployments.graph_store.params import bound, bundled, flat_plan
 from deployments.graph_store.scope import scope_query
 from deployments.graph_store.store import Neo4jGraph
+from deployments.graph_store.warmup import own_reads, warm_plans
 from deployments.protocols import GraphDocument, GraphScope
 from serve_app.graph.text import path_sentence
 
@@ -163,6 +164,11 @@ async def test_every_intent_passes_the_cypher_guard(graph: Neo4jGraph, name, res
     summary = await graph.client.explain(bundled(intent.cypher), bound({**args, **scope.params}))
     check_query_type(summary.query_type)
     check_plan(flat_plan(summary.plan), restrict_visibility=restrict)
+
+
+async def test_the_gateways_own_reads_are_planned_ahead_on_the_server(graph: Neo4jGraph):
+    # Each statement the Graph replica plans at start compiles with the warm-up's parameters.
+    assert await warm_plans(graph.client) == len(own_reads())
 
 
 @pytest.mark.parametrize("name", sorted(INTENTS))

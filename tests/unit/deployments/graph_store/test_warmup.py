@@ -1,0 +1,44 @@
+"""Planning the gateway's own graph reads ahead (deployments/graph_store/warmup.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deployments.config import Neo4jSettings
+from deployments.errors import BackendUnavailable
+from deployments.graph_store.client import Neo4jClient
+from deployments.graph_store.intents import INTENTS
+from deployments.graph_store.params import bundled
+from deployments.graph_store.warmup import own_reads, warm_plans
+
+
+class ExplainingClient(Neo4jClient):
+    """Records what would be EXPLAINed; fails for the texts in ``failing``."""
+
+    def __init__(self, failing: tuple[str, ...] = ()) -> None:
+        super().__init__(Neo4jSettings())
+        self.failing = failing
+        self.explained: list[tuple[str, dict[str, Any]]] = []
+
+    async def explain(self, query: str, params: dict[str, Any]) -> Any:
+        if query in self.failing:
+            raise BackendUnavailable("neo4j is away")
+        self.explained.append((query, params))
+        return None
+
+
+async def test_every_intent_and_own_statement_is_explained_as_it_runs():
+    client = ExplainingClient()
+    assert await warm_plans(client) == len(own_reads())
+    texts = [q for q, _ in client.explained]
+    assert {bundled(i.cypher) for i in INTENTS.values()} <= set(texts)
+    assert len(texts) == len(INTENTS) + 4
+    # bundled text, its parameters in the one map, the scope's among them
+    assert all(list(params) == ["p"] and "team_id" in params["p"] for _, params in client.explained)
+
+
+async def test_a_statement_that_cannot_be_planned_is_left_to_its_first_caller():
+    first = bundled(own_reads()[0][1])
+    client = ExplainingClient(failing=(first,))
+    assert await warm_plans(client) == len(own_reads()) - 1
+    assert first not in [q for q, _ in client.explained]
