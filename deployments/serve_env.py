@@ -44,6 +44,13 @@ SERVE_ENV: dict[str, str] = {
     # Serve's log lines go to each replica's JSON file only, not a second time, as text, to
     # the worker's stderr (docs/operations.md, "Tracing and logs").
     "RAY_SERVE_LOG_TO_STDERR": "0",
+    # An Ingress replica that stops (a redeploy, a downscale, a delete) stays reachable this
+    # long so that the load balancer in front drops it, then refuses new connections, which
+    # HAProxy retries on another replica, and finishes its requests. Ray's default, 30 s, is
+    # sized for external balancers (an ALB); the HAProxy in front of this gateway is Serve's
+    # own, reconfigured by the controller within a second, so every Ingress stop waited ~25 s
+    # for nothing (the Serve tests' redeploys under traffic check that no request is lost).
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "10",
 }
 
 
