@@ -28,7 +28,11 @@ class GraphDeployment:
         self.health = BackendHealth("neo4j", self.graph.status)
         # Serve runs the constructor on the replica's event loop: plan the gateway's own
         # reads there in the background, so no caller waits for Neo4j's planner (warmup.py).
-        self._warm_up = asyncio.get_running_loop().create_task(warm_plans(self.graph.client))
+        self._warm_up: asyncio.Task[int] | None = None
+        try:
+            self._warm_up = asyncio.get_running_loop().create_task(warm_plans(self.graph.client))
+        except RuntimeError:  # constructed outside a loop: the first callers plan instead
+            logger.info("graph: no event loop at start; reads are planned on first use")
 
     async def check_health(self) -> None:
         """Serve's health check: fails the replica after Neo4j failed several in a row."""

@@ -42,3 +42,25 @@ async def test_a_statement_that_cannot_be_planned_is_left_to_its_first_caller():
     client = ExplainingClient(failing=(first,))
     assert await warm_plans(client) == len(own_reads()) - 1
     assert first not in [q for q, _ in client.explained]
+
+
+async def test_a_graph_replica_plans_ahead_on_its_event_loop(monkeypatch):
+    from deployments.graph_store import deployment
+
+    started: list[Neo4jClient] = []
+
+    async def warm(client: Neo4jClient) -> int:
+        started.append(client)
+        return 0
+
+    monkeypatch.setattr(deployment, "warm_plans", warm)
+    replica = deployment.GraphDeployment(Neo4jSettings())
+    assert replica._warm_up is not None
+    await replica._warm_up
+    assert started == [replica.graph.client]
+
+
+def test_a_graph_replica_built_outside_a_loop_leaves_planning_to_its_callers():
+    from deployments.graph_store.deployment import GraphDeployment
+
+    assert GraphDeployment(Neo4jSettings())._warm_up is None
