@@ -278,6 +278,31 @@ async def test_public_scope_cypher_needs_visibility_predicates(graph: Neo4jGraph
     assert {r[0] for r in rows} == {"poimen", "helios"}
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        bundled(INTENTS["RELATED_PROJECTS"].cypher),
+        bundled(INTENTS["DOCS_MENTIONING_TOPIC"].cypher),
+        "MATCH (d:Doc) WHERE d.team_id = $p.team_id RETURN d.id AS id, d.team_id AS team",
+    ],
+)
+async def test_caller_cypher_reading_its_own_map_cannot_name_another_team(
+    graph: Neo4jGraph, team, query
+):
+    # The gateway's own reads take the scope from the map $p. A caller who sends such a text
+    # with a map of its own naming another team gets nothing of that team: caller Cypher is
+    # proven (or scoped) on the flat $team_id the gateway binds, never on $p.
+    other = team + "_other"
+    forged = {
+        "p": {"project": "poimen", "topic": "milvus", "limit": 50, **everything(other).params}
+    }
+    try:
+        result = await graph.run_cypher(query, forged, public(team))
+    except Forbidden:
+        return
+    assert other not in repr(result["rows"])
+
+
 # (query, reason): each must be refused before anything runs.
 REFUSED = [
     ("MATCH (n) RETURN n.id", "unscoped_variable"),
