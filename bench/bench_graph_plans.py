@@ -18,6 +18,8 @@ number. The order of the forms alternates between rounds.
 
 Then the warm-up (``deployments/graph_store/warmup.py``): caches emptied, the first call of
 each statement with and without ``warm_plans`` before it (the map form; rounds alternate).
+And the writes: caches emptied, ``MERGE_DOCUMENTS`` in batches of growing size (the same
+AppStream documents, another team each batch), flat against one map.
 
     .venv/bin/python -m bench.bench_graph_plans --rounds 3
 
@@ -37,9 +39,10 @@ from typing import Any
 
 from bench.bench_graph_access import callers, documents, workload
 from bench.common import environment_info, markdown_table, setup_logging, write_result
-from deployments.graph_store.cypher import ENTITIES, RELATED_DOCS, lucene_terms
+from deployments.graph_store.cypher import ENTITIES, MERGE_DOCUMENTS, RELATED_DOCS, lucene_terms
 from deployments.graph_store.intents import INTENTS
-from deployments.graph_store.store import Neo4jGraph
+from deployments.graph_store.params import bound, bundled
+from deployments.graph_store.store import Neo4jGraph, _doc_row
 from deployments.graph_store.warmup import warm_plans
 from deployments.protocols import GraphScope
 from serve_app.settings import GatewaySettings
@@ -90,6 +93,33 @@ async def first_calls(
     return out
 
 
+WRITE_BATCHES = (1, 1, 3, 5, 12, 40, 150)
+
+
+async def write_batches(graph: Neo4jGraph, docs: list, form: str) -> list[float]:
+    """Caches emptied, then ``MERGE_DOCUMENTS`` once per size of ``WRITE_BATCHES`` (each
+    batch into a fresh team, deleted after); ms per batch."""
+    from dataclasses import replace
+
+    await graph.client.run("CALL db.clearQueryCaches()")
+    out = []
+    for size in WRITE_BATCHES:
+        team = f"bench_plans_w{uuid.uuid4().hex[:6]}"
+        rows = [_doc_row(replace(d, team_id=team)) for d in docs[:size]]
+        query, params = MERGE_DOCUMENTS, {"docs": rows}
+        if form == "map":
+            query, params = bundled(query), bound(params)
+
+        async def work(tx: Any, query: str = query, params: dict = params) -> None:
+            await (await tx.run(query, params)).consume()
+
+        started = time.perf_counter()
+        await graph.client.write_transaction(work)
+        out.append(round((time.perf_counter() - started) * 1000, 1))
+        await graph.client.run("MATCH (n {team_id: $t}) DETACH DELETE n", {"t": team}, write=True)
+    return out
+
+
 def summary(ms: list[float]) -> dict[str, Any]:
     ordered = sorted(ms)
     return {
@@ -132,6 +162,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 firsts["warmed" if warm else "cold"].append(
                     await first_calls(graph, calls, team, warm)
                 )
+        writes: dict[str, list[list[float]]] = {f: [] for f in FORMS}
+        for r in range(args.rounds):
+            for form in FORMS if r % 2 == 0 else FORMS[::-1]:
+                writes[form].append(await write_batches(graph, docs, form))
+        result["write_batches"] = list(WRITE_BATCHES)
+        result["write_ms"] = {
+            f: [statistics.median(col) for col in zip(*runs, strict=True)]
+            for f, runs in writes.items()
+        }
         result["first_calls_ms"] = {
             k: {s: statistics.median(run[s] for run in runs) for s in runs[0]}
             for k, runs in firsts.items()
@@ -157,6 +196,11 @@ def render(result: dict[str, Any]) -> str:
                 [k, result["first_calls_ms"]["cold"][k], result["first_calls_ms"]["warmed"][k]]
                 for k in result["first_calls_ms"]["cold"]
             ],
+        )
+        + "\n\n"
+        + markdown_table(
+            ["MERGE_DOCUMENTS batch of", *map(str, result["write_batches"])],
+            [[f"{f}, ms (median)", *ms] for f, ms in result["write_ms"].items()],
         )
     )
 

@@ -30,8 +30,10 @@ T = TypeVar("T")
 
 
 async def tx_rows(tx: Any, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """The records of one statement run inside a transaction, as dicts."""
-    result = await tx.run(query, params)
+    """The records of one of the gateway's own statements run inside a transaction, as
+    dicts; its parameters bound as one map, so a batch of another size is not planned again
+    (deployments/graph_store/params.py)."""
+    result = await tx.run(bundled(query), bound(params))
     return [record.data() async for record in result]
 
 
