@@ -9,7 +9,8 @@ a loaded server past the query timeout. A map parameter is keyed by its type alo
 ``$p.team_id`` plans once for every caller (bench/README.md, "Graph plans"). The plans keep
 their index seeks; only the estimated sizes of ``IN $p.list`` become the planner's default.
 
-Only for text the gateway writes (intent templates, its own reads): a caller's Cypher keeps
+Only for text the gateway writes (intent templates, its own reads through
+``Neo4jClient.read_own``, its write statements through ``tx_rows``): a caller's Cypher keeps
 its own parameters, and the guard proves it with the flat names (``deployments/graph_store/
 guard.py``). ``flat_plan`` turns the plan of a bundled query back into those names, so the
 templates are proven by the same check.
