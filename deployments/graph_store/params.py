@@ -22,6 +22,8 @@ import functools
 import re
 from typing import Any
 
+from deployments.graph_store.scope import after_quoted
+
 PARAM_MAP = "p"
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -41,7 +43,7 @@ def bundled(query: str) -> str:
     while i < n:
         c = query[i]
         if c in "'\"`":
-            end = _closing(query, i)
+            end = after_quoted(query, i)
             out.append(query[i:end])
             i = end
         elif query.startswith("//", i):
@@ -64,23 +66,6 @@ def bundled(query: str) -> str:
             out.append(c)
             i += 1
     return "".join(out)
-
-
-def _closing(query: str, start: int) -> int:
-    """The index after the quote that closes the literal opened at ``start`` (a backslash
-    escapes inside strings; a doubled backtick inside a quoted name)."""
-    quote, i = query[start], start + 1
-    while i < len(query):
-        if query[i] == "\\" and quote != "`":
-            i += 2
-            continue
-        if query[i] == quote:
-            if quote == "`" and query.startswith("``", i):
-                i += 2
-                continue
-            return i + 1
-        i += 1
-    return len(query)
 
 
 def bound(params: dict[str, Any]) -> dict[str, Any]:

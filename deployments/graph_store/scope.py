@@ -66,7 +66,7 @@ class _NotSimple(Exception):
     """The query is not one ``scope_query`` rewrites."""
 
 
-def _after_quoted(text: str, i: int) -> int:
+def after_quoted(text: str, i: int) -> int:
     """The index after the string (``'...'``, ``"..."``) or backtick name starting at ``i``;
     an unclosed one is not simple."""
     quote, n = text[i], len(text)
@@ -94,7 +94,7 @@ def _lex(text: str) -> tuple[list[tuple[int, int]], list[int]]:
     while i < n:
         ch = text[i]
         if ch in "'\"`":
-            i = _after_quoted(text, i)
+            i = after_quoted(text, i)
             continue
         if text.startswith(("//", "/*"), i):
             raise _NotSimple("comment")
@@ -136,7 +136,7 @@ def _element(text: str, pos: int, open_: str, close: str) -> tuple[str, int]:
     while i < n:
         ch = text[i]
         if ch in "'\"`":
-            i = _after_quoted(text, i)
+            i = after_quoted(text, i)
             continue
         if ch in "([{":
             depth += 1
