@@ -142,7 +142,8 @@ class Retrieval:
         mode = found.mode
         # The store filtered by team, visibility and doc type already; this drops chunks of
         # projects and skills whose policy denies the caller, and anything a store bug let by.
-        lists = _visible(found.lists, ctx)
+        with stage("visible"):
+            lists = _visible(found.lists, ctx)
         if linked and req.graph is not None and req.graph.mode == "boost":
             hits = await self._graph_boost(
                 req, ctx, flt, lists, linked, mode, found.vector, fetch, read, found.lexical

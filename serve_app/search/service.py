@@ -109,8 +109,11 @@ class SearchService:
             trace_id=rc.trace_id,
         )
         if self.cache is not None and not response.degraded:
-            payload = response.model_dump_json(exclude={"profile", "cache", "took_ms", "trace_id"})
-            await self.cache.put(lookup, payload.encode())
+            with stage("cache_put"):
+                payload = response.model_dump_json(
+                    exclude={"profile", "cache", "took_ms", "trace_id"}
+                )
+                await self.cache.put(lookup, payload.encode())
         return response
 
     def _plan(

@@ -151,6 +151,19 @@ def ids(response) -> set[str]:
 # --- rag.search_docs: the contract -------------------------------------------------------
 
 
+def test_a_search_says_where_its_time_went(gateway):
+    # Server-Timing names every stage of a hybrid search (docs/operations.md), the result
+    # filter among them, each in milliseconds.
+    response = gateway.search(SPEC_EXAMPLE)
+    assert response.status_code == 200, response.text
+    stages = dict(
+        part.strip().split(";dur=") for part in response.headers["server-timing"].split(",")
+    )
+    assert {"access", "embed", "visible", "fuse", "post", "snippets", "app"} <= set(stages)
+    assert {"dense", "bm25"} <= set(stages) or "dense+bm25" in stages
+    assert all(float(ms) >= 0 for ms in stages.values())
+
+
 def test_spec_example_returns_matches_in_contract_shape(gateway):
     response = gateway.search(SPEC_EXAMPLE)
     assert response.status_code == 200, response.text
