@@ -144,6 +144,12 @@ class EmbedderSettings(BaseModel):
     # "never" for ONNX int8 and "when_busy" otherwise. Batches of queries (enrich's claims)
     # follow "when_busy" either way. bench/README.md, "Search plumbing".
     query_spill: Literal["auto", "when_busy", "never"] = "auto"
+    # Where the ingress runs a query it embeds itself while it serves other requests too:
+    # "when_busy" in one worker thread (the model's runtime releases the GIL, so the event
+    # loop serves the other requests on another core meanwhile), "never" on the event loop
+    # (holding every other request for the embedding). A lone request's query is embedded
+    # on the loop either way (no hand-off). bench/README.md, "Search plumbing".
+    query_thread: Literal["when_busy", "never"] = "when_busy"
 
     @model_validator(mode="after")
     def _flag_needs_a_model(self) -> EmbedderSettings:

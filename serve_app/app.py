@@ -130,7 +130,7 @@ def _query_embedder(settings: GatewaySettings, remote: Any, in_flight: InFlight)
     while the ingress serves other requests too, sent to the Embedder deployment."""
     if not settings.embedder.queries_in_ingress:
         return remote
-    local = InlineQueryEmbedder(settings.embedder)
+    local = InlineQueryEmbedder(settings.embedder, busy=in_flight.busy)
     local.start_loading()
     slots = settings.embedder.ingress_query_slots
     spill = settings.embedder.spills_queries_when_busy

@@ -5,10 +5,12 @@ protocol, for batch jobs, scripts and tests). The Serve shell is deployments/mod
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -347,21 +349,28 @@ class LocalEmbedder:
 
 
 class InlineQueryEmbedder:
-    """``EmbedderCore`` run on the caller's event loop: no worker thread, no batch queue.
+    """``EmbedderCore`` in the caller's process: no hop, no batch queue.
 
-    For the ingress's own query embeddings, which ``SplitEmbedder`` sends here only for a
-    request that is alone in the ingress (the others go to the Embedder deployment), so a queue has
-    nothing to batch: at concurrency 1 ``@serve.batch``'s hand-offs cost ~3.7 ms of a ~22 ms
-    call (bench/README.md). The model loads in a thread when the loop starts the first call,
-    or at once with ``start_loading``.
+    For the ingress's own query embeddings (``SplitEmbedder``): at concurrency 1
+    ``@serve.batch``'s hand-offs cost ~3.7 ms of a ~22 ms call (bench/README.md). A query
+    is embedded on the caller's event loop while the process serves nothing else; while
+    ``busy()`` says it serves other requests too (``query_thread: when_busy``), in one
+    worker thread instead: the model's runtime (ONNX Runtime, torch) releases the GIL, so
+    the loop runs the other requests' Python on another core meanwhile. Never both at once:
+    a query arriving while the thread holds or awaits one queues behind it, so the model
+    and its tokenizer are never called from two threads together. The model loads in a
+    thread when the loop starts the first call, or at once with ``start_loading``.
     """
 
-    def __init__(self, settings: EmbedderSettings) -> None:
+    def __init__(self, settings: EmbedderSettings, busy: Callable[[], bool] | None = None) -> None:
         # One thread: a lone query gains little from more, and the request's other stages
         # (and the Embedder replica's passage batches) run on the same cores.
         self.core = EmbedderCore(settings.model_copy(update={"torch_threads": 1}))
+        self.busy = busy if settings.query_thread == "when_busy" else None
         self._timing = MeanTimes()
         self._loading = BackgroundLoad(self.core.start, "embedder")
+        self._pool: ThreadPoolExecutor | None = None
+        self._threaded = 0  # encodes handed to the thread and not finished there
 
     def start_loading(self) -> None:
         """Load the model in a worker thread of the running loop (idempotent)."""
@@ -374,9 +383,28 @@ class InlineQueryEmbedder:
         if not self.core.loaded:
             await self._loading.wait()
         started = time.perf_counter()
-        encoded = self.core.encode(texts, kind)
-        self._timing.add(f"{kind}_inline", started, len(texts))
+        if self._threaded or (self.busy is not None and self.busy()):
+            encoded = await self._in_thread(texts, kind)
+            self._timing.add(f"{kind}_thread", started, len(texts))
+        else:
+            encoded = self.core.encode(texts, kind)
+            self._timing.add(f"{kind}_inline", started, len(texts))
         return encoded
+
+    async def _in_thread(self, texts: list[str], kind: str) -> Encoded:
+        loop = asyncio.get_running_loop()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="query-embed")
+        job = self._pool.submit(self.core.encode, texts, kind)
+        self._threaded += 1
+        # Counted down when the thread is done with it (or it was cancelled before it ran),
+        # not when this caller stops waiting: a caller past its deadline leaves the thread
+        # busy, and the next query must not run beside it on the loop.
+        job.add_done_callback(lambda _: _call_soon(loop, self._thread_done))
+        return await asyncio.wrap_future(job)
+
+    def _thread_done(self) -> None:
+        self._threaded -= 1
 
     async def status(self) -> dict[str, Any]:
         return {
@@ -387,6 +415,13 @@ class InlineQueryEmbedder:
             "error": self._loading.error,
             "timing": self._timing.snapshot(),
         }
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    """``callback`` on ``loop`` from another thread; nothing once the loop is closed (the
+    process is stopping)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback)
 
 
 class SplitEmbedder:

@@ -232,3 +232,100 @@ def test_the_in_flight_middleware_counts_requests_in_progress():
     assert seen[0] == (1, False)  # alone: not busy
     assert seen[1] == (3, True)  # the first of three concurrent ones sees all three
     assert gauge.count == 0  # every request left
+
+
+class ThreadCore:
+    """A loaded core that records the thread of each encode and how many ran at once; an
+    encode of ``hold`` waits for ``release``."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.loaded = True
+        self.threads: list[str] = []
+        self.running = 0
+        self.most = 0
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self._lock = threading.Lock()
+
+    def encode(self, texts: list[str], kind: str) -> Any:
+        import threading
+
+        from deployments.protocols import Encoded
+
+        with self._lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        self.threads.append(threading.current_thread().name)
+        try:
+            if texts == ["hold"]:
+                self.started.set()
+                assert self.release.wait(5)
+            return Encoded(np.zeros((len(texts), 3), dtype=np.float32))
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+def _inline(busy: list[bool], query_thread: str = "when_busy") -> Any:
+    from deployments.models.embedding import InlineQueryEmbedder
+
+    inline = InlineQueryEmbedder(EmbedderSettings(query_thread=query_thread), busy=lambda: busy[0])
+    inline.core = ThreadCore()  # type: ignore[assignment]
+    return inline
+
+
+def test_a_query_is_embedded_on_the_loop_alone_and_in_the_worker_thread_when_busy():
+    import threading
+
+    busy = [False]
+    inline = _inline(busy)
+
+    async def scenario():
+        await inline.embed(["alone"], "query")
+        busy[0] = True
+        await inline.embed(["in a crowd"], "query")
+
+    asyncio.run(scenario())
+    loop_thread = threading.current_thread().name
+    assert inline.core.threads[0] == loop_thread
+    assert inline.core.threads[1].startswith("query-embed")
+    timing = inline._timing.snapshot()
+    assert timing["query_inline_n"] == 1 and timing["query_thread_n"] == 1
+
+
+def test_with_query_thread_never_a_busy_process_embeds_on_its_loop():
+    import threading
+
+    inline = _inline([True], query_thread="never")
+    asyncio.run(inline.embed(["in a crowd"], "query"))
+    assert inline.core.threads == [threading.current_thread().name]
+
+
+def test_the_model_never_runs_on_the_loop_and_in_the_thread_at_once():
+    # A query that arrives while the thread still holds one queues behind it, even when the
+    # process looks quiet again, and even when the caller of the first stopped waiting
+    # (a deadline): the thread is free only once its encode returned.
+    busy = [True]
+    inline = _inline(busy)
+
+    async def scenario():
+        first = asyncio.create_task(inline.embed(["hold"], "query"))
+        await asyncio.to_thread(inline.core.started.wait, 5)
+        first.cancel()  # the caller gives up; the thread is still encoding
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        busy[0] = False
+        second = asyncio.create_task(inline.embed(["quiet now"], "query"))
+        await asyncio.sleep(0.05)
+        assert not second.done()  # queued behind the held encode, not run on the loop
+        inline.core.release.set()
+        await second
+        await asyncio.sleep(0)  # the thread's done-callbacks
+        third = await inline.embed(["alone at last"], "query")
+        return third
+
+    asyncio.run(scenario())
+    assert inline.core.most == 1
+    assert [t.startswith("query-embed") for t in inline.core.threads] == [True, True, False]
