@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: install, start Milvus Lite + Neo4j + PostgreSQL (audit log) + NATS + Redis
-# (semantic cache), run the unit, integration, security and Serve suites (the Serve suite in its own
-# process: it owns a Ray cluster), stop what it started.
+# (semantic cache), run the unit, integration, security and Serve suites (the Serve suite in
+# its own process: it owns a Ray cluster), stop what it started.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${RAG_VENV:-$ROOT/.venv}"

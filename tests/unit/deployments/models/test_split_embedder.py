@@ -4,13 +4,15 @@ deployment) and where ``embedder.query_location`` puts the queries."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import numpy as np
 import pytest
 
 from deployments.config import EmbedderSettings
-from deployments.models.embedding import SplitEmbedder
+from deployments.models.embedding import InlineQueryEmbedder, SplitEmbedder
+from deployments.protocols import Encoded
 
 
 class Recording:
@@ -239,8 +241,6 @@ class ThreadCore:
     encode of ``hold`` waits for ``release``."""
 
     def __init__(self) -> None:
-        import threading
-
         self.loaded = True
         self.threads: list[str] = []
         self.running = 0
@@ -250,10 +250,6 @@ class ThreadCore:
         self._lock = threading.Lock()
 
     def encode(self, texts: list[str], kind: str) -> Any:
-        import threading
-
-        from deployments.protocols import Encoded
-
         with self._lock:
             self.running += 1
             self.most = max(self.most, self.running)
@@ -269,16 +265,12 @@ class ThreadCore:
 
 
 def _inline(busy: list[bool], query_thread: str = "when_busy") -> Any:
-    from deployments.models.embedding import InlineQueryEmbedder
-
     inline = InlineQueryEmbedder(EmbedderSettings(query_thread=query_thread), busy=lambda: busy[0])
     inline.core = ThreadCore()  # type: ignore[assignment]
     return inline
 
 
 def test_a_query_is_embedded_on_the_loop_alone_and_in_the_worker_thread_when_busy():
-    import threading
-
     busy = [False]
     inline = _inline(busy)
 
@@ -296,8 +288,6 @@ def test_a_query_is_embedded_on_the_loop_alone_and_in_the_worker_thread_when_bus
 
 
 def test_with_query_thread_never_a_busy_process_embeds_on_its_loop():
-    import threading
-
     inline = _inline([True], query_thread="never")
     asyncio.run(inline.embed(["in a crowd"], "query"))
     assert inline.core.threads == [threading.current_thread().name]
