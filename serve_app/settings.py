@@ -84,6 +84,9 @@ class SearchSettings(BaseModel):
     # Token budget of all returned passages together; None = no budget.
     max_context_tokens: int | None = Field(None, ge=1)
     snippet_chars: int = Field(320, ge=40, le=4000)
+    # Passages whose shingles and sentences a replica keeps between searches (the ones
+    # returned lately; ~12 KB each); 0 derives them for every search.
+    passage_memo: int = Field(2048, ge=0, le=200_000)
     max_query_chars: int = Field(2000, ge=1)
 
 

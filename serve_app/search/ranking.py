@@ -3,7 +3,9 @@ token budget. Pure functions over ``SearchHit`` lists, so each step is tested on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Set as AbstractSet
 
 from deployments.protocols import SearchHit
 from deployments.text import words as text_words
@@ -133,50 +135,71 @@ def _ranked(
     return out
 
 
+def shingle_tuples(ws: list[str], size: int = 4) -> Iterable[tuple[str, ...]]:
+    """The word-``size``-grams of the words ``ws``; a text of at most ``size`` words is one
+    shingle, itself (none without words)."""
+    if len(ws) <= size:
+        return (tuple(ws),) if ws else ()
+    # zip of shifted word lists: the same tuples as slicing, ~1.3x faster.
+    return zip(*(ws[i:] for i in range(size)), strict=False)
+
+
 def shingles(text: str, size: int = 4) -> set[tuple[str, ...]]:
-    words = text_words(text)
-    if len(words) <= size:
-        return {tuple(words)} if words else set()
-    # zip of shifted word lists: the same tuples as slicing, ~1.3x faster (the step runs
-    # for every passage a search keeps).
-    return set(zip(*(words[i:] for i in range(size)), strict=False))
+    return set(shingle_tuples(text_words(text), size))
 
 
 def drop_near_duplicates(
     hits: list[SearchHit],
-    text_of: Callable[[SearchHit], str],
+    shingles_of: Callable[[SearchHit], AbstractSet[Hashable]],
     threshold: float = 0.8,
     limit: int | None = None,
 ) -> list[SearchHit]:
-    """Keep the best-ranked of any group of passages whose word-4-gram shingle sets have a
-    Jaccard similarity ≥ ``threshold`` (re-posted messages, copied sections, overlaps).
+    """Keep the best-ranked of any group of passages whose word-4-gram shingle sets
+    (``shingles_of``: ``shingles`` of its text, or what a ``passages.PassageMemo`` kept of
+    it) have a Jaccard similarity ≥ ``threshold`` (re-posted messages, copied sections,
+    overlaps).
 
     ``limit`` stops once that many passages are kept: the caller keeps only the first
     ``top_k`` anyway, and shingling every candidate was the costliest step of a search."""
     kept: list[SearchHit] = []
-    kept_shingles: list[set[tuple[str, ...]]] = []
+    # The kept passages' shingle sets ordered by size: |A ∩ B| / |A ∪ B| ≤ min / max, so a
+    # passage is compared only with those whose size is within the threshold of its own
+    # (exact, not a heuristic; the bounds are widened by one and checked pair by pair).
+    sizes: list[int] = []
+    sets: list[AbstractSet[Hashable]] = []
     for hit in hits:
         if limit is not None and len(kept) >= limit:
             break
-        current = shingles(text_of(hit))
+        current = shingles_of(hit)
         size = len(current)
-        duplicate = False
-        for other in kept_shingles:
-            if not size or not other:
-                continue
-            # |A ∩ B| / |A ∪ B| ≤ min / max: sets of too different sizes cannot reach the
-            # threshold, so most pairs need no intersection (exact, not a heuristic).
-            small, large = (size, len(other)) if size <= len(other) else (len(other), size)
-            if small < threshold * large:
-                continue
-            common = len(current & other)
-            if common / (size + len(other) - common) >= threshold:
-                duplicate = True
-                break
-        if not duplicate:
-            kept.append(hit)
-            kept_shingles.append(current)
+        if size and _has_near_copy(current, size, sizes, sets, threshold):
+            continue
+        kept.append(hit)
+        if size:
+            at = bisect_right(sizes, size)
+            sizes.insert(at, size)
+            sets.insert(at, current)
     return kept
+
+
+def _has_near_copy(
+    current: AbstractSet[Hashable],
+    size: int,
+    sizes: list[int],
+    sets: list[AbstractSet[Hashable]],
+    threshold: float,
+) -> bool:
+    for i in range(bisect_left(sizes, threshold * size - 1), len(sizes)):
+        other = sizes[i]
+        if other > size / threshold + 1:
+            break
+        small, large = (size, other) if size <= other else (other, size)
+        if small < threshold * large:
+            continue
+        common = len(current & sets[i])
+        if common / (size + other - common) >= threshold:
+            return True
+    return False
 
 
 def within_budget(

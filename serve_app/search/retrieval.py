@@ -24,6 +24,7 @@ from deployments.protocols import (
 from serve_app.access import graph as graph_access
 from serve_app.access.context import AccessContext
 from serve_app.search.contracts import SearchDocsRequest
+from serve_app.search.passages import PassageMemo
 from serve_app.search.query_models import QueryModels
 from serve_app.search.ranking import (
     adaptive_weights,
@@ -83,6 +84,9 @@ class Retrieval:
         self.reranker = reranker
         # Counts tokens of returned passages for max_context_tokens (the embedder's tokenizer).
         self.count_tokens = count_tokens
+        # Shingles and sentences of the passages searches returned lately (near-duplicates,
+        # snippets).
+        self.passages = PassageMemo(settings.search.passage_memo)
         # A BGE-M3 embedder's learned sparse weights of recent queries (``embed_queries``).
         self._lexical: OrderedDict[str, dict[int, float]] = OrderedDict()
         # During a change of model: the query's vector of each served model.
@@ -229,7 +233,9 @@ class Retrieval:
             min_score = req.min_score if req.min_score is not None else cfg.min_score
             if min_score is not None:
                 hits = [h for h in hits if h.score >= min_score]
-            hits = drop_near_duplicates(hits, _body, cfg.near_duplicate_threshold, limit=top_k)
+            hits = drop_near_duplicates(
+                hits, self.passages.shingles, cfg.near_duplicate_threshold, limit=top_k
+            )
             budget = req.max_context_tokens or cfg.max_context_tokens
             if budget is not None:
                 hits = within_budget(hits, _body, self.count_tokens, budget)

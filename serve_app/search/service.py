@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from batch_ingest.chunks import strip_header
 from deployments.errors import InvalidInput
 from deployments.protocols import SearchHit
 from serve_app.access.policy import Policy
@@ -26,7 +25,7 @@ from serve_app.search.contracts import (
 )
 from serve_app.search.retrieval import Retrieval
 from serve_app.search.scope import SearchScope, search_scope
-from serve_app.search.snippets import best_snippet
+from serve_app.search.snippets import terms
 from serve_app.settings import GatewaySettings
 from serve_app.timing import stage
 
@@ -196,15 +195,15 @@ class SearchService:
 
     def _to_matches(self, hits: list[SearchHit], req: SearchDocsRequest) -> list[Match]:
         out = []
+        wanted = terms(req.query)
+        chars = self.settings.search.snippet_chars
         for hit in hits:
             c = hit.chunk
             out.append(
                 Match(
                     score=round(hit.score, 6),
                     title=c.title or c.heading or c.doc_id,
-                    snippet=best_snippet(
-                        strip_header(c), req.query, self.settings.search.snippet_chars
-                    ),
+                    snippet=self.retrieval.passages.of(c).snippet(wanted, chars),
                     source_ref=SourceRef(
                         type=c.doc_type,
                         id=c.doc_id,

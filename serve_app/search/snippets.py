@@ -37,7 +37,16 @@ def best_snippet(body: str, query: str, max_chars: int) -> str:
     wanted = terms(query)
     parts = sentences(body)
     # Each sentence's query terms once, not once per window it falls in.
-    sentence_hits = [len(wanted.intersection(words(p))) if wanted else 0 for p in parts]
+    hits = [len(wanted.intersection(words(p))) for p in parts] if wanted else None
+    return snippet_of(parts, hits, max_chars)
+
+
+def snippet_of(parts: list[str], sentence_hits: list[int] | None, max_chars: int) -> str:
+    """The window of consecutive ``parts`` (a body's ``sentences``, longer than
+    ``max_chars`` together) with the most query terms (``sentence_hits``: each part's;
+    ``None``: the query has none), at most ``max_chars``."""
+    if sentence_hits is None:
+        sentence_hits = [0] * len(parts)
     # A window of parts[s..e] is parts[s].strip() joined by single spaces to each following
     # part with its trailing whitespace stripped (what joining and stripping step by step
     # gives), so windows are compared by length and only the best one is built.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deployments.protocols import ChunkRecord, SearchHit
 from serve_app.search.ranking import (
@@ -84,13 +86,13 @@ def test_unknown_normalisation_is_refused():
 def test_near_duplicates_keep_the_best_ranked_copy():
     base = "the solar farm in district four feeds the community microgrid every afternoon"
     hits = [hit("a", 3, base), hit("b", 2, base + " today"), hit("c", 1, "an unrelated note")]
-    kept = drop_near_duplicates(hits, lambda h: h.chunk.text, threshold=0.8)
+    kept = drop_near_duplicates(hits, lambda h: shingles(h.chunk.text), threshold=0.8)
     assert ids(kept) == ["a", "c"]
 
 
 def test_distinct_passages_are_all_kept():
     hits = [hit(str(i), 1, f"passage number {i} about topic {i * 7}") for i in range(5)]
-    assert len(drop_near_duplicates(hits, lambda h: h.chunk.text, 0.8)) == 5
+    assert len(drop_near_duplicates(hits, lambda h: shingles(h.chunk.text), 0.8)) == 5
 
 
 def test_shingles_of_short_text():
@@ -109,8 +111,11 @@ def test_near_duplicate_removal_stops_at_the_limit_and_still_skips_copies():
     base = "the solar farm in district four feeds the community microgrid every afternoon"
     hits = [hit("a", 4, base), hit("b", 3, base), hit("c", 2, "another note entirely here")]
     hits.append(hit("d", 1, "a fourth unrelated passage about rivers"))
-    assert ids(drop_near_duplicates(hits, lambda h: h.chunk.text, 0.8, limit=2)) == ["a", "c"]
-    assert ids(drop_near_duplicates(hits, lambda h: h.chunk.text, 0.8, limit=None)) == [
+    assert ids(drop_near_duplicates(hits, lambda h: shingles(h.chunk.text), 0.8, limit=2)) == [
+        "a",
+        "c",
+    ]
+    assert ids(drop_near_duplicates(hits, lambda h: shingles(h.chunk.text), 0.8, limit=None)) == [
         "a",
         "c",
         "d",
@@ -155,3 +160,37 @@ def test_relgap_confidence_is_the_relative_drop_to_the_kth_score():
     # Clipped to 0..1; a zero top score says nothing.
     assert list_confidence([hit("a", 1.0), hit("b", -3.0)], measure="relgap") == 1.0
     assert list_confidence([hit("a", 0.0), hit("b", 0.0)], measure="relgap") == 0.0
+
+
+def _near_duplicates_pair_by_pair(sets: list[set[int]], threshold: float) -> list[int]:
+    kept: list[int] = []
+    for i, current in enumerate(sets):
+        if not any(
+            current and sets[k] and len(current & sets[k]) / len(current | sets[k]) >= threshold
+            for k in kept
+        ):
+            kept.append(i)
+    return kept
+
+
+# Sets made from a few bases with small edits: many pairs are near each other, in both
+# orders of size.
+EDITED_SETS = st.lists(st.sets(st.integers(0, 40), max_size=25), min_size=1, max_size=3).flatmap(
+    lambda bases: st.lists(
+        st.tuples(
+            st.sampled_from(bases),
+            st.sets(st.integers(0, 40), max_size=4),
+            st.sets(st.integers(0, 40), max_size=4),
+        ).map(lambda t: (t[0] | t[1]) - t[2]),
+        max_size=30,
+    )
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(sets=EDITED_SETS, threshold=st.sampled_from([0.5, 0.6, 0.75, 0.8, 0.9, 1.0]))
+def test_near_duplicates_by_size_keep_what_every_pair_compared_keeps(sets, threshold):
+    hits = [hit(str(i), 1.0) for i in range(len(sets))]
+    by_id = {str(i): s for i, s in enumerate(sets)}
+    kept = drop_near_duplicates(hits, lambda h: by_id[h.chunk.chunk_id], threshold)
+    assert [int(h.chunk.chunk_id) for h in kept] == _near_duplicates_pair_by_pair(sets, threshold)
