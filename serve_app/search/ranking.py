@@ -3,7 +3,6 @@ token budget. Pure functions over ``SearchHit`` lists, so each step is tested on
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Hashable, Iterable
 from collections.abc import Set as AbstractSet
 
@@ -162,44 +161,29 @@ def drop_near_duplicates(
     ``limit`` stops once that many passages are kept: the caller keeps only the first
     ``top_k`` anyway, and shingling every candidate was the costliest step of a search."""
     kept: list[SearchHit] = []
-    # The kept passages' shingle sets ordered by size: |A ∩ B| / |A ∪ B| ≤ min / max, so a
-    # passage is compared only with those whose size is within the threshold of its own
-    # (exact, not a heuristic; the bounds are widened by one and checked pair by pair).
-    sizes: list[int] = []
-    sets: list[AbstractSet[Hashable]] = []
+    kept_shingles: list[AbstractSet[Hashable]] = []
     for hit in hits:
         if limit is not None and len(kept) >= limit:
             break
         current = shingles_of(hit)
         size = len(current)
-        if size and _has_near_copy(current, size, sizes, sets, threshold):
-            continue
-        kept.append(hit)
-        if size:
-            at = bisect_right(sizes, size)
-            sizes.insert(at, size)
-            sets.insert(at, current)
+        duplicate = False
+        for other in kept_shingles:
+            if not size or not other:
+                continue
+            # |A ∩ B| / |A ∪ B| ≤ min / max: sets of too different sizes cannot reach the
+            # threshold, so most pairs need no intersection (exact, not a heuristic).
+            small, large = (size, len(other)) if size <= len(other) else (len(other), size)
+            if small < threshold * large:
+                continue
+            common = len(current & other)
+            if common / (size + len(other) - common) >= threshold:
+                duplicate = True
+                break
+        if not duplicate:
+            kept.append(hit)
+            kept_shingles.append(current)
     return kept
-
-
-def _has_near_copy(
-    current: AbstractSet[Hashable],
-    size: int,
-    sizes: list[int],
-    sets: list[AbstractSet[Hashable]],
-    threshold: float,
-) -> bool:
-    for i in range(bisect_left(sizes, threshold * size - 1), len(sizes)):
-        other = sizes[i]
-        if other > size / threshold + 1:
-            break
-        small, large = (size, other) if size <= other else (other, size)
-        if small < threshold * large:
-            continue
-        common = len(current & sets[i])
-        if common / (size + other - common) >= threshold:
-            return True
-    return False
 
 
 def within_budget(

@@ -189,7 +189,7 @@ EDITED_SETS = st.lists(st.sets(st.integers(0, 40), max_size=25), min_size=1, max
 
 @settings(max_examples=500, deadline=None)
 @given(sets=EDITED_SETS, threshold=st.sampled_from([0.5, 0.6, 0.75, 0.8, 0.9, 1.0]))
-def test_near_duplicates_by_size_keep_what_every_pair_compared_keeps(sets, threshold):
+def test_near_duplicates_keep_what_every_pair_compared_in_full_keeps(sets, threshold):
     hits = [hit(str(i), 1.0) for i in range(len(sets))]
     by_id = {str(i): s for i, s in enumerate(sets)}
     kept = drop_near_duplicates(hits, lambda h: by_id[h.chunk.chunk_id], threshold)
