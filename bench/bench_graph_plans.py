@@ -42,7 +42,7 @@ from bench.common import environment_info, markdown_table, setup_logging, write_
 from deployments.graph_store.cypher import ENTITIES, MERGE_DOCUMENTS, RELATED_DOCS, lucene_terms
 from deployments.graph_store.intents import INTENTS
 from deployments.graph_store.params import bound, bundled
-from deployments.graph_store.store import Neo4jGraph, _doc_row
+from deployments.graph_store.store import Neo4jGraph, document_row
 from deployments.graph_store.warmup import warm_plans
 from deployments.protocols import GraphScope
 from serve_app.settings import GatewaySettings
@@ -105,7 +105,7 @@ async def write_batches(graph: Neo4jGraph, docs: list, form: str) -> list[float]
     out = []
     for size in WRITE_BATCHES:
         team = f"bench_plans_w{uuid.uuid4().hex[:6]}"
-        rows = [_doc_row(replace(d, team_id=team)) for d in docs[:size]]
+        rows = [document_row(replace(d, team_id=team)) for d in docs[:size]]
         query, params = MERGE_DOCUMENTS, {"docs": rows}
         if form == "map":
             query, params = bundled(query), bound(params)

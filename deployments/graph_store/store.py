@@ -40,7 +40,7 @@ from deployments.protocols import GraphDocument, GraphScope
 logger = logging.getLogger(__name__)
 
 
-def _doc_row(d: GraphDocument) -> dict[str, Any]:
+def document_row(d: GraphDocument) -> dict[str, Any]:
     """One ``$docs`` row of ``MERGE_DOCUMENTS``; an empty allow list is stored as open.
     ``acl_restricted`` is ``true`` or absent (null removes it), so the index behind
     ``ACL_HIDDEN`` holds only the documents whose access list restricts someone."""
@@ -110,7 +110,9 @@ class Neo4jGraph:
         how many were merged."""
         if not docs:
             return 0
-        return await self._with_recompute(MERGE_DOCUMENTS, {"docs": [_doc_row(d) for d in docs]})
+        return await self._with_recompute(
+            MERGE_DOCUMENTS, {"docs": [document_row(d) for d in docs]}
+        )
 
     async def delete_documents(self, team_id: str, doc_ids: list[str]) -> int:
         """Remove the team's ``Doc`` nodes of ``doc_ids`` with their relationships; the
