@@ -1,0 +1,182 @@
+"""A search's steps in one process, on the chunks and queries of ``bench_plumbing``
+(issue 37, bench/README.md "Search plumbing, eighth pass"):
+
+1. ``memo``: near-duplicates and snippets of each query's fused list, derived afresh,
+   with a ``PassageMemo`` warming up through the run, and with a memo of capacity 0;
+   every variant's answers are checked against the fresh one.
+2. ``embed``: the query embedding's p50 with different work between two embeddings —
+   nothing, an idle gap like a c=1 client's round trip (``--gap-ms``), the dense scan +
+   BM25, a whole search (fusion, near-duplicates, snippets, the response's JSON), and a
+   whole search plus the gap.
+
+No Ray, no services: the chunks' vectors come from ``bench/results/cache`` (embedded on the
+first run).
+
+    .venv/bin/python -m bench.bench_inprocess [--what memo,embed] [--queries 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from batch_ingest.chunks import strip_header
+from bench.bench_plumbing import corpus
+from bench.common import setup_logging, write_result
+from deployments.models.embedding import EmbedderCore
+from deployments.protocols import SearchFilter, SearchHit
+from deployments.vector_store.filter import compile_filter
+from deployments.vector_store.memindex.scan import DenseScan
+from deployments.vector_store.memindex.team import TeamIndex
+from serve_app.search.passages import PassageMemo
+from serve_app.search.ranking import (
+    adaptive_weights,
+    drop_near_duplicates,
+    fuse_weighted,
+    shingles,
+)
+from serve_app.search.snippets import best_snippet, terms
+from serve_app.settings import GatewaySettings
+
+
+class Pipeline:
+    """The in-memory index, the query model and the search settings of one run."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.settings = GatewaySettings()
+        _, chunks, queries = corpus(args, self.settings)
+        self.queries = [q for _, q in queries]
+        self.index = TeamIndex(dim=len(chunks[0].vector), scan=DenseScan(2))
+        self.index.upsert(chunks)
+        self.core = EmbedderCore(self.settings.embedder)
+        self.core.start()
+        self.flt = compile_filter(SearchFilter(team_id=args.team))
+        self.fetch = args.top_k * self.settings.search.candidate_multiplier
+        self.top_k = args.top_k
+
+    def embed(self, query: str) -> list[float]:
+        return self.core.embed([query], "query")[0].tolist()
+
+    def fused(self, query: str, vector: list[float]) -> list[SearchHit]:
+        cfg = self.settings.search
+        lists = {
+            "dense": self.index.search("dense", self.flt, self.fetch, query_vector=vector),
+            "bm25": self.index.search("bm25", self.flt, self.fetch, query_text=query),
+        }
+        base = {"dense": cfg.dense_weight, "bm25": cfg.bm25_weight}
+        weights = adaptive_weights(
+            lists, base, cfg.adaptive_gamma, cfg.adaptive_k, cfg.adaptive_measure
+        )
+        return fuse_weighted(lists, weights, cfg.fusion_normalisation)
+
+
+def fresh(pipe: Pipeline, query: str, hits: list[SearchHit]) -> tuple[list[str], list[str]]:
+    cfg = pipe.settings.search
+    kept = drop_near_duplicates(
+        hits, lambda h: shingles(strip_header(h.chunk)), cfg.near_duplicate_threshold, pipe.top_k
+    )
+    snips = [best_snippet(strip_header(h.chunk), query, cfg.snippet_chars) for h in kept]
+    return [h.chunk.chunk_id for h in kept], snips
+
+
+def memo_steps(pipe: Pipeline, memo: PassageMemo) -> Callable[..., tuple[list[str], list[str]]]:
+    cfg = pipe.settings.search
+
+    def run(query: str, hits: list[SearchHit]) -> tuple[list[str], list[str]]:
+        kept = drop_near_duplicates(hits, memo.shingles, cfg.near_duplicate_threshold, pipe.top_k)
+        wanted = terms(query)
+        snips = [memo.of(h.chunk).snippet(wanted, cfg.snippet_chars) for h in kept]
+        return [h.chunk.chunk_id for h in kept], snips
+
+    return run
+
+
+def bench_memo(pipe: Pipeline, rounds: int) -> dict[str, Any]:
+    """p50 ms of near-duplicates + snippets per variant, and the memo's hit share."""
+    fused = [(q, pipe.fused(q, pipe.embed(q))) for q in pipe.queries]
+    out: dict[str, Any] = {}
+    for _ in range(rounds):
+        for name, capacity in (("fresh", None), ("memo", 2048), ("memo_capacity_0", 0)):
+            memo = PassageMemo(capacity or 0)
+            steps = memo_steps(pipe, memo) if capacity is not None else None
+            took = []
+            for query, hits in fused:
+                started = time.perf_counter()
+                got = steps(query, hits) if steps else fresh(pipe, query, hits)
+                took.append((time.perf_counter() - started) * 1000)
+                if steps and got != fresh(pipe, query, hits):
+                    raise AssertionError(f"{name} answered {query!r} differently")
+            row = out.setdefault(name, {"p50_ms": []})
+            row["p50_ms"].append(round(statistics.median(took), 3))
+            if capacity:
+                row["hit_share"] = round(memo.hits / max(memo.hits + memo.misses, 1), 3)
+    return out
+
+
+def bench_embed(pipe: Pipeline, rounds: int, gap_s: float) -> dict[str, list[float]]:
+    """The embedding's p50 ms with each kind of work between two embeddings."""
+    memo = PassageMemo(2048)
+    steps = memo_steps(pipe, memo)
+
+    def between(kind: str, query: str, vector: list[float]) -> None:
+        if kind == "nothing":
+            return
+        if kind == "gap":
+            time.sleep(gap_s)
+            return
+        if kind == "scan":
+            pipe.index.search("dense", pipe.flt, pipe.fetch, query_vector=vector)
+            pipe.index.search("bm25", pipe.flt, pipe.fetch, query_text=query)
+            return
+        ids, snips = steps(query, pipe.fused(query, vector))
+        body = json.dumps(
+            {"matches": [{"chunk_id": i, "snippet": s} for i, s in zip(ids, snips, strict=True)]}
+        )
+        json.loads(body)
+        if kind == "search+gap":
+            time.sleep(gap_s)
+
+    out: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for kind in ("nothing", "gap", "scan", "search", "search+gap"):
+            took = []
+            for query in pipe.queries:
+                started = time.perf_counter()
+                vector = pipe.embed(query)
+                took.append((time.perf_counter() - started) * 1000)
+                between(kind, query, vector)
+            out.setdefault(kind, []).append(round(statistics.median(took[20:]), 3))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--what", default="memo,embed", help="of memo,embed")
+    p.add_argument("--chunks", type=int, default=17_000)
+    p.add_argument("--queries", type=int, default=300)
+    p.add_argument("--top-k", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--gap-ms", type=float, default=3.0)
+    p.add_argument("--team", default="bench_inprocess")
+    p.add_argument("--out", default=None, help="result file (default bench/results/...)")
+    args = p.parse_args(argv)
+    setup_logging()
+    pipe = Pipeline(args)
+    result: dict[str, Any] = {}
+    if "memo" in args.what:
+        result["memo"] = bench_memo(pipe, args.rounds)
+    if "embed" in args.what:
+        result["embed_between"] = bench_embed(pipe, args.rounds, args.gap_ms / 1000)
+    path = write_result("inprocess", {"args": vars(args), **result}, args.out)
+    print(json.dumps(result, indent=2))
+    print(f"written to {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
