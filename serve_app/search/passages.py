@@ -50,16 +50,20 @@ class Passage:
         body = self.body.strip()
         if len(body) <= max_chars:
             return body
+        hits: list[int] | None = None
         if not self.remember:
             parts = sentences(body)
-            hits = [len(query_terms.intersection(words(p))) for p in parts]
-            return snippet_of(parts, hits if query_terms else None, max_chars)
+            if query_terms:
+                hits = [len(query_terms.intersection(words(p))) for p in parts]
+            return snippet_of(parts, hits, max_chars)
         if self._parts is None:
-            parts = sentences(body)
+            sentence_list = sentences(body)
             # Interned: the words of many passages share one string each.
-            self._parts = parts, [frozenset(map(sys.intern, words(p))) for p in parts]
+            words_of = [frozenset(map(sys.intern, words(p))) for p in sentence_list]
+            self._parts = sentence_list, words_of
         parts, part_words = self._parts
-        hits = [len(query_terms.intersection(w)) for w in part_words] if query_terms else None
+        if query_terms:
+            hits = [len(query_terms.intersection(w)) for w in part_words]
         return snippet_of(parts, hits, max_chars)
 
 
