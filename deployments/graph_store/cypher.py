@@ -273,6 +273,28 @@ WHERE a.team_id = $team_id AND a.visibility IN $visibilities AND NOT coalesce(a.
 RETURN a ORDER BY a.id = $ref DESC, a.id LIMIT $limit
 """
 
+# explain_path's hop bound when the caller names none (the request contract's default; the
+# one whose plan a Graph replica makes at start, deployments/graph_store/warmup.py).
+DEFAULT_PATH_HOPS = 4
+
+
+def shortest_paths(hops: int) -> str:
+    """Shortest paths of at most ``hops`` relationships between the entities ``$sources``
+    and ``$targets`` name (``[label, id]`` pairs), every node and relationship inside the
+    caller's scope. The bound is part of the text (Cypher takes no parameter there): one
+    plan per bound."""
+    return f"""
+MATCH (a) WHERE a.team_id = $team_id AND any(k IN $sources WHERE a.id = k[1] AND k[0] IN labels(a))
+MATCH (b) WHERE b.team_id = $team_id AND any(k IN $targets WHERE b.id = k[1] AND k[0] IN labels(b))
+WITH a, b WHERE a <> b
+MATCH p = allShortestPaths((a)-[*..{int(hops)}]-(b))
+WHERE all(n IN nodes(p) WHERE n.team_id = $team_id AND n.visibility IN $visibilities
+                              AND NOT coalesce(n.stub, false) AND {entity_allowed("n")})
+  AND all(r IN relationships(p) WHERE r.visibility IN $visibilities)
+RETURN p ORDER BY length(p) LIMIT $max_paths
+"""
+
+
 # Whether some document of the team in the caller's visibility has an access list that does
 # not admit the caller (what caller Cypher cannot be trusted with): at most one row.
 ACL_HIDDEN = f"""

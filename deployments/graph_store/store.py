@@ -28,11 +28,12 @@ from deployments.graph_store.cypher import (
     lucene_terms,
     merge_nodes,
     merge_relationships,
+    shortest_paths,
     writable_nodes,
     writable_relationships,
 )
 from deployments.graph_store.guard import CypherRejected, check_plan, check_query_type
-from deployments.graph_store.intents import INTENTS, entity_allowed
+from deployments.graph_store.intents import INTENTS
 from deployments.graph_store.scope import scope_query
 from deployments.graph_store.values import node_label
 from deployments.protocols import GraphDocument, GraphScope
@@ -328,16 +329,7 @@ class Neo4jGraph:
             ends.append(found)
         hops = max(1, min(int(max_hops), self.settings.max_path_hops))
         _, rows = await self.client.read_own(
-            f"""
-MATCH (a) WHERE a.team_id = $team_id AND any(k IN $sources WHERE a.id = k[1] AND k[0] IN labels(a))
-MATCH (b) WHERE b.team_id = $team_id AND any(k IN $targets WHERE b.id = k[1] AND k[0] IN labels(b))
-WITH a, b WHERE a <> b
-MATCH p = allShortestPaths((a)-[*..{hops}]-(b))
-WHERE all(n IN nodes(p) WHERE n.team_id = $team_id AND n.visibility IN $visibilities
-                              AND NOT coalesce(n.stub, false) AND {entity_allowed("n")})
-  AND all(r IN relationships(p) WHERE r.visibility IN $visibilities)
-RETURN p ORDER BY length(p) LIMIT $max_paths
-""",
+            shortest_paths(hops),
             {
                 "sources": [[node_label(n), n["id"]] for n in ends[0]],
                 "targets": [[node_label(n), n["id"]] for n in ends[1]],

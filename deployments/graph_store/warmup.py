@@ -15,7 +15,14 @@ import time
 from typing import Any
 
 from deployments.graph_store.client import Neo4jClient
-from deployments.graph_store.cypher import ACL_HIDDEN, ENTITIES, RELATED_DOCS, RESOLVE
+from deployments.graph_store.cypher import (
+    ACL_HIDDEN,
+    DEFAULT_PATH_HOPS,
+    ENTITIES,
+    RELATED_DOCS,
+    RESOLVE,
+    shortest_paths,
+)
 from deployments.graph_store.intents import INTENTS
 from deployments.graph_store.params import bound, bundled
 from deployments.protocols import GraphScope
@@ -24,9 +31,9 @@ logger = logging.getLogger(__name__)
 
 
 def own_reads() -> list[tuple[str, str, dict[str, Any]]]:
-    """``(name, text, parameters)`` of each statement ``read_own`` runs with a fixed text
-    (explain_path's path query carries its hop bound in the text: left to its first
-    caller), with parameters of the right types."""
+    """``(name, text, parameters)`` of each statement ``read_own`` runs with a fixed text,
+    with parameters of the right types. explain_path's path query carries its hop bound in
+    its text: the default bound's is planned here, another bound's by its first caller."""
     scope = GraphScope("warm-up", ("public",)).params
     out = [
         (name, i.cypher, {**scope, **i.args.model_validate(i.example).model_dump()})
@@ -38,6 +45,16 @@ def own_reads() -> list[tuple[str, str, dict[str, Any]]]:
         ("ENTITIES", ENTITIES, {**scope, **search}),
         ("RELATED_DOCS", RELATED_DOCS, {**scope, **search}),
         ("RESOLVE", RESOLVE, {**scope, "ref": "warm", "label": None, "limit": 5}),
+        (
+            f"SHORTEST_PATHS({DEFAULT_PATH_HOPS})",
+            shortest_paths(DEFAULT_PATH_HOPS),
+            {
+                **scope,
+                "sources": [["Person", "warm"]],
+                "targets": [["Project", "warm"]],
+                "max_paths": 3,
+            },
+        ),
     ]
     return out
 

@@ -19,7 +19,7 @@ from pydantic import (
 from pydantic.json_schema import JsonDict
 
 from batch_ingest.documents import Identifier, OptionalId
-from deployments.graph_store.cypher import NODE_LABELS, RELATIONSHIPS
+from deployments.graph_store.cypher import DEFAULT_PATH_HOPS, NODE_LABELS, RELATIONSHIPS
 from deployments.graph_store.guard import RESERVED_PARAMS
 from deployments.graph_store.intents import INTENTS
 from deployments.validation import NOT_BLANK, SchemaExtra, reject_invalid_values
@@ -199,7 +199,7 @@ class ExplainPathRequest(_TenantRequest):
 
     source: EntityRef = Field(validation_alias=AliasChoices("from", "source", "from_entity"))
     target: EntityRef = Field(validation_alias=AliasChoices("to", "target", "to_entity"))
-    max_hops: int = Field(4, ge=1, le=10)
+    max_hops: int = Field(DEFAULT_PATH_HOPS, ge=1, le=10)
     max_paths: int = Field(3, ge=1, le=100)
 
     @field_validator("source", "target", mode="before")

@@ -108,10 +108,8 @@ def _derived_entities_open(monkeypatch: pytest.MonkeyPatch) -> None:
         )
     monkeypatch.setattr(graph_store, "ENTITIES", without(graph_store.ENTITIES))
     monkeypatch.setattr(graph_store, "RELATED_DOCS", without(graph_store.RELATED_DOCS))
-    allowed = graph_store.entity_allowed
-    monkeypatch.setattr(
-        graph_store, "entity_allowed", lambda v: allowed(v).replace(source_visible(v), "true")
-    )
+    paths = graph_store.shortest_paths
+    monkeypatch.setattr(graph_store, "shortest_paths", lambda hops: without(paths(hops)))
 
 
 @pytest.mark.parametrize(

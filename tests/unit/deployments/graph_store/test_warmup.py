@@ -7,9 +7,11 @@ from typing import Any
 from deployments.config import Neo4jSettings
 from deployments.errors import BackendUnavailable
 from deployments.graph_store.client import Neo4jClient
+from deployments.graph_store.cypher import shortest_paths
 from deployments.graph_store.intents import INTENTS
 from deployments.graph_store.params import bundled
 from deployments.graph_store.warmup import own_reads, warm_plans
+from serve_app.graph.contracts import ExplainPathRequest
 
 
 class ExplainingClient(Neo4jClient):
@@ -32,7 +34,9 @@ async def test_every_intent_and_own_statement_is_explained_as_it_runs():
     assert await warm_plans(client) == len(own_reads())
     texts = [q for q, _ in client.explained]
     assert {bundled(i.cypher) for i in INTENTS.values()} <= set(texts)
-    assert len(texts) == len(INTENTS) + 4
+    # explain_path's query with the bound a request gets when it names none
+    assert bundled(shortest_paths(ExplainPathRequest.model_fields["max_hops"].default)) in texts
+    assert len(texts) == len(INTENTS) + 5
     # bundled text, its parameters in the one map, the scope's among them
     assert all(list(params) == ["p"] and "team_id" in params["p"] for _, params in client.explained)
 
