@@ -8,6 +8,8 @@
    nothing, an idle gap like a c=1 client's round trip (``--gap-ms``), the dense scan +
    BM25, a whole search (fusion, near-duplicates, snippets, the response's JSON), and a
    whole search plus the gap.
+3. ``halfscan``: the dense scan's product in float32 against bfloat16 / float16 (torch),
+   warm and after other memory was read.
 
 No Ray, no services: the chunks' vectors come from ``bench/results/cache`` (embedded on the
 first run).
@@ -50,6 +52,7 @@ class Pipeline:
     def __init__(self, args: argparse.Namespace) -> None:
         self.settings = GatewaySettings()
         _, chunks, queries = corpus(args, self.settings)
+        self.chunks = chunks
         self.queries = [q for _, q in queries]
         self.index = TeamIndex(dim=len(chunks[0].vector), scan=DenseScan(2))
         self.index.upsert(chunks)
@@ -154,9 +157,48 @@ def bench_embed(pipe: Pipeline, rounds: int, gap_s: float) -> dict[str, list[flo
     return out
 
 
+def bench_half_scan(pipe: Pipeline, rounds: int) -> dict[str, Any]:
+    """The dense scan's product in float32 (NumPy, what the index does) against bfloat16 and
+    float16 (torch, one thread) on the index's vectors, warm and after 64 MB of other memory
+    was read (what a request's other steps leave), and the half types' largest error."""
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    f32 = np.asarray([c.vector for c in pipe.chunks], dtype=np.float32)
+    f32 /= np.linalg.norm(f32, axis=1, keepdims=True)
+    half = {"bfloat16": torch.from_numpy(f32).bfloat16(), "float16": torch.from_numpy(f32).half()}
+    other = np.ones(64 * 2**20 // 8)
+    vectors = [np.asarray(pipe.embed(q), dtype=np.float32) for q in pipe.queries]
+
+    def product(kind: str, q: np.ndarray) -> np.ndarray:
+        if kind == "float32":
+            return f32 @ q
+        m = half[kind]
+        return (m @ torch.from_numpy(q).to(m.dtype)).float().numpy()
+
+    out: dict[str, Any] = {}
+    for _ in range(rounds):
+        for cold in (False, True):
+            for kind in ("float32", "bfloat16", "float16"):
+                took = []
+                for q in vectors:
+                    if cold:
+                        other.sum()
+                    started = time.perf_counter()
+                    product(kind, q)
+                    took.append((time.perf_counter() - started) * 1000)
+                key = f"{kind}_{'cold' if cold else 'warm'}_p50_ms"
+                out.setdefault(key, []).append(round(statistics.median(took[10:]), 3))
+    for kind in ("bfloat16", "float16"):
+        err = max(float(np.abs(product(kind, q) - f32 @ q).max()) for q in vectors[:50])
+        out[f"{kind}_max_abs_error"] = round(err, 5)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--what", default="memo,embed", help="of memo,embed")
+    p.add_argument("--what", default="memo,embed", help="of memo,embed,halfscan")
     p.add_argument("--chunks", type=int, default=17_000)
     p.add_argument("--queries", type=int, default=300)
     p.add_argument("--top-k", type=int, default=30)
@@ -172,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         result["memo"] = bench_memo(pipe, args.rounds)
     if "embed" in args.what:
         result["embed_between"] = bench_embed(pipe, args.rounds, args.gap_ms / 1000)
+    if "halfscan" in args.what:
+        result["half_scan"] = bench_half_scan(pipe, args.rounds)
     path = write_result("inprocess", {"args": vars(args), **result}, args.out)
     print(json.dumps(result, indent=2))
     print(f"written to {path}", file=sys.stderr)
