@@ -6,9 +6,10 @@ Searches keep returning the same passages (on the AppStream + KJV benchmark 70 %
 passages 300 different queries returned had been returned before), and these two steps
 were a quarter of a lone search's own work (bench/README.md, "Search plumbing, eighth
 pass"). An entry is used only for the very text it was made from (checked on every use:
-a chunk re-ingested under its id with another text is derived again), and only for a
-passage the caller may see, so the memo holds nothing a caller could not read itself.
-Bounded: the least recently used entries go first.
+a chunk re-ingested under its id with another text is derived again). The memo is shared
+by the replica's callers, but it is consulted only for hits that passed the caller's result
+filter and answers only from that hit's own text, so it carries nothing from one caller's
+passages to another. Bounded: the least recently used entries go first.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ class Passage:
     """One chunk's derived text. ``shingles``: hashes of its word-4-grams (a text of at most
     four words: one shingle, itself; none without words). Hashes, not the word tuples, to
     keep an entry small: two different shingles share a 64-bit hash with a probability of
-    ~1e-17, far below any difference a Jaccard of 0.8 could notice."""
+    2^-64 (~1e-15 over all the pairs of two passages), far below any difference a Jaccard of
+    0.8 could notice."""
 
     __slots__ = ("_parts", "_shingles", "body", "remember", "text")
 
