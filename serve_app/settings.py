@@ -85,7 +85,7 @@ class SearchSettings(BaseModel):
     max_context_tokens: int | None = Field(None, ge=1)
     snippet_chars: int = Field(320, ge=40, le=4000)
     # Passages whose shingles and sentences a replica keeps between searches (the ones
-    # returned lately; ~12 KB each); 0 derives them for every search.
+    # returned lately; ~11 KB each); 0 derives them for every search.
     passage_memo: int = Field(2048, ge=0, le=200_000)
     max_query_chars: int = Field(2000, ge=1)
 

@@ -21,7 +21,7 @@ from batch_ingest.chunks import strip_header
 from deployments.protocols import ChunkRecord, SearchHit
 from deployments.text import words
 from serve_app.search.ranking import shingle_tuples
-from serve_app.search.snippets import sentences, snippet_of
+from serve_app.search.snippets import sentences, snippet_for_terms, snippet_of
 
 
 class Passage:
@@ -49,24 +49,17 @@ class Passage:
 
     def snippet(self, query_terms: set[str], max_chars: int) -> str:
         """``snippets.best_snippet`` of this body for a query of ``query_terms``."""
+        if not self.remember:
+            return snippet_for_terms(self.body, query_terms, max_chars)
         body = self.body.strip()
         if len(body) <= max_chars:
             return body
-        hits: list[int] | None = None
-        if not self.remember:
-            parts = sentences(body)
-            if query_terms:
-                hits = [len(query_terms.intersection(words(p))) for p in parts]
-            return snippet_of(parts, hits, max_chars)
         if self._parts is None:
-            sentence_list = sentences(body)
+            parts = sentences(body)
             # Interned: the words of many passages share one string each.
-            words_of = [frozenset(map(sys.intern, words(p))) for p in sentence_list]
-            self._parts = sentence_list, words_of
+            self._parts = parts, [frozenset(map(sys.intern, words(p))) for p in parts]
         parts, part_words = self._parts
-        if query_terms:
-            hits = [len(query_terms.intersection(w)) for w in part_words]
-        return snippet_of(parts, hits, max_chars)
+        return snippet_of(parts, [len(query_terms.intersection(w)) for w in part_words], max_chars)
 
 
 class PassageMemo:
@@ -86,7 +79,7 @@ class PassageMemo:
 
     def of(self, chunk: ChunkRecord) -> Passage:
         entry = self._entries.get(chunk.chunk_id)
-        if entry is not None and (entry.text is chunk.text or entry.text == chunk.text):
+        if entry is not None and entry.text == chunk.text:  # an identical object: no scan
             self.hits += 1
             self._entries.move_to_end(chunk.chunk_id)
             return entry

@@ -31,22 +31,23 @@ def sentences(body: str) -> list[str]:
 
 def best_snippet(body: str, query: str, max_chars: int) -> str:
     """The window of consecutive sentences with the most query terms, at most ``max_chars``."""
+    return snippet_for_terms(body, terms(query), max_chars)
+
+
+def snippet_for_terms(body: str, wanted: set[str], max_chars: int) -> str:
+    """``best_snippet`` for a query whose ``terms`` are ``wanted``."""
     body = body.strip()
     if len(body) <= max_chars:
         return body
-    wanted = terms(query)
     parts = sentences(body)
     # Each sentence's query terms once, not once per window it falls in.
-    hits = [len(wanted.intersection(words(p))) for p in parts] if wanted else None
-    return snippet_of(parts, hits, max_chars)
+    return snippet_of(parts, [len(wanted.intersection(words(p))) for p in parts], max_chars)
 
 
-def snippet_of(parts: list[str], sentence_hits: list[int] | None, max_chars: int) -> str:
+def snippet_of(parts: list[str], sentence_hits: list[int], max_chars: int) -> str:
     """The window of consecutive ``parts`` (a body's ``sentences``, longer than
-    ``max_chars`` together) with the most query terms (``sentence_hits``: each part's;
-    ``None``: the query has none), at most ``max_chars``."""
-    if sentence_hits is None:
-        sentence_hits = [0] * len(parts)
+    ``max_chars`` together) with the most query terms (``sentence_hits``: each part's), at
+    most ``max_chars``."""
     # A window of parts[s..e] is parts[s].strip() joined by single spaces to each following
     # part with its trailing whitespace stripped (what joining and stripping step by step
     # gives), so windows are compared by length and only the best one is built.
