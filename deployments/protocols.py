@@ -117,6 +117,17 @@ class SearchHit:
     score: float
     scores: dict[str, float] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, chunk: ChunkRecord, score: float, scores: dict[str, float]) -> SearchHit:
+        """``SearchHit(chunk, score, scores)`` for the hot loops that make hundreds per
+        search (the memory index's candidates, fusion): the frozen ``__init__`` sets each
+        field through ``object.__setattr__``, 0.5 µs a hit; this fills the new instance's
+        ``__dict__`` directly, 0.2 µs. The instance is as frozen as any other."""
+        hit = object.__new__(cls)
+        fields = hit.__dict__
+        fields["chunk"], fields["score"], fields["scores"] = chunk, score, scores
+        return hit
+
 
 @dataclass(frozen=True)
 class GraphDocument:

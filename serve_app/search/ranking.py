@@ -130,7 +130,7 @@ def _ranked(
     for cid in order:
         scores = per_method[cid]  # built by the caller for this list only: extended in place
         scores[name] = score = fused[cid]
-        out.append(SearchHit(chunk=first[cid].chunk, score=score, scores=scores))
+        out.append(SearchHit.of(first[cid].chunk, score, scores))
     return out
 
 

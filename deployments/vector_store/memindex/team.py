@@ -276,7 +276,7 @@ class TeamIndex:
             for slot, score in zip(picked, scores[picked].tolist(), strict=True):
                 record = self._records[slot]
                 assert record is not None  # picked slots are live
-                hits.append(SearchHit(chunk=record, score=score, scores={method: score}))
+                hits.append(SearchHit.of(record, score, {method: score}))
             return hits
 
     def search_methods(
