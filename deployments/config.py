@@ -282,6 +282,12 @@ class MemoryIndexSettings(BaseModel):
     # so the scores are the same however many ran; a team under 16,384 rows scans in one). Two
     # use the core that a search at one caller leaves idle; 1: never hand a scan off.
     scan_threads: int = Field(2, ge=1, le=16)
+    # Full blocks of 4,096 rows also kept in int8 (a quarter of the bytes a scan reads; ~7 MB
+    # more per 17,000 rows of 384 dimensions): each search reads those first, then rescores in
+    # float32 every row its per-row error bound cannot rule out of the top (a few hundred), so
+    # the answers are the float32 scan's (COSINE and IP; deployments/vector_store/memindex/
+    # int8.py). False: float32 only.
+    int8_first_pass: bool = True
 
     @model_validator(mode="after")
     def _retention_covers_lookback(self) -> MemoryIndexSettings:

@@ -90,6 +90,7 @@ def read_copy(
     index = TeamIndex(dim=dim, metric=metric, k1=k1, b=b, scan=scan)
     for batch in source.iter_rows(physical, team_id):
         index.upsert(batch)
+    index.prepare_scan()
     return TeamCopy(team_id=team_id, physical=physical, index=index, watermark_ms=started_ms)
 
 

@@ -35,6 +35,7 @@ def hot_index(
         generation_trust_s=mem.generation_trust_s,
         scan_threads=mem.scan_threads,
         scan_busy=busy,
+        int8_first_pass=mem.int8_first_pass,
         k1=settings.bm25_k1,
         b=settings.bm25_b,
     )

@@ -64,8 +64,9 @@ class HotIndex:
             stands for the change-log read (``fresh``; 0: never).
         k1, b: BM25 parameters (the collections' own).
         too_large_retry_s: how long a team over the budget is not tried again.
-        scan_threads, scan_busy: threads one dense scan may use, and when it may use only
-            one (``DenseScan``).
+        scan_threads, scan_busy, int8_first_pass: threads one dense scan may use, when it
+            may use only one, and whether full blocks keep an int8 first pass
+            (``DenseScan``).
     """
 
     def __init__(
@@ -81,9 +82,10 @@ class HotIndex:
         generation_trust_s: float = 0.0,
         scan_threads: int = 1,
         scan_busy: Callable[[], bool] | None = None,
+        int8_first_pass: bool = False,
     ) -> None:
         self.source = source
-        self.scan = DenseScan(scan_threads, scan_busy)
+        self.scan = DenseScan(scan_threads, scan_busy, int8_first_pass)
         self.generation_trust_s = generation_trust_s
         self.metric = metric
         self.lookback_ms = int(lookback_s * 1000)

@@ -33,13 +33,19 @@ class DenseScan:
         threads: threads one scan may use, the caller's included (1: the caller alone).
         busy: when given and true, the process serves other requests too and no core waits:
             the caller scans alone (the Ingress passes its in-flight count's ``busy``).
+        int8: the teams searched with this scan keep an int8 first pass of their full blocks
+            (``int8.Int8Pass``; COSINE and IP), the answers unchanged. Switched off for good
+            when a search finds the int8 product off its bound.
     """
 
-    def __init__(self, threads: int = 1, busy: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self, threads: int = 1, busy: Callable[[], bool] | None = None, int8: bool = False
+    ) -> None:
         if threads < 1:
             raise ValueError(f"a scan needs at least one thread, got {threads}")
         self.threads = threads
         self.busy = busy
+        self.int8 = int8
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 

@@ -20,6 +20,7 @@ from deployments.acl import OPEN
 from deployments.protocols import ChunkRecord, SearchHit
 from deployments.vector_store.filter import ARRAY_FIELDS, KEY_FIELDS, CompiledFilter, FilterTerm
 from deployments.vector_store.memindex.bm25 import BM25Postings
+from deployments.vector_store.memindex.int8 import Int8Pass
 from deployments.vector_store.memindex.scan import DenseScan
 
 MASK_CACHE = 32
@@ -50,6 +51,8 @@ class TeamIndex:
         self.dim = dim
         self.metric = metric
         self._scan = scan or DenseScan()
+        # The int8 first pass of the dense scan (a dot product's: not for L2).
+        self._int8 = Int8Pass(dim, self._scan) if self._scan.int8 and metric != "L2" else None
         self._lock = threading.RLock()
         self._size = 0  # slots used, live or dead
         self._vectors = np.zeros((0, dim), dtype=np.float32)
@@ -84,6 +87,7 @@ class TeamIndex:
             + columns
             + self._alive.nbytes
             + self._bm25.nbytes
+            + (self._int8.nbytes if self._int8 is not None else 0)
             + self._text_bytes
             + RECORD_OVERHEAD * len(self._slot)
         )
@@ -197,6 +201,8 @@ class TeamIndex:
         self._records = [self._records[int(s)] for s in live]
         self._slot = {cid: renumber[s] for cid, s in self._slot.items()}
         self._size = int(live.size)
+        if self._int8 is not None:
+            self._int8.reset()
         self._bm25.rebuild(renumber)
 
     # --- reads -------------------------------------------------------------------------
@@ -264,16 +270,29 @@ class TeamIndex:
             if method == "dense":
                 if query_vector is None:
                     raise ValueError("dense search needs a query vector")
-                scores = self._dense_scores(np.asarray(query_vector, dtype=np.float32))
+                query = np.asarray(query_vector, dtype=np.float32)
+                if self.metric == "COSINE":
+                    norm = float(np.linalg.norm(query))
+                    query = query / norm if norm > 0 else query
+                found = (
+                    self._int8.top(self._vectors, self._size, query, mask, limit)
+                    if self._int8 is not None
+                    else None
+                )
+                if found is not None:  # the rows that can be in the top, float32 scores
+                    slots, scores = found
+                else:
+                    slots = np.flatnonzero(mask)
+                    scores = self._dense_scores(query)[slots]
             else:
                 bm25 = self._bm25.scores(query_text, self._size)
                 if bm25 is None:
                     return []
-                scores = bm25
-                mask = mask & (bm25 > 0)
-            picked = _top(scores, mask, limit, ascending=method == "dense" and self.metric == "L2")
+                slots = np.flatnonzero(mask & (bm25 > 0))
+                scores = bm25[slots]
+            best = _best(scores, limit, ascending=method == "dense" and self.metric == "L2")
             hits = []
-            for slot, score in zip(picked, scores[picked].tolist(), strict=True):
+            for slot, score in zip(slots[best].tolist(), scores[best].tolist(), strict=True):
                 record = self._records[slot]
                 assert record is not None  # picked slots are live
                 hits.append(SearchHit.of(record, score, {method: score}))
@@ -297,26 +316,30 @@ class TeamIndex:
                 for method in methods
             }
 
+    def prepare_scan(self) -> None:
+        """Make what the dense scan keeps besides the rows (the int8 blocks) now, not in the
+        next search."""
+        with self._lock:
+            if self._int8 is not None:
+                self._int8.prepare(self._vectors, self._size)
+
     def _dense_scores(self, query: np.ndarray) -> np.ndarray:
+        """Every slot's score (a COSINE query comes normalised)."""
         vectors = self._vectors[: self._size]
-        if self.metric == "COSINE":
-            norm = float(np.linalg.norm(query))
-            return self._scan.scores(vectors, query / norm if norm > 0 else query)
         dots = self._scan.scores(vectors, query)
-        if self.metric == "IP":
+        if self.metric in ("COSINE", "IP"):
             return dots
         # L2: Milvus reports the squared distance, smaller is closer.
         return (vectors * vectors).sum(axis=1) - 2.0 * dots + float(query @ query)
 
 
-def _top(scores: np.ndarray, mask: np.ndarray, limit: int, *, ascending: bool) -> list[int]:
-    """Slots of the ``limit`` best masked scores, best first; ties by slot (insertion)."""
-    candidates = np.flatnonzero(mask)
-    if candidates.size == 0 or limit <= 0:
-        return []
-    keys = scores[candidates] if ascending else -scores[candidates]
-    if candidates.size > limit:
-        part = np.argpartition(keys, limit - 1)[:limit]
-        candidates, keys = candidates[part], keys[part]
-    order = np.lexsort((candidates, keys))
-    return candidates[order].tolist()
+def _best(scores: np.ndarray, limit: int, *, ascending: bool) -> np.ndarray:
+    """Positions of the ``limit`` best ``scores`` (of slots given in increasing order), best
+    first; ties by position, so by slot (insertion)."""
+    if scores.size == 0 or limit <= 0:
+        return np.zeros(0, dtype=np.int64)
+    keys = scores if ascending else -scores
+    positions = np.arange(scores.size)
+    if scores.size > limit:
+        positions = np.argpartition(keys, limit - 1)[:limit]
+    return positions[np.lexsort((positions, keys[positions]))]
