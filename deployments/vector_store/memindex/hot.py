@@ -435,6 +435,8 @@ class HotIndex:
             "chunks": sum(len(t.index) for t in teams),
             "mb": round(self._teams.used() / 2**20, 1),
             "budget_mb": round(self.budget / 2**20, 1),
+            # False when configured off, or switched off by a product outside its bound.
+            "int8_first_pass": self.scan.int8,
             "loading": loading,
             **self.staging.status(),
             **self.stats,
