@@ -142,21 +142,13 @@ def test_a_product_off_its_bound_switches_the_first_pass_off(monkeypatch):
     assert fast._scan.int8 is False  # float32 from now on, for every team of the scan
 
 
-def test_without_the_kernels_the_scan_stays_float32(monkeypatch):
-    monkeypatch.setattr(int8_module, "int8_kernels", lambda: None)
+@pytest.mark.parametrize("why", ["no kernels", "two torch threads"])
+def test_where_it_cannot_run_the_scan_stays_float32(monkeypatch, why):
+    if why == "no kernels":
+        monkeypatch.setattr(int8_module, "int8_kernels", lambda: None)
+    else:
+        int8_module.int8_kernels().set_num_threads(2)
     rng = np.random.default_rng(13)
-    exact, fast = pair()
-    batch = rows(0, BLOCK + 5, rng)
-    exact.upsert(batch)
-    fast.upsert(batch)
-    assert_same_answers(exact, fast, rng)
-    assert fast._int8 is not None and fast._int8.rows == 0
-
-
-def test_with_more_torch_threads_the_scan_stays_float32():
-    torch = int8_module.int8_kernels()
-    torch.set_num_threads(2)
-    rng = np.random.default_rng(19)
     exact, fast = pair()
     batch = rows(0, BLOCK + 5, rng)
     exact.upsert(batch)
