@@ -4,10 +4,11 @@ float32 rescoring that keeps it exact.
 The float32 scan reads the whole matrix per search (1.5 KB a row: 26 MB at 17,000 rows of 384
 dimensions), and with it pushes the query model's weights out of the shared cache before the
 next query (bench/README.md, "Search plumbing, ninth pass"). Here each full block of ``BLOCK``
-rows also has an int8 copy (one symmetric scale per row), packed once, when the block fills,
-for torch's dynamic int8 product (``quantized::linear_dynamic``: the query quantized to 7-bit
-unsigned per tensor, so no 16-bit intermediate saturates; integer sums, exact). A quarter of
-the bytes. How far off an int8 score can be is known per row and query (Cauchy–Schwarz on
+rows also has an int8 copy (one symmetric scale per row), packed once (when a team loads, or
+in the search after appends fill a block) for torch's dynamic int8 product
+(``quantized::linear_dynamic``: the query quantized to 7-bit unsigned per tensor, so no
+16-bit intermediate saturates; integer sums, exact). A quarter of the bytes. How far off an
+int8 score can be is known per row and query (Cauchy–Schwarz on
 ``q·w − q̂·ŵ = (q − q̂)·w + q̂·(w − ŵ)``, ``q̂``/``ŵ`` as quantized):
 
     |q·w − q̂·ŵ| ≤ ‖q − q̂‖·‖w‖ + ‖q̂‖·‖w − ŵ‖   (+ float32 rounding of both products)
@@ -19,8 +20,10 @@ past the last full block are scored in float32 directly; a repack renumbers the 
 blocks are made again.
 
 Each search checks its rescored rows against their bounds: a row outside (a torch whose
-dynamic quantization is not the one the bound reads back) raises ``Int8Mismatch`` and the
-caller scans in float32 from then on.
+dynamic quantization is not the one the bound reads back) switches the first pass off for
+every team of the scan, and they scan in float32 from then on. It runs only where torch has
+one intra-op thread (a Ray replica's); with more, OpenMP's threads spinning after each
+product made a NumPy call beside them ~10× slower.
 """
 
 from __future__ import annotations
@@ -194,7 +197,7 @@ class Int8Pass:
         """Make the blocks of the rows held now (a team's load does it in its loader thread,
         so its first search does not: ~18 ms a block)."""
         torch = int8_kernels()
-        if torch is not None and self.scan.int8:
+        if torch is not None and self.scan.int8 and _one_thread(torch):
             self._fill(torch, vectors, size)
 
     def _fill(self, torch: Any, vectors: np.ndarray, size: int) -> None:
