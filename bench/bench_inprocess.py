@@ -10,6 +10,8 @@
    whole search plus the gap.
 3. ``halfscan``: the dense scan's product in float32 against bfloat16 / float16 (torch),
    warm and after other memory was read.
+4. ``int8``: the memory index's int8 first pass against its float32 scan on the same rows:
+   answers compared, rows rescored, the dense search's and the next embedding's p50.
 
 No Ray, no services: the chunks' vectors come from ``bench/results/cache`` (embedded on the
 first run).
@@ -196,9 +198,71 @@ def bench_half_scan(pipe: Pipeline, rounds: int) -> dict[str, Any]:
     return out
 
 
+def bench_int8(pipe: Pipeline, rounds: int) -> dict[str, Any]:
+    """The memory index's int8 first pass against its float32 scan on the same rows, one
+    thread each (a Ray replica's): the answers compared (chunks and order), the rows the
+    first pass rescored, and the dense search's and the next embedding's p50 with BM25 and
+    the embedding between searches."""
+    import numpy as np
+    import torch
+
+    from deployments.vector_store.memindex.int8 import Int8Pass
+
+    torch.set_num_threads(1)
+    dim = len(pipe.chunks[0].vector)
+    indexes = {
+        "float32": TeamIndex(dim=dim, scan=DenseScan(1)),
+        "int8": TeamIndex(dim=dim, scan=DenseScan(1, int8=True)),
+    }
+    for index in indexes.values():
+        index.upsert(pipe.chunks)
+        index.prepare_scan()
+    vectors = [pipe.embed(q) for q in pipe.queries]
+    differ = 0
+    for vector in vectors:
+        found = [
+            [h.chunk.chunk_id for h in i.search("dense", pipe.flt, pipe.fetch, query_vector=vector)]
+            for i in indexes.values()
+        ]
+        differ += found[0] != found[1]
+    matrix = np.asarray([c.vector for c in pipe.chunks], dtype=np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    first = Int8Pass(dim, DenseScan(1, int8=True))
+    everything = np.ones(len(matrix), dtype=bool)
+    rescored = []
+    for vector in vectors:
+        query = np.asarray(vector, dtype=np.float32)
+        got = first.top(matrix, len(matrix), query / np.linalg.norm(query), everything, pipe.fetch)
+        rescored.append(0 if got is None else int(got[0].size))
+    out: dict[str, Any] = {
+        "answers_differing": differ,
+        "rows_rescored": {
+            "median": float(np.median(rescored)),
+            "p90": float(np.percentile(rescored, 90)),
+            "max": max(rescored),
+        },
+    }
+    for _ in range(rounds):
+        for name, index in indexes.items():
+            search, embed = [], []
+            for query in pipe.queries:
+                started = time.perf_counter()
+                vector = pipe.embed(query)
+                scanned = time.perf_counter()
+                index.search("dense", pipe.flt, pipe.fetch, query_vector=vector)
+                done = time.perf_counter()
+                index.search("bm25", pipe.flt, pipe.fetch, query_text=query)
+                embed.append((scanned - started) * 1000)
+                search.append((done - scanned) * 1000)
+            row = out.setdefault(name, {"dense_p50_ms": [], "embed_p50_ms": []})
+            row["dense_p50_ms"].append(round(statistics.median(search[20:]), 3))
+            row["embed_p50_ms"].append(round(statistics.median(embed[20:]), 3))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--what", default="memo,embed", help="of memo,embed,halfscan")
+    p.add_argument("--what", default="memo,embed", help="of memo,embed,halfscan,int8")
     p.add_argument("--chunks", type=int, default=17_000)
     p.add_argument("--queries", type=int, default=300)
     p.add_argument("--top-k", type=int, default=30)
@@ -216,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         result["embed_between"] = bench_embed(pipe, args.rounds, args.gap_ms / 1000)
     if "halfscan" in args.what:
         result["half_scan"] = bench_half_scan(pipe, args.rounds)
+    if "int8" in args.what:
+        result["int8"] = bench_int8(pipe, args.rounds)
     path = write_result("inprocess", {"args": vars(args), **result}, args.out)
     print(json.dumps(result, indent=2))
     print(f"written to {path}", file=sys.stderr)
