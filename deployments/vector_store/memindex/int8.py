@@ -131,10 +131,8 @@ class Int8Pass:
         them are, and maybe a few more), with their float32 scores; ``None``: scan in float32
         (no block is full, no kernels here, or the first pass is off). A rescored row outside
         its bound switches it off for every team of the scan."""
-        if not self.scan.int8:
-            return None
-        torch = int8_kernels()
-        if torch is None or not _one_thread(torch):
+        torch = self._kernels()
+        if torch is None:
             return None
         try:
             return self._top(torch, vectors, size, query, mask, limit)
@@ -196,9 +194,17 @@ class Int8Pass:
     def prepare(self, vectors: np.ndarray, size: int) -> None:
         """Make the blocks of the rows held now (a team's load does it in its loader thread,
         so its first search does not: ~18 ms a block)."""
-        torch = int8_kernels()
-        if torch is not None and self.scan.int8 and _one_thread(torch):
+        torch = self._kernels()
+        if torch is not None:
             self._fill(torch, vectors, size)
+
+    def _kernels(self) -> Any | None:
+        """torch when the first pass runs here now: on for the scan, the kernels present,
+        one intra-op thread."""
+        if not self.scan.int8:
+            return None
+        torch = int8_kernels()
+        return torch if torch is not None and _one_thread(torch) else None
 
     def _fill(self, torch: Any, vectors: np.ndarray, size: int) -> None:
         """Make the blocks that filled since the last call."""
