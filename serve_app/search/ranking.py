@@ -1,10 +1,12 @@
 """The query pipeline after retrieval: fusion, near-duplicate removal, score threshold and
-token budget. Pure functions over ``SearchHit`` lists, so each step is tested on its own."""
+token budget. Pure functions over ``SearchHit`` lists (fusion answers a ``Fused`` sequence that
+makes each hit when it is read), so each step is tested on its own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
+from typing import overload
 
 from deployments.protocols import SearchHit
 from deployments.text import words as text_words
@@ -12,20 +14,22 @@ from deployments.text import words as text_words
 
 def fuse_rrf(
     lists: dict[str, list[SearchHit]], k: int = 60, weights: dict[str, float] | None = None
-) -> list[SearchHit]:
+) -> Fused:
     """Reciprocal-rank fusion: ``sum_m w_m / (k + rank_m)``; rank-based, so methods whose
     scores live on different scales (cosine, BM25) combine without calibration."""
     fused: dict[str, float] = {}
-    per_method: dict[str, dict[str, float]] = {}
     first: dict[str, SearchHit] = {}
+    raw: dict[str, dict[str, float]] = {}
     for method, hits in lists.items():
         weight = 1.0 if weights is None else weights.get(method, 0.0)
+        of_method = raw[method] = {}
         for rank, hit in enumerate(hits, start=1):
             cid = hit.chunk.chunk_id
-            first.setdefault(cid, hit)
+            if cid not in first:
+                first[cid] = hit
             fused[cid] = fused.get(cid, 0.0) + weight / (k + rank)
-            per_method.setdefault(cid, {})[method] = hit.score
-    return _ranked(first, fused, per_method, "rrf")
+            of_method[cid] = hit.score
+    return Fused(first, fused, raw, "rrf")
 
 
 # The lowest score each method can give: cosine similarity (COSINE/IP on unit vectors) and BM25.
@@ -37,7 +41,7 @@ def fuse_weighted(
     weights: dict[str, float],
     normalisation: str = "minmax",
     lower_bounds: dict[str, float] | None = None,
-) -> list[SearchHit]:
+) -> Fused:
     """Weighted sum of per-method scores, each normalised over its own candidates (a method
     that did not return a chunk contributes 0 for it).
 
@@ -51,8 +55,8 @@ def fuse_weighted(
         raise ValueError(f"normalisation must be minmax or theoretical, got {normalisation!r}")
     bounds = {**THEORETICAL_MIN, **(lower_bounds or {})}
     fused: dict[str, float] = {}
-    per_method: dict[str, dict[str, float]] = {}
     first: dict[str, SearchHit] = {}
+    raw: dict[str, dict[str, float]] = {}
     for method, hits in lists.items():
         if not hits:
             continue
@@ -61,13 +65,15 @@ def fuse_weighted(
         low = min(scores) if normalisation == "minmax" else min(bounds.get(method, 0.0), high)
         span = high - low
         weight = weights.get(method, 0.0)
-        for hit in hits:
+        of_method = raw[method] = {}
+        for hit, score in zip(hits, scores, strict=True):
             cid = hit.chunk.chunk_id
-            first.setdefault(cid, hit)
-            normalised = (hit.score - low) / span if span > 0 else 1.0
+            if cid not in first:
+                first[cid] = hit
+            normalised = (score - low) / span if span > 0 else 1.0
             fused[cid] = fused.get(cid, 0.0) + weight * normalised
-            per_method.setdefault(cid, {})[method] = hit.score
-    return _ranked(first, fused, per_method, "weighted")
+            of_method[cid] = score
+    return Fused(first, fused, raw, "weighted")
 
 
 def list_confidence(hits: list[SearchHit], k: int = 10, measure: str = "peak") -> float:
@@ -119,19 +125,67 @@ def adaptive_weights(
     return {m: w * total / total_raw for m, w in raw.items()}
 
 
-def _ranked(
-    first: dict[str, SearchHit],
-    fused: dict[str, float],
-    per_method: dict[str, dict[str, float]],
-    name: str,
-) -> list[SearchHit]:
-    order = sorted(fused, key=lambda cid: (-fused[cid], cid))
-    out = []
-    for cid in order:
-        scores = per_method[cid]  # built by the caller for this list only: extended in place
-        scores[name] = score = fused[cid]
-        out.append(SearchHit.of(first[cid].chunk, score, scores))
-    return out
+class Fused(Sequence[SearchHit]):
+    """Fusion's answer, best first (ties by chunk id): each hit — the chunk as the first
+    list that found it has it, the fused ``score``, and ``scores``, every method's own score
+    and the fused one under ``name`` — is made when it is first read. A search reads the
+    few dozen that its threshold, near-duplicates and ``top_k`` look at of the ~200 fused;
+    a rerank reads them all."""
+
+    __slots__ = ("_first", "_fused", "_raw", "_name", "_order", "_made")
+
+    def __init__(
+        self,
+        first: dict[str, SearchHit],
+        fused: dict[str, float],
+        raw: dict[str, dict[str, float]],
+        name: str,
+    ) -> None:
+        self._first = first
+        self._fused = fused
+        self._raw = raw  # method -> chunk id -> that method's score
+        self._name = name
+        # Chunk ids sorted, then by score, descending: the sort is stable, so ties stay
+        # in chunk-id order.
+        order = sorted(fused)
+        order.sort(key=fused.__getitem__, reverse=True)
+        self._order = order
+        self._made: list[SearchHit] = []
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def _make(self, cid: str) -> SearchHit:
+        scores = {m: found[cid] for m, found in self._raw.items() if cid in found}
+        scores[self._name] = score = self._fused[cid]
+        return SearchHit.of(self._first[cid].chunk, score, scores)
+
+    def __iter__(self) -> Iterator[SearchHit]:
+        made = self._made
+        position = 0
+        while position < len(self._order):
+            if position == len(made):
+                made.append(self._make(self._order[position]))
+            yield made[position]
+            position += 1
+
+    @overload
+    def __getitem__(self, index: int) -> SearchHit: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[SearchHit]: ...
+
+    def __getitem__(self, index: int | slice) -> SearchHit | list[SearchHit]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        if index < 0:
+            index += len(self._order)
+        if not 0 <= index < len(self._order):
+            raise IndexError("fused hit index out of range")
+        made = self._made
+        while len(made) <= index:
+            made.append(self._make(self._order[len(made)]))
+        return made[index]
 
 
 def shingle_tuples(ws: list[str], size: int = 4) -> Iterable[tuple[str, ...]]:
@@ -148,7 +202,7 @@ def shingles(text: str, size: int = 4) -> set[tuple[str, ...]]:
 
 
 def drop_near_duplicates(
-    hits: list[SearchHit],
+    hits: Iterable[SearchHit],
     shingles_of: Callable[[SearchHit], AbstractSet[Hashable]],
     threshold: float = 0.8,
     limit: int | None = None,
@@ -187,7 +241,7 @@ def drop_near_duplicates(
 
 
 def within_budget(
-    hits: list[SearchHit],
+    hits: Iterable[SearchHit],
     text_of: Callable[[SearchHit], str],
     count_tokens: Callable[[str], int],
     max_tokens: int,

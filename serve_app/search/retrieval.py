@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -224,22 +224,26 @@ class Retrieval:
                     bm25_task.exception()  # retrieved: an error here surfaced another way
         return _MethodLists(lists, mode, vector, query_lexical)
 
-    def _post(self, req: SearchDocsRequest, hits: list[SearchHit], top_k: int) -> list[SearchHit]:
+    def _post(
+        self, req: SearchDocsRequest, hits: Sequence[SearchHit], top_k: int
+    ) -> list[SearchHit]:
         """The score threshold first (it is per passage, and duplicates score lower than the
         copy they repeat), then near-duplicates only until ``top_k`` passages are kept, then
-        the token budget."""
+        the token budget. Reads ``hits`` in order and only as far as it needs (fusion makes
+        each hit when it is read: ranking.Fused)."""
         cfg = self.settings.search
         with stage("post"):
             min_score = req.min_score if req.min_score is not None else cfg.min_score
+            passing: Iterable[SearchHit] = hits
             if min_score is not None:
-                hits = [h for h in hits if h.score >= min_score]
-            hits = drop_near_duplicates(
-                hits, self.passages.shingles, cfg.near_duplicate_threshold, limit=top_k
+                passing = (h for h in hits if h.score >= min_score)
+            kept = drop_near_duplicates(
+                passing, self.passages.shingles, cfg.near_duplicate_threshold, limit=top_k
             )
             budget = req.max_context_tokens or cfg.max_context_tokens
             if budget is not None:
-                hits = within_budget(hits, _body, self.count_tokens, budget)
-        return hits
+                kept = within_budget(kept, _body, self.count_tokens, budget)
+        return kept
 
     async def _graph_linked_docs(
         self, req: SearchDocsRequest, ctx: AccessContext, degraded: list[str]
@@ -304,7 +308,7 @@ class Retrieval:
         fetch: int,
         read_id: str,
         query_lexical: Mapping[int, float] | None = None,
-    ) -> list[SearchHit]:
+    ) -> Sequence[SearchHit]:
         """Fuse the methods' lists with one more, ``graph``: the candidates of the linked
         documents ranked by their graph score. The linked documents' own best chunks are
         fetched too, so one outside the top ``fetch`` of every method can still surface."""
@@ -431,7 +435,7 @@ class Retrieval:
         lists: dict[str, list[SearchHit]],
         req: SearchDocsRequest,
         extra: dict[str, float] | None = None,
-    ) -> list[SearchHit]:
+    ) -> Sequence[SearchHit]:
         """Hybrid fusion of ``lists`` (dense, BM25 and any ``extra`` weighted list).
         ``adaptive`` is weighted fusion whose dense/BM25 weights are set per query from the
         confidence of each method's candidate list (``ranking.adaptive_weights``)."""
@@ -457,7 +461,7 @@ class Retrieval:
         base = weights if req.weights is not None else {m: 1.0 for m in lists if m != "graph"}
         return fuse_rrf(lists, cfg.rrf_k, {**base, **(extra or {})})
 
-    async def _rerank(self, query: str, hits: list[SearchHit]) -> list[SearchHit]:
+    async def _rerank(self, query: str, hits: Sequence[SearchHit]) -> list[SearchHit]:
         assert self.reranker is not None
         deadline = self.settings.search.rerank_deadline_s
         try:

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from deployments.protocols import ChunkRecord, SearchHit
 from serve_app.search.ranking import (
+    THEORETICAL_MIN,
     adaptive_weights,
     drop_near_duplicates,
     fuse_rrf,
@@ -194,3 +195,86 @@ def test_near_duplicates_keep_what_every_pair_compared_in_full_keeps(sets, thres
     by_id = {str(i): s for i, s in enumerate(sets)}
     kept = drop_near_duplicates(hits, lambda h: by_id[h.chunk.chunk_id], threshold)
     assert [int(h.chunk.chunk_id) for h in kept] == _near_duplicates_pair_by_pair(sets, threshold)
+
+
+def _fused_eagerly(
+    lists: dict[str, list[SearchHit]], contribution: dict[str, list[float]], name: str
+) -> list[tuple[str, float, dict[str, float], int]]:
+    """Fusion as the pipeline made it before hits were made lazily: every hit at once, the
+    chunk of the first list that found it, ordered by (-score, chunk id)."""
+    fused: dict[str, float] = {}
+    first: dict[str, ChunkRecord] = {}
+    per_method: dict[str, dict[str, float]] = {}
+    for method, hits in lists.items():
+        for hit_, part in zip(hits, contribution[method], strict=True):
+            cid = hit_.chunk.chunk_id
+            first.setdefault(cid, hit_.chunk)
+            fused[cid] = fused.get(cid, 0.0) + part
+            per_method.setdefault(cid, {})[method] = hit_.score
+    order = sorted(fused, key=lambda cid: (-fused[cid], cid))
+    return [(c, fused[c], {**per_method[c], name: fused[c]}, id(first[c])) for c in order]
+
+
+def _shape(hits) -> list[tuple[str, float, dict[str, float], int]]:
+    return [(h.chunk.chunk_id, h.score, h.scores, id(h.chunk)) for h in hits]
+
+
+# Lists of hits over a few chunk ids: repeats across methods and within one, ties of score.
+METHOD_LISTS = st.dictionaries(
+    st.sampled_from(["dense", "bm25", "lexical"]),
+    st.lists(
+        st.tuples(st.sampled_from("abcdefgh"), st.sampled_from([0.0, 0.25, 0.5, 1.0, 3.0])),
+        max_size=8,
+    ),
+    min_size=1,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=METHOD_LISTS, k=st.integers(1, 80))
+def test_rrf_made_lazily_is_the_eager_fusion(raw, k):
+    lists = {m: [hit(c, s) for c, s in found] for m, found in raw.items()}
+    weights = {"dense": 0.7, "bm25": 0.3}
+    parts = {
+        m: [weights.get(m, 0.0) / (k + r) for r in range(1, len(h) + 1)] for m, h in lists.items()
+    }
+    assert _shape(fuse_rrf(lists, k, weights)) == _fused_eagerly(lists, parts, "rrf")
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=METHOD_LISTS, normalisation=st.sampled_from(["minmax", "theoretical"]))
+def test_weighted_fusion_made_lazily_is_the_eager_fusion(raw, normalisation):
+    lists = {m: [hit(c, s) for c, s in found] for m, found in raw.items()}
+    weights = {"dense": 0.6, "bm25": 0.3, "lexical": 0.1}
+    parts = {}
+    for method, hits in lists.items():
+        scores = [h.score for h in hits]
+        high = max(scores, default=0.0)
+        low = (
+            min(scores, default=0.0)
+            if normalisation == "minmax"
+            else min(THEORETICAL_MIN.get(method, 0.0), high)
+        )
+        span = high - low
+        parts[method] = [weights[method] * ((s - low) / span if span > 0 else 1.0) for s in scores]
+    fused = fuse_weighted(lists, weights, normalisation)
+    eager = _fused_eagerly({m: h for m, h in lists.items() if h}, parts, "weighted")
+    assert _shape(fused) == eager
+    assert len(fused) == len(eager) and bool(fused) == bool(eager)
+
+
+def test_fused_hits_are_made_only_as_far_as_they_are_read():
+    lists = {
+        "dense": [hit(c, 1.0 - i / 10) for i, c in enumerate("abcdef")],
+        "bm25": [hit(c, 6.0 - i) for i, c in enumerate("fedcba")],
+    }
+    fused = fuse_weighted(lists, {"dense": 0.7, "bm25": 0.3})
+    assert len(fused) == 6 and fused._made == []
+    first_two = [h for _, h in zip(range(2), fused, strict=False)]
+    assert len(fused._made) == 2
+    # Read again, or by position: the same objects, nothing made twice.
+    assert fused[1] is first_two[1] and fused[-6] is first_two[0]
+    assert fused[5].chunk.chunk_id == ids(fused)[-1] and len(fused._made) == 6
+    assert [h.chunk.chunk_id for h in fused[1:3]] == ids(fused)[1:3]
+    with pytest.raises(IndexError):
+        fused[6]
