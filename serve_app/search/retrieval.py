@@ -480,18 +480,14 @@ class Retrieval:
 def _visible(lists: dict[str, list[SearchHit]], ctx: AccessContext) -> dict[str, list[SearchHit]]:
     """Each list without the hits ``ctx`` may not see; a record found by several methods is
     judged once (by identity: two reads of one chunk that differ are each judged)."""
-    verdicts: dict[int, bool] = {}
-    out: dict[str, list[SearchHit]] = {}
-    for method, hits in lists.items():
-        kept = []
-        for hit in hits:
-            seen = verdicts.get(id(hit.chunk))
-            if seen is None:
-                seen = verdicts[id(hit.chunk)] = ctx.may_see(hit.chunk)
-            if seen:
-                kept.append(hit)
-        out[method] = kept
-    return out
+    chunks = {id(hit.chunk): hit.chunk for hits in lists.values() for hit in hits}
+    hidden = {key for key, chunk in chunks.items() if not ctx.may_see(chunk)}
+    if not hidden:
+        return lists
+    return {
+        method: [hit for hit in hits if id(hit.chunk) not in hidden]
+        for method, hits in lists.items()
+    }
 
 
 def _as_list(vector: Any) -> list[float] | None:
