@@ -137,12 +137,15 @@ class _Index:
 
 
 class _Bucket:
-    __slots__ = ("entries", "index")
+    __slots__ = ("entries", "index", "soonest")
 
     def __init__(self) -> None:
         # Oldest stored first: a re-put moves its key to the end.
         self.entries: OrderedDict[str, _Entry] = OrderedDict()
         self.index: _Index | None = None
+        # No entry expires before this (an entry removed since may have set it earlier):
+        # a bucket full of live entries is not scanned for expired ones on every store.
+        self.soonest = math.inf
 
     def vectors(self, dim: int) -> _Index:
         index = self.index
@@ -155,6 +158,7 @@ class _Bucket:
 
     def store(self, key: str, entry: _Entry) -> None:
         self.entries[key] = entry
+        self.soonest = min(self.soonest, entry.expires_at)
         index, vector = self.index, entry.vector
         if index is not None and index.worn:
             self.index = None  # stores with no lookup between: not grown without bound
@@ -203,10 +207,12 @@ class MemoryCacheStore:
 
     def _purge_expired(self, bucket: str, now: float) -> None:
         slot = self._buckets.get(bucket)
-        if slot is None:
+        if slot is None or slot.soonest > now:
             return
         for key in [k for k, e in slot.entries.items() if e.expires_at <= now]:
             self._remove(bucket, key)
+        if bucket in self._buckets:
+            slot.soonest = min((e.expires_at for e in slot.entries.values()), default=math.inf)
 
     def _hit(self, bucket: str, entry: _Entry, key: str, similarity: float, now: float) -> CacheHit:
         self._lru.move_to_end((bucket, key))
