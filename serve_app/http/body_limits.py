@@ -92,7 +92,10 @@ class BodyLimits:
                 raise too_large(declared)
             remaining = deadline - time.monotonic()
             try:
-                message = await asyncio.wait_for(receive(), timeout=max(remaining, 0.001))
+                # In this task (wait_for would start one per message): a body the server
+                # has already read answers at once, with no turn of the event loop.
+                async with asyncio.timeout(max(remaining, 0.001)):
+                    message = await receive()
             except TimeoutError:
                 raise HTTPException(
                     408,

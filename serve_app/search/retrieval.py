@@ -261,12 +261,10 @@ class Retrieval:
                 )
             deadline = self.settings.search.graph_deadline_s
             try:
-                found = await asyncio.wait_for(
-                    self.graph.related_docs(
+                async with asyncio.timeout(deadline):
+                    found = await self.graph.related_docs(
                         req.query, graph_access.graph_scope(ctx), opt.max_entities, opt.max_docs
-                    ),
-                    deadline,
-                )
+                    )
             except TimeoutError:
                 raise BackendUnavailable("neo4j", f"no answer within {deadline:g} s") from None
         except BackendUnavailable as exc:
@@ -372,10 +370,10 @@ class Retrieval:
                 more["query_vectors"] = vectors
         with stage("+".join(methods)):
             try:
-                return await asyncio.wait_for(
-                    self.store.candidates(query, vector, flt, fetch, methods, read_id, **more),
-                    deadline,
-                )
+                async with asyncio.timeout(deadline):
+                    return await self.store.candidates(
+                        query, vector, flt, fetch, methods, read_id, **more
+                    )
             except TimeoutError:
                 raise BackendUnavailable(
                     "milvus", f"no candidates ({'+'.join(methods)}) within {deadline:g} s"
@@ -399,9 +397,10 @@ class Retrieval:
         """
         deadline = self.settings.search.embed_deadline_s
         try:
-            if not self.lexical:
-                return await asyncio.wait_for(self.embedder.embed(queries, "query"), deadline)
-            encoded = await asyncio.wait_for(self.embedder.encode(queries, "query"), deadline)
+            async with asyncio.timeout(deadline):
+                if not self.lexical:
+                    return await self.embedder.embed(queries, "query")
+                encoded = await self.embedder.encode(queries, "query")
         except TimeoutError:
             raise BackendUnavailable(
                 "embedder", f"no query embedding within {deadline:g} s"
