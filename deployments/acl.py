@@ -74,9 +74,11 @@ def admits(allow: Sequence[str], deny: Sequence[str], principals: Sequence[str])
 
 
 def admits_held(allow: Sequence[str], deny: Sequence[str], held: frozenset[str]) -> bool:
-    """``admits`` with the caller's tokens as a set already (one per request, not per chunk)."""
-    allowed = held.intersection(allow) if allow else OPEN in held
-    return bool(allowed) and not held.intersection(deny)
+    """``admits`` with the caller's tokens as a set already (one per request, not per chunk).
+    Disjointness tests, no intersection built: the result filter asks this of every
+    candidate chunk."""
+    allowed = not held.isdisjoint(allow) if allow else OPEN in held
+    return allowed and held.isdisjoint(deny)
 
 
 def is_open(allow: Sequence[str], deny: Sequence[str]) -> bool:

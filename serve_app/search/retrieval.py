@@ -480,7 +480,8 @@ def _visible(lists: dict[str, list[SearchHit]], ctx: AccessContext) -> dict[str,
     """Each list without the hits ``ctx`` may not see; a record found by several methods is
     judged once (by identity: two reads of one chunk that differ are each judged)."""
     chunks = {id(hit.chunk): hit.chunk for hits in lists.values() for hit in hits}
-    hidden = {key for key, chunk in chunks.items() if not ctx.may_see(chunk)}
+    verdicts = ctx.may_see_each(chunks.values())
+    hidden = {key for key, seen in zip(chunks, verdicts, strict=True) if not seen}
     if not hidden:
         return lists
     return {

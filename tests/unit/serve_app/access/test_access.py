@@ -3,9 +3,14 @@ narrows what the identity grants and never widens it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batch_ingest.documents import SourceDocument
+from deployments import acl
 from deployments.errors import Forbidden
 from deployments.protocols import ChunkRecord
 from serve_app.access.context import AccessContext, OperatorRight, check_ingest, operator_scope
@@ -188,6 +193,70 @@ def test_may_see_checks_team_visibility_and_doc_type():
     assert not ctx.may_see(chunk(team_id="dao_y"))
     assert not ctx.may_see(chunk(visibility="confidential"))
     assert not ctx.may_see(chunk(doc_type="transaction"))
+
+
+CHUNKS_OF_EVERY_KIND = [
+    chunk(),
+    chunk(doc_type="wiki"),
+    chunk(team_id="dao_y"),
+    chunk(visibility="confidential"),
+    chunk(doc_type="transaction"),
+    chunk(project_id="prj_ops"),
+    chunk(project_id="prj_board"),
+    chunk(doc_id="SKILL-deploy"),
+    chunk(tags=("skill:SKILL-deploy",)),
+    chunk(acl_allow=("user:alice",)),
+    chunk(acl_allow=("user:bob",)),
+    chunk(acl_allow=("group:ops",)),
+    chunk(acl_allow=("*",), acl_deny=("group:ops",)),
+    chunk(acl_allow=("user:alice", "group:board"), acl_deny=("user:alice",)),
+    chunk(acl_allow=()),
+]
+
+
+def _seen(ctx: AccessContext, c: ChunkRecord) -> bool:
+    """The rule spelled out, one chunk at a time: scope, document ACL, resource policy."""
+    held = set(acl.principal_tokens(ctx.user_id, ctx.groups))
+    allowed = bool(held & set(c.acl_allow)) if c.acl_allow else "*" in held
+    return (
+        c.team_id == ctx.team_id
+        and c.visibility in ctx.allowed_visibilities
+        and (ctx.allowed_doc_types is None or c.doc_type in ctx.allowed_doc_types)
+        and allowed
+        and not held & set(c.acl_deny)
+        and ctx.policy.resource_decision(
+            ctx.team_id, c.project_id, c.doc_id, c.tags, ctx.roles, ctx.groups, ctx.permissions
+        ).allowed
+    )
+
+
+@pytest.mark.parametrize("policy", [POLICY, Policy()], ids=["projects", "open"])
+@pytest.mark.parametrize(
+    "principal",
+    [
+        user(["guest"]),
+        user(groups=frozenset({"ops"})),
+        user(["owner"], permissions=frozenset({"skill:read"}), groups=frozenset({"board"})),
+    ],
+    ids=["guest", "ops", "owner"],
+)
+def test_may_see_each_is_may_see_of_each_chunk(policy, principal):
+    ctx = replace(search_ctx(principal), policy=policy)
+    verdicts = ctx.may_see_each(CHUNKS_OF_EVERY_KIND)
+    assert verdicts == [_seen(ctx, c) for c in CHUNKS_OF_EVERY_KIND]
+    assert verdicts == [ctx.may_see(c) for c in CHUNKS_OF_EVERY_KIND]
+    assert True in verdicts and False in verdicts
+
+
+TOKENS = st.sampled_from(["*", "user:alice", "user:bob", "group:ops", "group:board"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(allow=st.lists(TOKENS, max_size=3), deny=st.lists(TOKENS, max_size=3),
+       held=st.frozensets(TOKENS))  # fmt: skip
+def test_admits_held_is_the_acl_rule(allow, deny, held):
+    allowed = bool(held & set(allow)) if allow else "*" in held
+    assert acl.admits_held(tuple(allow), tuple(deny), held) is (allowed and not held & set(deny))
 
 
 # --- ingestion ------------------------------------------------------------------------------

@@ -29,9 +29,9 @@ class Judge:
     def __init__(self) -> None:
         self.calls = 0
 
-    def may_see(self, chunk: ChunkRecord) -> bool:
-        self.calls += 1
-        return not chunk.acl_deny
+    def may_see_each(self, chunks: list[ChunkRecord]) -> list[bool]:
+        self.calls += len(chunks)
+        return [not chunk.acl_deny for chunk in chunks]
 
 
 def test_a_record_found_by_two_methods_is_judged_once() -> None:
