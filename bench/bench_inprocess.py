@@ -12,6 +12,8 @@
    warm and after other memory was read.
 4. ``int8``: the memory index's int8 first pass against its float32 scan on the same rows:
    answers compared, rows rescored, the dense search's and the next embedding's p50.
+5. ``app``: the gateway's whole FastAPI app, requests straight into it (bench/inprocess_app.py):
+   a search's p50, its ``Server-Timing`` stages, the time before and after the search service.
 
 No Ray, no services: the chunks' vectors come from ``bench/results/cache`` (embedded on the
 first run).
@@ -32,6 +34,7 @@ from typing import Any
 from batch_ingest.chunks import strip_header
 from bench.bench_plumbing import corpus
 from bench.common import setup_logging, write_result
+from bench.inprocess_app import bench_app
 from deployments.models.embedding import EmbedderCore
 from deployments.protocols import SearchFilter, SearchHit
 from deployments.vector_store.filter import compile_filter
@@ -262,7 +265,7 @@ def bench_int8(pipe: Pipeline, rounds: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--what", default="memo,embed", help="of memo,embed,halfscan,int8")
+    p.add_argument("--what", default="memo,embed", help="of memo,embed,halfscan,int8,app")
     p.add_argument("--chunks", type=int, default=17_000)
     p.add_argument("--queries", type=int, default=300)
     p.add_argument("--top-k", type=int, default=30)
@@ -272,8 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="result file (default bench/results/...)")
     args = p.parse_args(argv)
     setup_logging()
-    pipe = Pipeline(args)
     result: dict[str, Any] = {}
+    if "app" in args.what:  # its own app over its own index and model
+        result["app"] = bench_app(args)
+    if set(args.what.split(",")) <= {"app"}:
+        return _written(args, result)
+    pipe = Pipeline(args)
     if "memo" in args.what:
         result["memo"] = bench_memo(pipe, args.rounds)
     if "embed" in args.what:
@@ -282,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         result["half_scan"] = bench_half_scan(pipe, args.rounds)
     if "int8" in args.what:
         result["int8"] = bench_int8(pipe, args.rounds)
+    return _written(args, result)
+
+
+def _written(args: argparse.Namespace, result: dict[str, Any]) -> int:
     path = write_result("inprocess", {"args": vars(args), **result}, args.out)
     print(json.dumps(result, indent=2))
     print(f"written to {path}", file=sys.stderr)
