@@ -41,9 +41,15 @@ def test_same_seed_same_probes():
     assert a["runs"] == b["runs"]
 
 
+def _no_result_filter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The result filter behind the store filter admits everything (one chunk or many)."""
+    monkeypatch.setattr(AccessContext, "may_see", lambda self, chunk: True)
+    monkeypatch.setattr(AccessContext, "may_see_each", lambda self, chunks: [True for _ in chunks])
+
+
 def _confidential_in_public_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(access.VISIBILITY_SCOPE, "public", ("public", "confidential"))
-    monkeypatch.setattr(AccessContext, "may_see", lambda self, chunk: True)
+    _no_result_filter(monkeypatch)
 
 
 def _other_team_in_the_filter(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,7 +61,7 @@ def _other_team_in_the_filter(monkeypatch: pytest.MonkeyPatch) -> None:
         return dataclasses.replace(flt, team_id=other)
 
     monkeypatch.setattr(AccessContext, "search_filter", search_filter)
-    monkeypatch.setattr(AccessContext, "may_see", lambda self, chunk: True)
+    _no_result_filter(monkeypatch)
 
 
 @pytest.mark.parametrize("store", STORES.values(), ids=STORES.keys())
