@@ -160,14 +160,16 @@ class Fused(Sequence[SearchHit]):
         scores[self._name] = score = self._fused[cid]
         return SearchHit.of(self._first[cid].chunk, score, scores)
 
-    def __iter__(self) -> Iterator[SearchHit]:
+    def _hit(self, position: int) -> SearchHit:
+        """The hit at ``position`` (0 ≤ position < len), the ones before it made too."""
         made = self._made
-        position = 0
-        while position < len(self._order):
-            if position == len(made):
-                made.append(self._make(self._order[position]))
-            yield made[position]
-            position += 1
+        while len(made) <= position:
+            made.append(self._make(self._order[len(made)]))
+        return made[position]
+
+    def __iter__(self) -> Iterator[SearchHit]:
+        for position in range(len(self._order)):
+            yield self._hit(position)
 
     @overload
     def __getitem__(self, index: int) -> SearchHit: ...
@@ -182,10 +184,7 @@ class Fused(Sequence[SearchHit]):
             index += len(self._order)
         if not 0 <= index < len(self._order):
             raise IndexError("fused hit index out of range")
-        made = self._made
-        while len(made) <= index:
-            made.append(self._make(self._order[len(made)]))
-        return made[index]
+        return self._hit(index)
 
 
 def shingle_tuples(ws: list[str], size: int = 4) -> Iterable[tuple[str, ...]]:
