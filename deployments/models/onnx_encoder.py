@@ -18,6 +18,8 @@ import hashlib
 import json
 import logging
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,10 @@ INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 EXPORT_VERSION = 1
 OPSET = 17
 ROOT = Path(__file__).resolve().parents[1]
+# The folder holding the ``deployments`` package, for the export's child process.
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+# How long one export may take (MiniLM ~10 s, bge-m3 a few minutes on 2 vCPUs).
+EXPORT_TIMEOUT_S = 1800
 
 
 def _fingerprint(model_path: Path, quantize: str) -> str:
@@ -84,6 +90,36 @@ def export(model_path: str | Path, quantize: str = "none") -> Path:
 
 
 def _export_fp32(model_path: Path, out: Path) -> None:
+    """Exports in a child process: ``torch.onnx`` loads torch's compiler stack (dynamo and
+    triton's native module) even for the TorchScript exporter, and that stayed in the
+    replica for its whole life (memory it never used again) and crashed its exit
+    (triton's bindings report leaks and segfault at interpreter shutdown: a test process
+    that had exported ended with exit 139 after all its tests passed).
+
+    Raises:
+        RuntimeError: the export failed; the message ends with the child's last output.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), env.get("PYTHONPATH")) if p)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", __name__, str(model_path), str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=EXPORT_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"ONNX export of {model_path} took over {EXPORT_TIMEOUT_S} s") from exc
+    if done.returncode != 0 or not out.exists():
+        tail = (done.stderr or done.stdout or "").strip()[-2000:]
+        raise RuntimeError(
+            f"ONNX export of {model_path} failed (exit {done.returncode}): {tail or 'no output'}"
+        )
+
+
+def _export_fp32_here(model_path: Path, out: Path) -> None:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
@@ -152,3 +188,13 @@ class OnnxEncoder:
     def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         feed = {n: batch[n].astype(np.int64) for n in self.inputs}
         return np.asarray(self.session.run(None, feed)[0])
+
+
+if __name__ == "__main__":
+    # The child of ``_export_fp32``: python -m deployments.models.onnx_encoder MODEL OUT
+    # (os._exit: skip the interpreter's teardown, where triton's bindings crash).
+    logging.basicConfig(level=logging.WARNING)
+    _export_fp32_here(Path(sys.argv[1]), Path(sys.argv[2]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

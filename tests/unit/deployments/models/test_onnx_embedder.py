@@ -81,24 +81,52 @@ def test_quantize_needs_the_onnx_backend():
         EmbedderSettings(backend="transformers", quantize="int8")
 
 
+# Exports the model in a fresh process and prints which of torch's compiler modules that
+# process holds afterwards (torch.onnx loads them; the export's child must keep them).
+EXPORT_AND_LIST = """
+import sys
+from deployments.models import onnx_encoder
+onnx_encoder.export(sys.argv[1])
+print(sorted(m for m in ("triton", "torch._dynamo", "torch.onnx") if m in sys.modules))
+"""
+
+
 def test_two_processes_exporting_at_once_leave_one_whole_file(tmp_path):
     """The Embedder and the Ingress replicas load the model at once on a fresh machine: both
-    export, neither reads the other's half-written file, and no partial file stays."""
-    import multiprocessing
+    export, neither reads the other's half-written file, and no partial file stays. Neither
+    replica keeps torch's compiler stack afterwards (the export runs in a child of its own;
+    in the replica, triton's bindings crashed the process's exit)."""
+    import subprocess
+    import sys
 
     folder = tmp_path / "all-MiniLM-L6-v2"
     shutil.copytree(default_model_path(), folder, ignore=shutil.ignore_patterns("onnx"))
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=onnx_encoder.export, args=(folder,)) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", EXPORT_AND_LIST, str(folder)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-        assert p.exitcode == 0
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+        assert out.strip().splitlines()[-1] == "[]", out
     (cache,) = (folder / "onnx").iterdir()
     assert sorted(f.name for f in cache.iterdir()) == ["model.onnx"]
     c = core(folder, backend="onnx")
     assert c.embed(["the cold store"]).shape == (1, 384)
+
+
+def test_a_failed_export_names_the_model_and_the_reason(tmp_path):
+    folder = tmp_path / "not-a-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(RuntimeError, match=r"ONNX export of .*not-a-model failed \(exit 1\): .+"):
+        onnx_encoder.export(folder)
+    assert not list((folder / "onnx").rglob("*.onnx*"))
 
 
 def test_threads_zero_is_the_cores_of_the_node(monkeypatch, tmp_path):
