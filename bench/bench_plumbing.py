@@ -140,9 +140,40 @@ def build_parser() -> argparse.ArgumentParser:
         help='GatewaySettings overrides, deep-merged, e.g. \'{"milvus": {"memory_index": '
         '{"serve_from": "retriever"}}}\'',
     )
+    p.add_argument(
+        "--pin",
+        action="append",
+        default=[],
+        metavar="ROLE=CPUS",
+        help="during the gateway's levels, keep every thread of a role's processes on these "
+        "CPUs (e.g. ingress=1 proxy=0 client=0; CPUS as 0 or 0,1): does a request's step "
+        "find its cache warmer when its process stays on one core?",
+    )
     p.add_argument("--out", default=None)
     p.add_argument("-v", "--verbose", action="store_true")
     return p
+
+
+def pin(specs: list[str]) -> dict[str, list[int]]:
+    """Sets the CPU affinity of every thread of each named role's processes."""
+    wanted = {}
+    for spec in specs:
+        role, _, cpus = spec.partition("=")
+        wanted[role] = sorted({int(c) for c in cpus.split(",") if c})
+    done: dict[str, list[int]] = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        role = role_of(proc.pid, " ".join(proc.info["cmdline"] or ()))
+        if role not in wanted:
+            continue
+        try:
+            for thread in proc.threads():
+                os.sched_setaffinity(thread.id, wanted[role])
+        except (psutil.Error, OSError) as exc:
+            logger.warning("pin %s %s: %s", role, proc.pid, exc)
+            continue
+        done.setdefault(role, []).append(proc.pid)
+    logger.info("pinned %s to %s", done, wanted)
+    return {role: wanted[role] for role in done}
 
 
 # --- who spends the CPU ---------------------------------------------------------------------
@@ -356,6 +387,8 @@ async def gateway(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=h.base_url, timeout=120.0, limits=limits) as client:
         warm = [token(args.team, settings, "bench-warm", ops=True)]
         await warm_up(client, args, queries, warm, len(chunks))
+        if args.pin:
+            result["pinned"] = pin(args.pin)
         for rep in range(args.reps):
             for c, n in zip(args.concurrency, args.requests, strict=True):
                 callers = [
