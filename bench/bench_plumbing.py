@@ -65,6 +65,7 @@ from bench.common import (
     parse_int_list,
     setup_logging,
 )
+from bench.http_clients import CLIENTS, open_client
 from bench.profiles import SpyGroup
 from bench.quality.metrics import distinct, evaluate
 from bench.serve_harness import ServeHarness, deep_merge, run_benchmark
@@ -149,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         "CPUs (e.g. ingress=1 proxy=0 client=0; CPUS as 0 or 0,1): does a request's step "
         "find its cache warmer when its process stays on one core?",
     )
+    p.add_argument(
+        "--client",
+        choices=CLIENTS,
+        default="httpx",
+        help="the HTTP client of the timed requests, gateway and peer (bench/http_clients.py: "
+        "httpx parses in Python, aiohttp in C; the warm-up always uses httpx)",
+    )
     p.add_argument("--out", default=None)
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -232,7 +240,7 @@ def search_body(args: argparse.Namespace, query: str, path: str) -> dict[str, An
 
 
 async def level(
-    client: httpx.AsyncClient,
+    client: Any,
     args: argparse.Namespace,
     queries: list[tuple[str, str]],
     path: str,
@@ -384,9 +392,13 @@ async def gateway(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
     paths = [p for p in args.paths.split(",") if p]
     levels: dict[tuple[str, int], list[dict[str, Any]]] = {}
     limits = httpx.Limits(max_connections=max(args.concurrency) + 4)
-    async with httpx.AsyncClient(base_url=h.base_url, timeout=120.0, limits=limits) as client:
+    timed = open_client(args.client, h.base_url, 120.0, max(args.concurrency) + 4)
+    async with (
+        httpx.AsyncClient(base_url=h.base_url, timeout=120.0, limits=limits) as warm_client,
+        timed as client,
+    ):
         warm = [token(args.team, settings, "bench-warm", ops=True)]
-        await warm_up(client, args, queries, warm, len(chunks))
+        await warm_up(warm_client, args, queries, warm, len(chunks))
         if args.pin:
             result["pinned"] = pin(args.pin)
         for rep in range(args.reps):
@@ -407,7 +419,7 @@ async def gateway(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
                     res = await level(client, args, queries[:n], path, c, group, profile)
                     log_level(rep, res)
                     levels.setdefault((path, c), []).append(res)
-        components = (await client.get("/readyz", headers=auth(warm[0]))).json()
+        components = (await warm_client.get("/readyz", headers=auth(warm[0]))).json()
         result["empty"] = [
             await empty_level(client, c, n)
             for c, n in zip(args.concurrency, args.requests, strict=True)
@@ -420,7 +432,7 @@ async def gateway(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
     return result
 
 
-async def empty_level(client: httpx.AsyncClient, concurrency: int, n: int) -> dict[str, Any]:
+async def empty_level(client: Any, concurrency: int, n: int) -> dict[str, Any]:
     """``GET /healthz`` (no credential, no backend): what a request costs through the HTTP
     front, Serve's replica and FastAPI before the gateway does anything."""
 
@@ -549,9 +561,8 @@ async def peer_levels(
 ) -> list[dict[str, Any]]:
     text = dict(queries)
     out = []
-    limits = httpx.Limits(max_connections=max(args.concurrency) + 4)
     base = f"http://127.0.0.1:{port}"
-    async with httpx.AsyncClient(base_url=base, timeout=300.0, limits=limits) as client:
+    async with open_client(args.client, base, 300.0, max(args.concurrency) + 4) as client:
         for _, query in queries[:10]:  # warm-up
             resp = await client.post("/search", json={"query": query, "top_k": args.top_k})
             resp.raise_for_status()
@@ -595,6 +606,7 @@ def render(result: dict[str, Any]) -> str:
     gw = result.get("gateway", {})
     fl = gw.get("floor", {})
     peer_levels = {lv["concurrency"]: lv for lv in result.get("peer", {}).get("levels", [])}
+    client = result.get("args", {}).get("client", "httpx")
     rows = []
     for path in ("hybrid", "dense", "bm25"):
         if path in fl:
@@ -602,7 +614,7 @@ def render(result: dict[str, Any]) -> str:
     for lv in gw.get("empty", []):
         rows.append(
             [
-                "empty request (GET /healthz)",
+                f"empty request (GET /healthz), {client}",
                 lv["concurrency"],
                 lv["p50_ms"],
                 lv["p95_ms"],
