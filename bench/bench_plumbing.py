@@ -50,7 +50,7 @@ import psutil
 from bench import realtext
 from bench.bench_search_real import (
     SECRET,
-    floor_samples,
+    Floor,
     parse_server_timing,
     write_chunks,
 )
@@ -108,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--paths", default=",".join(PATHS), help="of " + ",".join(PATHS))
     p.add_argument("--floor-queries", type=int, default=200)
+    p.add_argument(
+        "--level-floor-queries",
+        type=int,
+        default=100,
+        help="the floor measured again before each level and after the last, on this many "
+        "queries: each level's ratio to the floor beside it",
+    )
     p.add_argument(
         "--peer",
         choices=("auto", "on", "off"),
@@ -318,6 +325,9 @@ def summarise(reps: list[dict[str, Any]], qrels: dict[str, dict[str, int]]) -> d
         "concurrency": reps[0]["concurrency"],
         "p50_ms": statistics.median(r["latency"]["p50_ms"] for r in reps),
         "p95_ms": statistics.median(r["latency"]["p95_ms"] for r in reps),
+        "p50_over_floor_beside": statistics.median(
+            r.get("p50_over_floor_beside", float("nan")) for r in reps
+        ),
         "requests_per_s": statistics.median(r["requests_per_s"] for r in reps),
         "server_took_p50_ms": statistics.median(r["server_took_p50_ms"] or 0 for r in reps),
         "stages_p50_ms": reps[len(reps) // 2]["stages_p50_ms"],
@@ -353,9 +363,18 @@ def corpus(args: argparse.Namespace, settings: Any) -> tuple[Any, list[Any], lis
     return labeled, chunks, [(q, labeled.queries[q]) for q in qids]
 
 
-def floor(settings: Any, chunks: list[Any], queries: list[str], args: argparse.Namespace):
-    limit = args.top_k * settings.search.candidate_multiplier
-    return floor_samples(settings, chunks, queries, limit, args.floor_queries)
+def floor(settings: Any, chunks: list[Any], args: argparse.Namespace) -> Floor:
+    return Floor(settings, chunks, args.top_k * settings.search.candidate_multiplier)
+
+
+def beside(level: dict[str, Any], before: dict, after: dict) -> None:
+    """Sets the level's ``floor_beside_ms`` (the floor of its path from the passes measured
+    just before and just after it, pooled) and its p50 over that floor: a ratio the VM's
+    drift over a whole run moves less than the ratio to the run's floor."""
+    key = "hybrid" if level["path"] == "cached" else level["path"]
+    ms = floor_per_path(before, after)[key]
+    level["floor_beside_ms"] = ms
+    level["p50_over_floor_beside"] = round(level["latency"]["p50_ms"] / ms, 3)
 
 
 def floor_per_path(*passes: dict[str, list[float]]) -> dict[str, Any]:
@@ -388,9 +407,11 @@ async def gateway(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
     result: dict[str, Any] = {"chunks": len(chunks), "queries": len(queries)}
     result["write_s"] = round(write_chunks(store, chunks, "AppStream + KJV", False), 1)
     store.close()
-    before = floor(settings, chunks, texts, args)
+    the_floor = floor(settings, chunks, args)
+    before = the_floor.sample(texts, args.floor_queries)
     paths = [p for p in args.paths.split(",") if p]
     levels: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    timeline: list[tuple[dict[str, Any], dict[str, list[float]]]] = []
     limits = httpx.Limits(max_connections=max(args.concurrency) + 4)
     timed = open_client(args.client, h.base_url, 120.0, max(args.concurrency) + 4)
     async with (
@@ -416,15 +437,21 @@ async def gateway(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
                         ]
                     )
                     profile = args.profile and rep == 0
+                    near = the_floor.sample(texts, args.level_floor_queries)
+                    if timeline:
+                        beside(timeline[-1][0], timeline[-1][1], near)
                     res = await level(client, args, queries[:n], path, c, group, profile)
                     log_level(rep, res)
                     levels.setdefault((path, c), []).append(res)
+                    timeline.append((res, near))
         components = (await warm_client.get("/readyz", headers=auth(warm[0]))).json()
         result["empty"] = [
             await empty_level(client, c, n)
             for c, n in zip(args.concurrency, args.requests, strict=True)
         ]
-    after = floor(settings, chunks, texts, args)
+    after = the_floor.sample(texts, args.floor_queries)
+    if timeline:
+        beside(timeline[-1][0], timeline[-1][1], after)
     result["floor"] = floor_per_path(before, after)
     logger.info("floor: %s", result["floor"])
     result["levels"] = [summarise(reps, labeled.qrels) for reps in levels.values()]
@@ -628,6 +655,9 @@ def render(result: dict[str, Any]) -> str:
     for lv in gw.get("levels", []):
         base = fl.get(lv["path"] if lv["path"] != "cached" else "hybrid")
         ratio = f"{lv['p50_ms'] / base:.2f}×" if base and lv["concurrency"] == 1 else ""
+        near = lv.get("p50_over_floor_beside")
+        if ratio and near == near and near is not None:  # not NaN
+            ratio += f" (beside {near:.2f}×)"
         peer_lv = peer_levels.get(lv["concurrency"])
         vs_peer = ""
         if peer_lv and lv["path"] in ("hybrid", "cached"):
@@ -667,7 +697,7 @@ def render(result: dict[str, Any]) -> str:
         "p50 ms",
         "p95 ms",
         "req/s",
-        "p50 / floor",
+        "p50 / floor (the floor beside the level)",
         "vs peer",
         "errors / cache hits",
         "nDCG@10",

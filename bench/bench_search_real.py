@@ -274,41 +274,55 @@ async def measure(
     return out
 
 
+class Floor:
+    """The hardware floor, built once: the query model the gateway uses, an exact numpy dense
+    top-k over the chunks' vectors and a ``bm25s`` index of their texts, in this process."""
+
+    def __init__(self, settings: Any, chunks: list[Any], limit: int) -> None:
+        import bm25s
+
+        from deployments.models.embedding import EmbedderCore
+
+        self.core = EmbedderCore(settings.embedder)
+        self.core.start()
+        matrix = np.asarray([c.vector for c in chunks], dtype=np.float32)
+        matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+        self.matrix, self.limit = matrix, limit
+        self.bm25s = bm25s
+        self.retriever = bm25s.BM25()
+        self.retriever.index(
+            bm25s.tokenize([c.text for c in chunks], stopwords=None, show_progress=False),
+            show_progress=False,
+        )
+
+    def sample(self, queries: list[str], n: int) -> dict[str, list[float]]:
+        """One query embedding + dense top-k + BM25 top-k for each of the first ``n``
+        queries (after 5 more as a warm-up): each stage's milliseconds, per query."""
+        parts: dict[str, list[float]] = {"embed": [], "dense": [], "bm25": [], "total": []}
+        for i, query in enumerate(queries[: n + 5]):
+            t0 = time.perf_counter()
+            vec = self.core.embed([query], "query")[0]
+            t1 = time.perf_counter()
+            scores = self.matrix @ vec
+            top = np.argpartition(-scores, self.limit)[: self.limit]
+            top[np.argsort(-scores[top])]
+            t2 = time.perf_counter()
+            tokens = self.bm25s.tokenize([query], stopwords=None, show_progress=False)
+            self.retriever.retrieve(tokens, k=self.limit, show_progress=False, n_threads=1)
+            t3 = time.perf_counter()
+            if i >= 5:  # warm-up
+                for name, dt in (("embed", t1 - t0), ("dense", t2 - t1), ("bm25", t3 - t2)):
+                    parts[name].append(dt * 1000)
+                parts["total"].append((t3 - t0) * 1000)
+        return parts
+
+
 def floor_samples(
     settings: Any, chunks: list[Any], queries: list[str], limit: int, n: int
 ) -> dict[str, list[float]]:
     """One in-process query embedding + exact numpy dense top-k + bm25s top-k, per query:
     each stage's milliseconds, per query."""
-    import bm25s
-
-    from deployments.models.embedding import EmbedderCore
-
-    core = EmbedderCore(settings.embedder)
-    core.start()
-    matrix = np.asarray([c.vector for c in chunks], dtype=np.float32)
-    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
-    retriever = bm25s.BM25()
-    retriever.index(
-        bm25s.tokenize([c.text for c in chunks], stopwords=None, show_progress=False),
-        show_progress=False,
-    )
-    parts: dict[str, list[float]] = {"embed": [], "dense": [], "bm25": [], "total": []}
-    for i, query in enumerate(queries[: n + 5]):
-        t0 = time.perf_counter()
-        vec = core.embed([query], "query")[0]
-        t1 = time.perf_counter()
-        scores = matrix @ vec
-        top = np.argpartition(-scores, limit)[:limit]
-        top[np.argsort(-scores[top])]
-        t2 = time.perf_counter()
-        tokens = bm25s.tokenize([query], stopwords=None, show_progress=False)
-        retriever.retrieve(tokens, k=limit, show_progress=False, n_threads=1)
-        t3 = time.perf_counter()
-        if i >= 5:  # warm-up
-            for name, dt in (("embed", t1 - t0), ("dense", t2 - t1), ("bm25", t3 - t2)):
-                parts[name].append(dt * 1000)
-            parts["total"].append((t3 - t0) * 1000)
-    return parts
+    return Floor(settings, chunks, limit).sample(queries, n)
 
 
 def floor_summary(*passes: dict[str, list[float]]) -> dict[str, Any]:
