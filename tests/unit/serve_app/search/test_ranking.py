@@ -188,13 +188,22 @@ EDITED_SETS = st.lists(st.sets(st.integers(0, 40), max_size=25), min_size=1, max
 )
 
 
-@settings(max_examples=500, deadline=None)
-@given(sets=EDITED_SETS, threshold=st.sampled_from([0.5, 0.6, 0.75, 0.8, 0.9, 1.0]))
-def test_near_duplicates_keep_what_every_pair_compared_in_full_keeps(sets, threshold):
+@settings(max_examples=800, deadline=None)
+@given(
+    sets=EDITED_SETS,
+    threshold=st.one_of(
+        st.sampled_from([0.5, 0.6, 0.75, 0.8, 0.9, 1.0]), st.floats(0.01, 1.0), st.just(0.0)
+    ),
+    limit=st.one_of(st.none(), st.integers(1, 30)),
+)
+def test_near_duplicates_keep_what_every_pair_compared_in_full_keeps(sets, threshold, limit):
+    """The size bound (pairs of too different sizes are not intersected) keeps exactly what
+    comparing every pair keeps: any threshold, with or without a limit."""
     hits = [hit(str(i), 1.0) for i in range(len(sets))]
     by_id = {str(i): s for i, s in enumerate(sets)}
-    kept = drop_near_duplicates(hits, lambda h: by_id[h.chunk.chunk_id], threshold)
-    assert [int(h.chunk.chunk_id) for h in kept] == _near_duplicates_pair_by_pair(sets, threshold)
+    kept = drop_near_duplicates(hits, lambda h: by_id[h.chunk.chunk_id], threshold, limit=limit)
+    expected = _near_duplicates_pair_by_pair(sets, threshold)
+    assert [int(h.chunk.chunk_id) for h in kept] == expected[:limit]
 
 
 def _fused_eagerly(
