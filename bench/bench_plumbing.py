@@ -325,9 +325,7 @@ def summarise(reps: list[dict[str, Any]], qrels: dict[str, dict[str, int]]) -> d
         "concurrency": reps[0]["concurrency"],
         "p50_ms": statistics.median(r["latency"]["p50_ms"] for r in reps),
         "p95_ms": statistics.median(r["latency"]["p95_ms"] for r in reps),
-        "p50_over_floor_beside": statistics.median(
-            r.get("p50_over_floor_beside", float("nan")) for r in reps
-        ),
+        "p50_over_floor_beside": statistics.median(r["p50_over_floor_beside"] for r in reps),
         "requests_per_s": statistics.median(r["requests_per_s"] for r in reps),
         "server_took_p50_ms": statistics.median(r["server_took_p50_ms"] or 0 for r in reps),
         "stages_p50_ms": reps[len(reps) // 2]["stages_p50_ms"],
@@ -656,7 +654,7 @@ def render(result: dict[str, Any]) -> str:
         base = fl.get(lv["path"] if lv["path"] != "cached" else "hybrid")
         ratio = f"{lv['p50_ms'] / base:.2f}×" if base and lv["concurrency"] == 1 else ""
         near = lv.get("p50_over_floor_beside")
-        if ratio and near == near and near is not None:  # not NaN
+        if ratio and near is not None:
             ratio += f" (beside {near:.2f}×)"
         peer_lv = peer_levels.get(lv["concurrency"])
         vs_peer = ""
