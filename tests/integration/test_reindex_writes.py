@@ -17,6 +17,7 @@ import random
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 
@@ -87,6 +88,45 @@ async def leaked(replicas, team: str, revoked: set[str]) -> list[str]:
     return out
 
 
+async def explain(n, replica, writer, pipeline, hr, got, tightened, jobs, written) -> str:
+    """Where the tightened documents a replica did not return are: its in-memory copy,
+    Milvus's answer in the live version, the stored rows (a failure's message)."""
+    team = hr.team_id
+    missing, extra = sorted(tightened - got), sorted(got - tightened)
+    lines = [f"replica {n}: missing {missing}, unexpected {extra}"]
+    physical = await asyncio.to_thread(writer.store.versions.live_physical, team)
+    lines.append(f"live version {physical}")
+    lines += [
+        f"job v{r.job.target_version}: {r.job.snapshot_at:%T.%f} - {r.job.finished_at:%T.%f}"
+        for r in jobs
+    ]
+    lines.append(f"written (UTC): {[(d, written[d]) for d in missing]}")
+    milvus = await replica._search(
+        "marker stays open", None, hr, 500, ("bm25",), physical=physical, strict=True
+    )
+    in_milvus = {h.chunk.doc_id for h in milvus["bm25"]}
+    lines.append(f"Milvus BM25 in {physical} misses {sorted(tightened - in_milvus)}")
+    ids = {
+        c.chunk_id: d
+        for d in missing
+        for c in pipeline.build_chunks(
+            document(team, int(d[1:]), DocumentAcl(allowed_groups=["hr"]))
+        )
+    }
+    rows = await asyncio.to_thread(writer.store.versions.fetch_rows, physical, list(ids))
+    lines.append(f"stored rows: {sorted((ids[r.chunk_id], r.acl_allow) for r in rows)}")
+    hot = replica.hot
+    copy = hot._teams.get(team) if hot is not None else None
+    if copy is None:
+        lines.append("the team is not in memory (Milvus answered)")
+    else:
+        held = [ids[c] for c in ids if c in copy.index]
+        lines.append(f"memory copy of {copy.physical} holds chunks of {sorted(held)}")
+    if hot is not None:
+        lines.append(f"memory stats {hot.stats} {hot.staging.stats}")
+    return "\n".join(lines)
+
+
 async def test_no_acl_tightening_or_delete_is_undone_by_a_reindex(setup):
     job_settings, sources, writer, pipeline, replicas = setup
     team = f"rw_{uuid.uuid4().hex[:8]}"
@@ -115,6 +155,7 @@ async def test_no_acl_tightening_or_delete_is_undone_by_a_reindex(setup):
     rng = random.Random(33)
     revoked: set[str] = set()
     tightened: set[str] = set()
+    written: dict[str, str] = {}  # doc id -> when its write was acknowledged
     leaks: list[tuple[str, list[str]]] = []
     checks = 0
     thread = threading.Thread(target=run_jobs, daemon=True)
@@ -136,6 +177,7 @@ async def test_no_acl_tightening_or_delete_is_undone_by_a_reindex(setup):
             result = await pipeline.delete([(team, "doc", doc_id)])
             assert not result.failed, result
         revoked.add(doc_id)  # acknowledged
+        written[doc_id] = f"{datetime.now(UTC):%T.%f}"
         writes += 1
         for _ in range(rng.randint(1, 3)):
             found = await leaked(replicas, team, revoked)
@@ -164,9 +206,12 @@ async def test_no_acl_tightening_or_delete_is_undone_by_a_reindex(setup):
         doc_ids=tuple(sorted(tightened)),
         acl_principals=principal_tokens("hana", ["hr"]),
     )
-    for replica in replicas:
+    for n, replica in enumerate(replicas):
         found = await replica.candidates("marker stays open", None, hr, 500, ("bm25",))
-        assert {h.chunk.doc_id for h in found["bm25"]} == tightened
+        got = {h.chunk.doc_id for h in found["bm25"]}
+        if got != tightened:  # say where the difference is: memory, Milvus or the rows
+            why = await explain(n, replica, writer, pipeline, hr, got, tightened, jobs, written)
+            pytest.fail(why)
     live = await writer.count(team)
     expected = sum(
         len(pipeline.build_chunks(document(team, i)))
