@@ -128,12 +128,15 @@ def milvus_up() -> None:
         return
     if port_open(MILVUS_PORT):
         sys.exit(f"[services] port {MILVUS_PORT} is taken by another process; set RAG_MILVUS_PORT")
-    exe = Path(sys.executable).with_name("milvus-lite")
+    # Milvus Lite's own server, its reads kept out of a flush's gap (a read during another
+    # client's flush can miss acknowledged writes: deployments/vector_store/lite_server.py).
     # Always pass --host: the default binds every interface.
     spawn(
         "milvus",
         [
-            str(exe),
+            sys.executable,
+            "-m",
+            "deployments.vector_store.lite_server",
             "server",
             "--data-dir",
             str(VAR / "milvus"),
@@ -142,6 +145,7 @@ def milvus_up() -> None:
             "--port",
             str(MILVUS_PORT),
         ],
+        cwd=ROOT,
     )
 
     def ready() -> bool:
