@@ -123,8 +123,19 @@ def wait_until(name: str, check, timeout: float) -> None:
 
 # --- Milvus Lite --------------------------------------------------------------------
 def milvus_up() -> None:
-    if pid_alive(VAR / "milvus.pid") and port_open(MILVUS_PORT):
+    pid = pid_alive(VAR / "milvus.pid")
+    if pid and port_open(MILVUS_PORT):
         log(f"milvus already running on 127.0.0.1:{MILVUS_PORT}")
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            cmdline = b""
+        if cmdline and b"lite_server" not in cmdline:
+            log(
+                "milvus was started without deployments.vector_store.lite_server: a read during"
+                " a flush can miss acknowledged writes; restart it: scripts/services.py down"
+                " --only milvus && scripts/services.py up --only milvus"
+            )
         return
     if port_open(MILVUS_PORT):
         sys.exit(f"[services] port {MILVUS_PORT} is taken by another process; set RAG_MILVUS_PORT")
