@@ -12,7 +12,10 @@
    warm and after other memory was read.
 4. ``int8``: the memory index's int8 first pass against its float32 scan on the same rows:
    answers compared, rows rescored, the dense search's and the next embedding's p50.
-5. ``app``: the gateway's whole FastAPI app, requests straight into it (bench/inprocess_app.py):
+5. ``overlap``: the query's embedding and the memory index's BM25 one after the other, and
+   BM25 on the calling thread while the embedding runs in a worker thread (as an Ingress
+   could at c=1, with the product's one model thread and the int8 first pass), then dense.
+6. ``app``: the gateway's whole FastAPI app, requests straight into it (bench/inprocess_app.py):
    a search's p50, its ``Server-Timing`` stages, the time before and after the search service.
 
 No Ray, no services: the chunks' vectors come from ``bench/results/cache`` (embedded on the
@@ -29,6 +32,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from batch_ingest.chunks import strip_header
@@ -162,6 +166,53 @@ def bench_embed(pipe: Pipeline, rounds: int, gap_s: float) -> dict[str, list[flo
     return out
 
 
+def bench_overlap(pipe: Pipeline, rounds: int, gap_s: float) -> dict[str, Any]:
+    """Per query, interleaved: each step alone; the embedding, then dense + BM25 in one
+    call (the gateway today); the embedding in a worker thread while BM25 runs here, then
+    dense. The model with one thread and the scan with the int8 first pass, as in the
+    Ingress (run with ``OMP_NUM_THREADS=1``, as its replica is)."""
+    core = EmbedderCore(pipe.settings.embedder.model_copy(update={"torch_threads": 1}))
+    core.start()
+    scan = DenseScan(2, None, True)
+    index = TeamIndex(dim=pipe.index.dim, scan=scan)
+    index.upsert(pipe.chunks)
+    index.prepare_scan()
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="query-embed")
+    flt, fetch = pipe.flt, pipe.fetch
+
+    def embed(query: str) -> list[float]:
+        return core.embed([query], "query")[0].tolist()
+
+    def sequential(query: str) -> None:
+        vector = embed(query)
+        index.search_methods(("dense", "bm25"), flt, fetch, query_text=query, query_vector=vector)
+
+    def overlapped(query: str) -> None:
+        future = pool.submit(embed, query)
+        index.search("bm25", flt, fetch, query_text=query)
+        index.search("dense", flt, fetch, query_vector=future.result())
+
+    steps: dict[str, Callable[[str], Any]] = {
+        "embed": embed,
+        "bm25": lambda q: index.search("bm25", flt, fetch, query_text=q),
+        "sequential": sequential,
+        "overlapped": overlapped,
+    }
+    out: dict[str, Any] = {"int8_first_pass": scan.int8}
+    for _ in range(rounds):
+        took: dict[str, list[float]] = {k: [] for k in steps}
+        for query in pipe.queries:
+            for kind, step in steps.items():
+                started = time.perf_counter()
+                step(query)
+                took[kind].append((time.perf_counter() - started) * 1000)
+                time.sleep(gap_s)
+        for kind, values in took.items():
+            out.setdefault(kind, []).append(round(statistics.median(values[20:]), 3))
+    pool.shutdown()
+    return out
+
+
 def bench_half_scan(pipe: Pipeline, rounds: int) -> dict[str, Any]:
     """The dense scan's product in float32 (NumPy, what the index does) against bfloat16 and
     float16 (torch, one thread) on the index's vectors, warm and after 64 MB of other memory
@@ -265,7 +316,7 @@ def bench_int8(pipe: Pipeline, rounds: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--what", default="memo,embed", help="of memo,embed,halfscan,int8,app")
+    p.add_argument("--what", default="memo,embed", help="of memo,embed,halfscan,int8,overlap,app")
     p.add_argument("--chunks", type=int, default=17_000)
     p.add_argument("--queries", type=int, default=300)
     p.add_argument("--top-k", type=int, default=30)
@@ -289,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         result["half_scan"] = bench_half_scan(pipe, args.rounds)
     if "int8" in args.what:
         result["int8"] = bench_int8(pipe, args.rounds)
+    if "overlap" in args.what:
+        result["overlap"] = bench_overlap(pipe, args.rounds, args.gap_ms / 1000)
     return _written(args, result)
 
 
