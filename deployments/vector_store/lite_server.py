@@ -28,6 +28,7 @@ has no such gap (its reads are MVCC snapshots) and needs none of this.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -156,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     """Milvus Lite's own command line (``server --data-dir ... --host ... --port ...``), with
     the collections gated."""
     patch()
-    print("Milvus Lite: reads gated against flushes (deployments/vector_store/lite_server.py)")
+    sys.stdout.write(
+        "Milvus Lite: reads gated against flushes (deployments/vector_store/lite_server.py)\n"
+    )
     from milvus_lite.cmdline import main as lite_main
 
     return int(lite_main(argv) or 0)
