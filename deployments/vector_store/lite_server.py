@@ -84,30 +84,26 @@ def gate_of(collection: Any) -> FlushGate:
 _CREATE = threading.Lock()
 
 
-def _reading(method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(method)
-    def read(self: Any, *args: Any, **kwargs: Any) -> Any:
-        gate = gate_of(self)
-        gate.acquire_read()
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            gate.release_read()
+def _holding(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Wraps a ``Collection`` method so that it runs holding its gate's ``side`` (``read``:
+    shared, ``flush``: exclusive)."""
 
-    return read
+    def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def held(self: Any, *args: Any, **kwargs: Any) -> Any:
+            gate = gate_of(self)
+            getattr(gate, f"acquire_{side}")()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                getattr(gate, f"release_{side}")()
+
+        return held
+
+    return wrap
 
 
-def _flushing(method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(method)
-    def flush(self: Any, *args: Any, **kwargs: Any) -> Any:
-        gate = gate_of(self)
-        gate.acquire_flush()
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            gate.release_flush()
-
-    return flush
+_reading, _flushing = _holding("read"), _holding("flush")
 
 
 def lite_collection() -> type:
