@@ -1,12 +1,14 @@
 """Milvus Lite's server, with no read inside a flush's gap: what ``scripts/services.py`` runs.
 
 Milvus Lite 3.2.2 flushes a collection in two steps: it first puts a fresh, empty MemTable in
-place of the live one, then writes the frozen one's rows to segment files and only then
-refreshes the segments that reads scan (``Collection._trigger_flush``). Reads take no lock, so
-a ``get``, ``query`` or ``search`` that runs between the two steps sees neither copy of the
-frozen rows: a write acknowledged before the read began is missing from it — a new row
-absent, an updated row in its previous state (``upsert`` keeps the new state in the MemTable
-and the old one in a segment). Any client's flush opens that gap for every other client: the
+place of the live one, then, under the collection's maintenance lock, writes the frozen one's
+rows to segment files and refreshes the segments that reads scan (``Collection._trigger_flush``).
+A ``get``, ``query`` or ``search`` takes its snapshot of the segments under that lock but reads
+the MemTable after it, so one whose snapshot predates the swap and whose MemTable read follows
+it (or whose snapshot falls between the swap and the lock) sees neither copy of the frozen
+rows: a write acknowledged before the read began is missing from it — a new row absent, an
+updated row in its previous state (``upsert`` keeps the new state in the MemTable and the old
+one in a segment). Any client's flush opens that gap for every other client: the
 change log's pruning flushes its collection, a reindex flushes the version it built, a bulk
 load flushes every 2,000 rows, and Milvus Lite flushes by itself past 128 MB.
 
