@@ -20,20 +20,25 @@ def init_private_ray(prefix: str) -> Path:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
-    for attempt in (1, 2):
-        tmp = Path(tempfile.mkdtemp(prefix=prefix))
-        try:
-            ray.init(
-                address="local",
-                include_dashboard=False,
-                _temp_dir=str(tmp / "ray"),
-                log_to_driver=False,
-                num_cpus=2,
-            )
-            return tmp
-        except Exception as exc:
-            if attempt == 2 or "timed out during startup" not in str(exc):
-                raise
-            warnings.warn(f"the local Ray did not start ({exc}); trying once more", stacklevel=2)
-            ray.shutdown()
-    raise AssertionError("unreachable")
+    try:
+        return _start(prefix)
+    except Exception as exc:
+        if "timed out during startup" not in str(exc):
+            raise
+        warnings.warn(f"the local Ray did not start ({exc}); trying once more", stacklevel=2)
+        ray.shutdown()
+    return _start(prefix)
+
+
+def _start(prefix: str) -> Path:
+    import ray
+
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        _temp_dir=str(tmp / "ray"),
+        log_to_driver=False,
+        num_cpus=2,
+    )
+    return tmp

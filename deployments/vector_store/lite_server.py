@@ -38,6 +38,7 @@ from typing import Any
 # The engine's reads of rows: each runs inside the gate's shared side.
 READS = ("get", "query", "search", "count", "num_entities", "partition_num_entities")
 _PATCHED = "_rag_flush_gate_patched"
+_CREATE = threading.Lock()  # makes a collection's gate once
 
 
 class FlushGate:
@@ -81,9 +82,6 @@ def gate_of(collection: Any) -> FlushGate:
         with _CREATE:
             gate = collection.__dict__.setdefault("_rag_flush_gate", FlushGate())
     return gate
-
-
-_CREATE = threading.Lock()
 
 
 def _holding(side: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
