@@ -17,6 +17,9 @@
    could at c=1, with the product's one model thread and the int8 first pass), then dense.
 6. ``app``: the gateway's whole FastAPI app, requests straight into it (bench/inprocess_app.py):
    a search's p50, its ``Server-Timing`` stages, the time before and after the search service.
+7. ``http``: the same app behind a plain uvicorn server, each benchmark client in a process of
+   its own (bench/inprocess_http.py): the empty request, the search, the app, and the search's
+   time outside the app — the HTTP legs without Ray Serve or HAProxy.
 
 No Ray, no services: the chunks' vectors come from ``bench/results/cache`` (embedded on the
 first run).
@@ -39,6 +42,7 @@ from batch_ingest.chunks import strip_header
 from bench.bench_plumbing import corpus
 from bench.common import setup_logging, write_result
 from bench.inprocess_app import bench_app
+from bench.inprocess_http import bench_http
 from deployments.models.embedding import EmbedderCore
 from deployments.protocols import SearchFilter, SearchHit
 from deployments.vector_store.filter import compile_filter
@@ -316,7 +320,9 @@ def bench_int8(pipe: Pipeline, rounds: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--what", default="memo,embed", help="of memo,embed,halfscan,int8,overlap,app")
+    p.add_argument(
+        "--what", default="memo,embed", help="of memo,embed,halfscan,int8,overlap,app,http"
+    )
     p.add_argument("--chunks", type=int, default=17_000)
     p.add_argument("--queries", type=int, default=300)
     p.add_argument("--top-k", type=int, default=30)
@@ -329,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {}
     if "app" in args.what:  # its own app over its own index and model
         result["app"] = bench_app(args)
-    if set(args.what.split(",")) <= {"app"}:
+    if "http" in args.what:  # the same app behind uvicorn
+        result["http"] = bench_http(args)
+    if set(args.what.split(",")) <= {"app", "http"}:
         return _written(args, result)
     pipe = Pipeline(args)
     if "memo" in args.what:
