@@ -79,6 +79,14 @@ class SearchSettings(BaseModel):
     adaptive_measure: Literal["relgap", "peak", "margin"] = "relgap"
     # Word-4-gram Jaccard at or above which two passages count as near-duplicates.
     near_duplicate_threshold: float = Field(0.8, gt=0.0, le=1.0)
+    # What rag.search_docs does with a passage that nearly repeats a better-ranked one:
+    # "collapse" keeps it, at its rank and counted in top_k, when it comes from another
+    # document, as a match with an empty snippet and "duplicate_of" naming the passage it
+    # repeats (every source of the text is cited, its text returned once; a repeat within
+    # one document is dropped); "drop" drops every repeat (more distinct passages in top_k,
+    # the other sources unnamed); "off" keeps every passage as it is. bench/README.md,
+    # "Near-duplicates and ranking quality".
+    near_duplicates: Literal["collapse", "drop", "off"] = "collapse"
     # Drop matches scoring below this (in the final score's scale); None keeps all.
     min_score: float | None = None
     # Token budget of all returned passages together; None = no budget.

@@ -245,6 +245,8 @@ async def _search_claims(
                 vector=vectors[i],
                 embed_error=embed_error,
                 read_id=read_id,
+                # A claim's support is judged per passage: a repeat adds no evidence.
+                near_duplicates="drop",
             )
 
     outcomes = await asyncio.gather(

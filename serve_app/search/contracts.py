@@ -136,6 +136,9 @@ class Match(BaseModel):
     source_ref: SourceRef
     chunk_id: str
     scores: dict[str, float] | None = None
+    # Set when this passage nearly repeats an earlier match of another document (the
+    # chunk id of that match): its snippet is then empty, the text being that match's.
+    duplicate_of: str | None = None
 
 
 class CacheInfo(BaseModel):

@@ -214,14 +214,65 @@ def drop_near_duplicates(
     ``limit`` stops once that many passages are kept: the caller keeps only the first
     ``top_k`` anyway, and shingling every candidate was the costliest step of a search."""
     kept: list[SearchHit] = []
-    kept_shingles: list[AbstractSet[Hashable]] = []
+    originals = _Originals(shingles_of, threshold)
     for hit in hits:
         if limit is not None and len(kept) >= limit:
             break
-        current = shingles_of(hit)
+        if originals.repeated(hit) is None:
+            kept.append(hit)
+    return kept
+
+
+def collapse_near_duplicates(
+    hits: Iterable[SearchHit],
+    shingles_of: Callable[[SearchHit], AbstractSet[Hashable]],
+    threshold: float = 0.8,
+    limit: int | None = None,
+) -> tuple[list[SearchHit], dict[str, str]]:
+    """Like ``drop_near_duplicates``, but a passage repeating a kept one of *another
+    document* stays, at its rank, as a duplicate: the second result maps its chunk id to the
+    chunk id of the passage it repeats (which comes before it). Its source is another place
+    the same text is found, which a caller would otherwise never learn; its text adds
+    nothing, so the caller need not read or show it again. A repeat of a kept passage by a
+    document already among that passage's sources (its own, or an earlier duplicate's) is
+    dropped. Duplicates count towards ``limit``; only originals are compared with."""
+    kept: list[SearchHit] = []
+    duplicate_of: dict[str, str] = {}
+    sources: dict[str, set[str]] = {}  # original chunk id -> documents holding its text
+    originals = _Originals(shingles_of, threshold)
+    for hit in hits:
+        if limit is not None and len(kept) >= limit:
+            break
+        original = originals.repeated(hit)
+        if original is None:
+            kept.append(hit)
+            sources[hit.chunk.chunk_id] = {hit.chunk.doc_id}
+            continue
+        docs = sources[original.chunk.chunk_id]
+        if hit.chunk.doc_id not in docs:
+            docs.add(hit.chunk.doc_id)
+            kept.append(hit)
+            duplicate_of[hit.chunk.chunk_id] = original.chunk.chunk_id
+    return kept, duplicate_of
+
+
+class _Originals:
+    """The passages kept as originals so far and their shingle sets; ``repeated(hit)`` is
+    the first of them that ``hit`` nearly repeats, or ``None`` (then ``hit`` joins them)."""
+
+    def __init__(
+        self, shingles_of: Callable[[SearchHit], AbstractSet[Hashable]], threshold: float
+    ) -> None:
+        self.shingles_of = shingles_of
+        self.threshold = threshold
+        self.hits: list[SearchHit] = []
+        self.sets: list[AbstractSet[Hashable]] = []
+
+    def repeated(self, hit: SearchHit) -> SearchHit | None:
+        current = self.shingles_of(hit)
         size = len(current)
-        duplicate = False
-        for other in kept_shingles:
+        threshold = self.threshold
+        for original, other in zip(self.hits, self.sets, strict=True):
             if not size or not other:
                 continue
             # |A ∩ B| / |A ∪ B| ≤ min / max: sets of too different sizes cannot reach the
@@ -231,12 +282,10 @@ def drop_near_duplicates(
                 continue
             common = len(current & other)
             if common / (size + len(other) - common) >= threshold:
-                duplicate = True
-                break
-        if not duplicate:
-            kept.append(hit)
-            kept_shingles.append(current)
-    return kept
+                return original
+        self.hits.append(hit)
+        self.sets.append(current)
+        return None
 
 
 def within_budget(

@@ -8,7 +8,8 @@ import asyncio
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Any
 
 from batch_ingest.chunks import strip_header
@@ -28,6 +29,7 @@ from serve_app.search.passages import PassageMemo
 from serve_app.search.query_models import QueryModels
 from serve_app.search.ranking import (
     adaptive_weights,
+    collapse_near_duplicates,
     drop_near_duplicates,
     fuse_rrf,
     fuse_weighted,
@@ -50,6 +52,9 @@ class RetrievalResult:
     mode: str
     degraded: list[str]
     graph: dict[str, Any] | None = None
+    # Chunk id of a hit that nearly repeats an earlier one of another document -> that
+    # earlier hit's chunk id (``search.near_duplicates: collapse``).
+    duplicate_of: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,9 +117,11 @@ class Retrieval:
         embed_error: str | None = None,
         read_id: str = "",
         generation: int | None = None,
+        near_duplicates: str | None = None,
     ) -> RetrievalResult:
         """The hits of ``req.query`` inside ``ctx``/``flt``: candidates, the result filter,
-        fusion, rerank, score threshold, near-duplicates and token budget, in search order.
+        fusion, rerank, score threshold, near-duplicates (``near_duplicates``, default
+        ``search.near_duplicates``) and token budget, in search order.
 
         ``vector`` is the query's embedding when the caller embedded it already (one batch
         for many queries); ``embed_error`` what that embedding failed with (the search falls
@@ -161,7 +168,10 @@ class Retrieval:
                 hits = await self._rerank(req.query, hits)
             except BackendUnavailable as exc:
                 degraded.append(f"reranker unavailable, fused order kept: {exc.message}")
-        return RetrievalResult(self._post(req, hits, top_k), mode, degraded, graph)
+        kept, duplicate_of = self._post(
+            req, hits, top_k, near_duplicates or self.settings.search.near_duplicates
+        )
+        return RetrievalResult(kept, mode, degraded, graph, duplicate_of)
 
     async def _method_lists(
         self,
@@ -225,25 +235,40 @@ class Retrieval:
         return _MethodLists(lists, mode, vector, query_lexical)
 
     def _post(
-        self, req: SearchDocsRequest, hits: Sequence[SearchHit], top_k: int
-    ) -> list[SearchHit]:
+        self, req: SearchDocsRequest, hits: Sequence[SearchHit], top_k: int, duplicates: str
+    ) -> tuple[list[SearchHit], dict[str, str]]:
         """The score threshold first (it is per passage, and duplicates score lower than the
-        copy they repeat), then near-duplicates only until ``top_k`` passages are kept, then
-        the token budget. Reads ``hits`` in order and only as far as it needs (fusion makes
-        each hit when it is read: ranking.Fused)."""
+        copy they repeat), then near-duplicates (``duplicates``: collapse, drop or off) only
+        until ``top_k`` passages are kept, then the token budget (a collapsed duplicate's
+        text is its original's, counted once). Reads ``hits`` in order and only as far as it
+        needs (fusion makes each hit when it is read: ranking.Fused)."""
         cfg = self.settings.search
+        duplicate_of: dict[str, str] = {}
         with stage("post"):
             min_score = req.min_score if req.min_score is not None else cfg.min_score
             passing: Iterable[SearchHit] = hits
             if min_score is not None:
                 passing = (h for h in hits if h.score >= min_score)
-            kept = drop_near_duplicates(
-                passing, self.passages.shingles, cfg.near_duplicate_threshold, limit=top_k
-            )
+            threshold = cfg.near_duplicate_threshold
+            if duplicates == "collapse":
+                kept, duplicate_of = collapse_near_duplicates(
+                    passing, self.passages.shingles, threshold, limit=top_k
+                )
+            elif duplicates == "drop":
+                kept = drop_near_duplicates(passing, self.passages.shingles, threshold, top_k)
+            else:
+                kept = list(islice(passing, top_k))
             budget = req.max_context_tokens or cfg.max_context_tokens
             if budget is not None:
-                kept = within_budget(kept, _body, self.count_tokens, budget)
-        return kept
+
+                def body(hit: SearchHit) -> str:
+                    return "" if hit.chunk.chunk_id in duplicate_of else _body(hit)
+
+                kept = within_budget(kept, body, self.count_tokens, budget)
+                # A prefix: an original is kept wherever a duplicate of it is.
+                left = {h.chunk.chunk_id for h in kept}
+                duplicate_of = {k: v for k, v in duplicate_of.items() if k in left}
+        return kept, duplicate_of
 
     async def _graph_linked_docs(
         self, req: SearchDocsRequest, ctx: AccessContext, degraded: list[str]

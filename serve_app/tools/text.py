@@ -49,10 +49,14 @@ def _search(r: SearchDocsResponse) -> list[str]:
         note = getattr(r, "notice", None)
         return [note or "No matching documents in this team's knowledge base."]
     out = [f"{_count(len(r.matches), 'passage')} (search: {r.mode}):"]
+    number = {m.chunk_id: i for i, m in enumerate(r.matches, 1)}
     for i, m in enumerate(r.matches, 1):
         where = m.source_ref.url or f"{m.source_ref.doc_type}:{m.source_ref.id}"
         out.append(f"[{i}] {m.title} — {where} (score {m.score:.2f})")
-        out.append(f"    {' '.join(m.snippet.split())}")
+        if m.duplicate_of in number:  # the text is that match's: said once
+            out.append(f"    (the same text as [{number[m.duplicate_of]}])")
+        else:
+            out.append(f"    {' '.join(m.snippet.split())}")
     return out
 
 

@@ -303,7 +303,7 @@ def test_search_mode_is_passed_to_the_store(gateway, mode):
     assert [s[3] for s in gateway.store.searches[-len(expected) :]] == expected
 
 
-def test_duplicate_passages_are_returned_once(make_gateway):
+def test_duplicate_passages_return_their_text_once_and_cite_both_sources(make_gateway):
     gateway = make_gateway(corpus=False)
     same = "Milvus keeps vectors for the greenfood team."
     gateway.ingest(
@@ -312,8 +312,10 @@ def test_duplicate_passages_are_returned_once(make_gateway):
             {"team_id": TEAM, "doc_id": "copy_b", "title": "B", "text": same},
         ]
     )
-    response = gateway.search({"team_id": TEAM, "query": "Milvus vectors"})
-    assert len(response.json()["matches"]) == 1
+    first, second = gateway.search({"team_id": TEAM, "query": "Milvus vectors"}).json()["matches"]
+    assert {first["source_ref"]["id"], second["source_ref"]["id"]} == {"copy_a", "copy_b"}
+    assert "Milvus" in first["snippet"] and "duplicate_of" not in first
+    assert second["snippet"] == "" and second["duplicate_of"] == first["chunk_id"]
 
 
 def test_title_falls_back_to_doc_id_without_title(gateway):

@@ -10,6 +10,7 @@ from deployments.protocols import ChunkRecord, SearchHit
 from serve_app.search.ranking import (
     THEORETICAL_MIN,
     adaptive_weights,
+    collapse_near_duplicates,
     drop_near_duplicates,
     fuse_rrf,
     fuse_weighted,
@@ -19,10 +20,10 @@ from serve_app.search.ranking import (
 )
 
 
-def hit(cid: str, score: float, text: str = "") -> SearchHit:
+def hit(cid: str, score: float, text: str = "", doc: str = "") -> SearchHit:
     chunk = ChunkRecord(
         chunk_id=cid,
-        doc_id=cid,
+        doc_id=doc or cid,
         team_id="t",
         chunk_index=0,
         text=text or f"text of {cid}",
@@ -161,6 +162,56 @@ def test_relgap_confidence_is_the_relative_drop_to_the_kth_score():
     # Clipped to 0..1; a zero top score says nothing.
     assert list_confidence([hit("a", 1.0), hit("b", -3.0)], measure="relgap") == 1.0
     assert list_confidence([hit("a", 0.0), hit("b", 0.0)], measure="relgap") == 0.0
+
+
+def test_collapse_keeps_another_documents_copy_as_a_duplicate_and_drops_a_repeated_source():
+    base = "the solar farm in district four feeds the community microgrid every afternoon"
+    hits = [
+        hit("a1", 5, base, doc="A"),
+        hit("a2", 4, base + " today", doc="A"),  # the same document again: nothing new
+        hit("b1", 3, base, doc="B"),  # another document holding the text: cited
+        hit("b2", 2, base, doc="B"),  # B is already cited for it
+        hit("c1", 1, "an unrelated note about rivers and bridges", doc="C"),
+    ]
+    kept, duplicate_of = collapse_near_duplicates(hits, lambda h: shingles(h.chunk.text), 0.8)
+    assert ids(kept) == ["a1", "b1", "c1"]
+    assert duplicate_of == {"b1": "a1"}
+
+
+def test_collapse_counts_duplicates_towards_the_limit():
+    base = "the solar farm in district four feeds the community microgrid every afternoon"
+    hits = [hit("a", 3, base), hit("b", 2, base), hit("c", 1, "another note entirely here")]
+    kept, duplicate_of = collapse_near_duplicates(
+        hits, lambda h: shingles(h.chunk.text), 0.8, limit=2
+    )
+    assert ids(kept) == ["a", "b"] and duplicate_of == {"b": "a"}
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    sets=st.deferred(lambda: EDITED_SETS),
+    docs=st.lists(st.sampled_from("ABC"), min_size=30, max_size=30),
+    threshold=st.sampled_from([0.5, 0.8, 1.0]),
+)
+def test_collapse_keeps_the_originals_drop_keeps_and_cites_each_source_once(sets, docs, threshold):
+    hits = [hit(str(i), 1.0, doc=docs[i]) for i in range(len(sets))]
+    by_id = {str(i): s for i, s in enumerate(sets)}
+
+    def shingles_of(h: SearchHit) -> set[int]:
+        return by_id[h.chunk.chunk_id]
+
+    kept, duplicate_of = collapse_near_duplicates(hits, shingles_of, threshold)
+    originals = [h for h in kept if h.chunk.chunk_id not in duplicate_of]
+    assert ids(originals) == ids(drop_near_duplicates(hits, shingles_of, threshold))
+    position = {h.chunk.chunk_id: n for n, h in enumerate(kept)}
+    doc_of = {h.chunk.chunk_id: h.chunk.doc_id for h in hits}
+    cited: dict[str, set[str]] = {h.chunk.chunk_id: {h.chunk.doc_id} for h in originals}
+    for copy, original in duplicate_of.items():
+        assert original in cited and position[original] < position[copy]
+        a, b = by_id[copy], by_id[original]
+        assert a and b and len(a & b) / len(a | b) >= threshold
+        assert doc_of[copy] not in cited[original]  # a new source of the text, once
+        cited[original].add(doc_of[copy])
 
 
 def _near_duplicates_pair_by_pair(sets: list[set[int]], threshold: float) -> list[int]:

@@ -423,3 +423,11 @@ def test_every_bad_argument_is_listed_with_its_own_problem(gw):
     fields = {f["field"]: f["problem"] for f in r.json()["fields"]}
     assert set(fields) == {"query", "top_k"}
     assert "top_k" not in fields["query"]
+
+
+def test_a_duplicate_is_rendered_as_a_pointer_to_the_match_with_its_text():
+    resp = response("Milvus keeps the vectors.", n=3, degraded=False)
+    resp.matches[2].snippet, resp.matches[2].duplicate_of = "", "c0"
+    lines = render(resp).split("\n")
+    assert lines[-2].startswith("[3] Document 2") and lines[-1] == "    (the same text as [1])"
+    assert lines[2] == "    Milvus keeps the vectors."
