@@ -41,7 +41,9 @@ def count():
     return tokenizer_counter(default_model_path())
 
 
-def search(count, search_settings: dict[str, Any] | None = None, **body: Any) -> dict:
+def search(
+    count, search_settings: dict[str, Any] | None = None, docs: list | None = None, **body: Any
+) -> dict:
     settings = GatewaySettings(
         environment="test",
         auth={"mode": "dev"},
@@ -52,7 +54,7 @@ def search(count, search_settings: dict[str, Any] | None = None, **body: Any) ->
         embedder=FakeEmbedder(dim=32), store=FakeVectorStore(), graph=FakeGraphStore()
     )
     client = TestClient(create_app(build_services(settings, backends, count_tokens=count)))
-    response = client.post("/ingest/documents", json={"documents": DOCS})
+    response = client.post("/ingest/documents", json={"documents": docs or DOCS})
     assert response.status_code == 200, response.text
     response = client.post("/rag/search_docs", json={**QUERY, **body})
     assert response.status_code == 200, response.text
@@ -93,3 +95,16 @@ def test_a_budget_counts_the_repeated_text_once(count):
     assert set(by_doc(answer)) == {"store-guide", "store-guide-copy", "orchard"}
     dropped = search(count, {"near_duplicates": "off"}, max_context_tokens=note_tokens + 4)
     assert len(dropped["matches"]) == 1
+
+
+def test_a_copy_the_caller_may_not_see_leaves_no_trace(count):
+    secret = {"team_id": TEAM, "doc_id": "secret-guide", "mode": "confidential", "text": NOTE}
+    docs = [secret, DOCS[0], DOCS[2]]
+    # A caller who may read it: the hidden copy ranks first, the public one repeats it.
+    insider = by_doc(search(count, docs=docs, mode="confidential"))
+    assert insider["store-guide"]["duplicate_of"] == insider["secret-guide"]["chunk_id"]
+    # One who may not: the public copy stands alone, nothing points past what it may see.
+    public = search(count, docs=docs)
+    assert "secret-guide" not in by_doc(public)
+    assert all("duplicate_of" not in m for m in public["matches"])
+    assert "solar array" in by_doc(public)["store-guide"]["snippet"]
