@@ -80,7 +80,8 @@ class ToolFilters(_Args):
 
 class SearchDocsArgs(_Args):
     """Search the team's documents (messages, docs, files, wiki pages) for passages about a
-    question; each hit comes with its title, url and a snippet to cite."""
+    question; each hit comes with its title, url and a snippet to cite (a hit marked
+    duplicate_of repeats another hit's text from another source)."""
 
     query: Text = Field(description="What to look for, in the user's words.")
     top_k: int = Field(
