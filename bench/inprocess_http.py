@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.bench_search_real import parse_server_timing
 from bench.http_clients import CLIENTS, open_client
 
 EMPTY_REQUESTS = 200
@@ -101,10 +102,7 @@ async def _client(argv: list[str]) -> dict[str, Any]:
             answer.json()
             took.append((time.perf_counter() - started) * 1000)
             answer.raise_for_status()
-            stages = dict(
-                part.split(";dur=") for part in answer.headers["server-timing"].split(", ")
-            )
-            app.append(float(stages["app"]))
+            app.append(parse_server_timing(answer.headers["server-timing"])["app"])
             await asyncio.sleep(gap)
     median = statistics.median
     return {

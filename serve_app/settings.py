@@ -30,6 +30,10 @@ JWT_ALGORITHMS = (
 )
 
 
+# What a search does with near-duplicate passages (SearchSettings.near_duplicates).
+NearDuplicates = Literal["collapse", "drop", "off"]
+
+
 class SearchSettings(BaseModel):
     """Defaults and bounds of rag.search_docs."""
 
@@ -86,7 +90,7 @@ class SearchSettings(BaseModel):
     # one document is dropped); "drop" drops every repeat (more distinct passages in top_k,
     # the other sources unnamed); "off" keeps every passage as it is. bench/README.md,
     # "Near-duplicates and ranking quality".
-    near_duplicates: Literal["collapse", "drop", "off"] = "collapse"
+    near_duplicates: NearDuplicates = "collapse"
     # Drop matches scoring below this (in the final score's scale); None keeps all.
     min_score: float | None = None
     # Token budget of all returned passages together; None = no budget.

@@ -35,7 +35,7 @@ from serve_app.search.ranking import (
     fuse_weighted,
     within_budget,
 )
-from serve_app.settings import GatewaySettings
+from serve_app.settings import GatewaySettings, NearDuplicates
 from serve_app.timing import stage
 
 # Queries whose learned sparse weights are remembered between the embedding and the search
@@ -117,7 +117,7 @@ class Retrieval:
         embed_error: str | None = None,
         read_id: str = "",
         generation: int | None = None,
-        near_duplicates: str | None = None,
+        near_duplicates: NearDuplicates | None = None,
     ) -> RetrievalResult:
         """The hits of ``req.query`` inside ``ctx``/``flt``: candidates, the result filter,
         fusion, rerank, score threshold, near-duplicates (``near_duplicates``, default
@@ -235,7 +235,11 @@ class Retrieval:
         return _MethodLists(lists, mode, vector, query_lexical)
 
     def _post(
-        self, req: SearchDocsRequest, hits: Sequence[SearchHit], top_k: int, duplicates: str
+        self,
+        req: SearchDocsRequest,
+        hits: Sequence[SearchHit],
+        top_k: int,
+        duplicates: NearDuplicates,
     ) -> tuple[list[SearchHit], dict[str, str]]:
         """The score threshold first (it is per passage, and duplicates score lower than the
         copy they repeat), then near-duplicates (``duplicates``: collapse, drop or off) only
