@@ -114,7 +114,7 @@ def build_services(
             settings.cache,
             build_store(settings.cache),
             pipeline.generations,
-            retrieval.query_vector,
+            retrieval.queries.vector,
         )
         if settings.cache.enabled and pipeline.generations is not None
         else None

@@ -216,7 +216,7 @@ async def _search_claims(
     embed_error: str | None = None
     if claims and plan.mode in ("hybrid", "dense"):
         try:
-            embedded = await retrieval.embed_queries(queries)
+            embedded = await retrieval.queries.embed(queries)
             vectors = [[float(x) for x in v] for v in embedded]
         except BackendUnavailable as exc:
             embed_error = exc.message  # every claim's search falls back to BM25 and says so

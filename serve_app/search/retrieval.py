@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import islice
@@ -22,25 +21,19 @@ from deployments.protocols import (
     SearchHit,
     VectorStore,
 )
-from serve_app.access import graph as graph_access
 from serve_app.access.context import AccessContext
 from serve_app.search.contracts import SearchDocsRequest
+from serve_app.search.fusion import fuse
+from serve_app.search.graph_links import GraphLinks
 from serve_app.search.passages import PassageMemo
-from serve_app.search.query_models import QueryModels
+from serve_app.search.query_vectors import QueryVectors
 from serve_app.search.ranking import (
-    adaptive_weights,
     collapse_near_duplicates,
     drop_near_duplicates,
-    fuse_rrf,
-    fuse_weighted,
     within_budget,
 )
 from serve_app.settings import GatewaySettings, NearDuplicates
 from serve_app.timing import stage
-
-# Queries whose learned sparse weights are remembered between the embedding and the search
-# (the semantic cache and enrich embed first, then search with the vector they got).
-LEXICAL_MEMORY = 512
 
 
 @dataclass
@@ -83,27 +76,16 @@ class Retrieval:
         count_tokens: Callable[[str], int],
     ) -> None:
         self.settings = settings
-        self.embedder = embedder
         self.store = store
-        self.graph = graph
         self.reranker = reranker
         # Counts tokens of returned passages for max_context_tokens (the embedder's tokenizer).
         self.count_tokens = count_tokens
         # Shingles and sentences of the passages searches returned lately (near-duplicates,
         # snippets).
         self.passages = PassageMemo(settings.search.passage_memo)
-        # A BGE-M3 embedder's learned sparse weights of recent queries (``embed_queries``).
-        self._lexical: OrderedDict[str, dict[int, float]] = OrderedDict()
-        # During a change of model: the query's vector of each served model.
-        models = [e.embed_model_tag for e in settings.embedders]
-        self.query_models = QueryModels(
-            embedder, models[0], models[1:], settings.search.embed_deadline_s
-        )
-
-    @property
-    def lexical(self) -> bool:
-        """Whether hybrid searches fuse the learned sparse list (the embedder makes it)."""
-        return self.settings.embedder.lexical
+        # The query's embedding (and learned sparse weights, other models' vectors).
+        self.queries = QueryVectors(settings, embedder)
+        self.graph = GraphLinks(settings, graph, store)
 
     async def run(
         self,
@@ -134,7 +116,7 @@ class Retrieval:
         linked: dict[str, float] = {}
         graph: dict[str, Any] | None = None
         if req.graph is not None:
-            linked, graph = await self._graph_linked_docs(req, ctx, degraded)
+            linked, graph = await self.graph.linked_docs(req, ctx, degraded)
             if req.graph.mode == "scope" and linked:
                 flt = replace(flt, doc_ids=tuple(linked))
 
@@ -156,12 +138,12 @@ class Retrieval:
         with stage("visible"):
             lists = _visible(found.lists, ctx)
         if linked and req.graph is not None and req.graph.mode == "boost":
-            hits = await self._graph_boost(
+            hits = await self.graph.boost(
                 req, ctx, flt, lists, linked, mode, found.vector, fetch, read, found.lexical
             )
         else:
             with stage("fuse"):
-                hits = self._fuse(lists, req) if mode == "hybrid" else lists[mode]
+                hits = fuse(lists, req, self.settings) if mode == "hybrid" else lists[mode]
 
         if use_rerank and hits:
             try:
@@ -205,7 +187,7 @@ class Retrieval:
             if mode in ("hybrid", "dense"):
                 if embed_error is None:
                     try:
-                        vector = await self.query_vector(req.query, vector)
+                        vector = await self.queries.vector(req.query, vector)
                     except BackendUnavailable as exc:
                         embed_error = exc.message
                 if embed_error is not None:
@@ -218,7 +200,7 @@ class Retrieval:
                         )
                 else:
                     methods: tuple[str, ...] = ("dense", "bm25") if together else ("dense",)
-                    query_lexical = await self._query_lexical(req, mode)
+                    query_lexical = await self.queries.sparse(req, mode)
                     if query_lexical:
                         methods += ("lexical",)
                     lists |= await self._candidates(
@@ -274,109 +256,6 @@ class Retrieval:
                 duplicate_of = {k: v for k, v in duplicate_of.items() if k in left}
         return kept, duplicate_of
 
-    async def _graph_linked_docs(
-        self, req: SearchDocsRequest, ctx: AccessContext, degraded: list[str]
-    ) -> tuple[dict[str, float], dict[str, Any]]:
-        """``doc_id → graph score`` of the documents linked to the entities the query names
-        (empty when the graph is down or disabled: the search goes on and says so), and what
-        was found (the fields of the response's ``graph``)."""
-        opt = req.graph
-        assert opt is not None
-        note = None
-        try:
-            if self.graph is None:
-                raise BackendUnavailable(
-                    "neo4j", "the graph is disabled in this deployment (graph_enabled: false)"
-                )
-            deadline = self.settings.search.graph_deadline_s
-            try:
-                async with asyncio.timeout(deadline):
-                    found = await self.graph.related_docs(
-                        req.query, graph_access.graph_scope(ctx), opt.max_entities, opt.max_docs
-                    )
-            except TimeoutError:
-                raise BackendUnavailable("neo4j", f"no answer within {deadline:g} s") from None
-        except BackendUnavailable as exc:
-            degraded.append(f"graph unavailable, searched without it: {exc.message}")
-            found, note = {"entities": [], "docs": {}}, "graph unavailable"
-        entities = [e for e in found["entities"] if graph_access.may_see_entity(ctx, e["node"])]
-        docs = dict(found["docs"])
-        if not entities:
-            docs = {}
-            note = note or "the query names no entity of the graph in your scope"
-        elif not docs:
-            note = "no documents are linked to the entities the query names"
-        info = dict(
-            mode=opt.mode,
-            entities=[
-                {
-                    "label": (e["node"].get("labels") or [""])[0],
-                    "id": e["node"].get("id"),
-                    "name": e["node"].get("name") or e["node"].get("title"),
-                    "score": e["score"],
-                }
-                for e in entities
-            ],
-            linked_docs=len(docs),
-            applied=bool(docs),
-            note=note,
-        )
-        return docs, info
-
-    async def _graph_boost(
-        self,
-        req: SearchDocsRequest,
-        ctx: AccessContext,
-        flt: SearchFilter,
-        lists: dict[str, list[SearchHit]],
-        linked: dict[str, float],
-        mode: str,
-        vector: Any,
-        fetch: int,
-        read_id: str,
-        query_lexical: Mapping[int, float] | None = None,
-    ) -> Sequence[SearchHit]:
-        """Fuse the methods' lists with one more, ``graph``: the candidates of the linked
-        documents ranked by their graph score. The linked documents' own best chunks are
-        fetched too, so one outside the top ``fetch`` of every method can still surface."""
-        assert req.graph is not None
-        methods = tuple(m for m in ("dense", "bm25", "lexical") if m in lists)
-        use_vector = vector if isinstance(vector, list) else None
-        # A filter on many ids is slow (Milvus Lite scans); a large linked set only reorders
-        # the candidates the methods found.
-        extra: dict[str, list[SearchHit]] = {}
-        if len(linked) <= self.settings.search.graph_fetch_max_docs:
-            extra = await self.store.candidates(
-                req.query,
-                use_vector if "dense" in methods else None,
-                replace(flt, doc_ids=tuple(linked)),
-                fetch,
-                methods,
-                read_id,
-                query_lexical,
-            )
-        for method, found in extra.items():
-            have = {h.chunk.chunk_id for h in lists.get(method, [])}
-            more = [h for h in found if h.chunk.chunk_id not in have and ctx.may_see(h.chunk)]
-            lists[method] = sorted([*lists.get(method, []), *more], key=lambda h: -h.score)
-        pool: dict[str, SearchHit] = {}
-        for found in lists.values():
-            for hit in found:
-                if hit.chunk.doc_id in linked:
-                    pool.setdefault(hit.chunk.chunk_id, hit)
-        graph_list = sorted(
-            (SearchHit(chunk=h.chunk, score=linked[h.chunk.doc_id]) for h in pool.values()),
-            key=lambda h: (-h.score, h.chunk.chunk_id),
-        )
-        weight = req.graph.weight
-        if mode != "hybrid":
-            return fuse_weighted(
-                {mode: lists[mode], "graph": graph_list},
-                {mode: 1.0, "graph": weight},
-                self.settings.search.fusion_normalisation,
-            )
-        return self._fuse({**lists, "graph": graph_list}, req, extra={"graph": weight})
-
     async def _candidates(
         self,
         query: str,
@@ -394,7 +273,7 @@ class Retrieval:
         if generation is not None:
             more["generation"] = generation
         if "dense" in methods:
-            vectors = await self.query_models.vectors(query, vector)
+            vectors = await self.queries.models.vectors(query, vector)
             if vectors is not None:  # the Retriever picks the one of the version it reads
                 more["query_vectors"] = vectors
         with stage("+".join(methods)):
@@ -407,87 +286,6 @@ class Retrieval:
                 raise BackendUnavailable(
                     "milvus", f"no candidates ({'+'.join(methods)}) within {deadline:g} s"
                 ) from None
-
-    async def query_vector(
-        self, query: str, given: list[float] | None = None
-    ) -> list[float] | None:
-        """The query's embedding (``given`` when the caller has it), as a list of floats."""
-        if given is not None:
-            return given
-        with stage("embed"):
-            return _as_list((await self.embed_queries([query]))[0])
-
-    async def embed_queries(self, queries: list[str]) -> Any:
-        """Query embeddings within ``search.embed_deadline_s``. From an embedder that makes
-        learned sparse weights too, those are remembered for the searches that follow.
-
-        Raises:
-            BackendUnavailable: the embedder failed or did not answer in time.
-        """
-        deadline = self.settings.search.embed_deadline_s
-        try:
-            async with asyncio.timeout(deadline):
-                if not self.lexical:
-                    return await self.embedder.embed(queries, "query")
-                encoded = await self.embedder.encode(queries, "query")
-        except TimeoutError:
-            raise BackendUnavailable(
-                "embedder", f"no query embedding within {deadline:g} s"
-            ) from None
-        for query, weights in zip(queries, encoded.lexical or (), strict=False):
-            self._lexical[query] = weights
-            self._lexical.move_to_end(query)
-        while len(self._lexical) > LEXICAL_MEMORY:
-            self._lexical.popitem(last=False)
-        return encoded.dense
-
-    def _lexical_weight(self, req: SearchDocsRequest) -> float:
-        if req.weights is not None and req.weights.lexical is not None:
-            return req.weights.lexical
-        return self.settings.search.lexical_weight
-
-    async def _query_lexical(self, req: SearchDocsRequest, mode: str) -> dict[int, float] | None:
-        """The query's learned sparse weights when a hybrid search fuses them (``None``:
-        it does not); embedded again only when the vector came without them."""
-        if not self.lexical or mode != "hybrid" or self._lexical_weight(req) <= 0:
-            return None
-        weights = self._lexical.get(req.query)
-        if weights is None:
-            with stage("embed"):
-                await self.embed_queries([req.query])
-            weights = self._lexical.get(req.query)
-        return weights or None
-
-    def _fuse(
-        self,
-        lists: dict[str, list[SearchHit]],
-        req: SearchDocsRequest,
-        extra: dict[str, float] | None = None,
-    ) -> Sequence[SearchHit]:
-        """Hybrid fusion of ``lists`` (dense, BM25 and any ``extra`` weighted list).
-        ``adaptive`` is weighted fusion whose dense/BM25 weights are set per query from the
-        confidence of each method's candidate list (``ranking.adaptive_weights``)."""
-        cfg = self.settings.search
-        weights = (
-            req.weights.model_dump(exclude={"lexical"})
-            if req.weights is not None
-            else {"dense": cfg.dense_weight, "bm25": cfg.bm25_weight}
-        )
-        if "lexical" in lists:
-            weights["lexical"] = self._lexical_weight(req)
-        fusion = req.fusion or cfg.fusion
-        if fusion == "adaptive":
-            methods = {m: lists[m] for m in weights if m in lists}
-            weights = adaptive_weights(
-                methods, weights, cfg.adaptive_gamma, cfg.adaptive_k, cfg.adaptive_measure
-            )
-        if fusion in ("weighted", "adaptive"):
-            return fuse_weighted(lists, {**weights, **(extra or {})}, cfg.fusion_normalisation)
-        # RRF is unweighted unless the caller sends weights (or an extra list comes in).
-        if req.weights is None and not extra:
-            return fuse_rrf(lists, cfg.rrf_k, None)
-        base = weights if req.weights is not None else {m: 1.0 for m in lists if m != "graph"}
-        return fuse_rrf(lists, cfg.rrf_k, {**base, **(extra or {})})
 
     async def _rerank(self, query: str, hits: Sequence[SearchHit]) -> list[SearchHit]:
         assert self.reranker is not None
@@ -517,12 +315,6 @@ def _visible(lists: dict[str, list[SearchHit]], ctx: AccessContext) -> dict[str,
         method: [hit for hit in hits if id(hit.chunk) not in hidden]
         for method, hits in lists.items()
     }
-
-
-def _as_list(vector: Any) -> list[float] | None:
-    if vector is None:
-        return None
-    return [float(x) for x in vector]
 
 
 def _body(hit: SearchHit) -> str:

@@ -97,7 +97,7 @@ class SemanticCache:
         self._generation_reads = (
             SharedReads(generations.get, generations.read_now) if generations else None
         )
-        # The search pipeline's own query embedding (Retrieval.query_vector), so the vector
+        # The search pipeline's own query embedding (QueryVectors.vector), so the vector
         # made here is the one the search then uses.
         self.embed_query = embed_query
         self.hits = 0
