@@ -294,7 +294,7 @@ def test_the_gateway_refuses_cypher_and_filters_intents_by_acl(settings):
     an intent answers what the caller's ACL admits, without filtered rows."""
     from serve_app.access.policy import Policy
     from serve_app.testing import claims, jwt_auth, mint
-    from tests.security.leak_probes import GraphGateway
+    from tests.security.graph_gateway import GraphGateway
 
     team = f"acl_{uuid.uuid4().hex[:8]}"
     gw = GraphGateway(jwt_auth(), Policy(), settings.neo4j)

@@ -33,7 +33,7 @@ def test_graph_probes_find_no_leak(settings):
 
 def test_a_failing_fulltext_procedure_is_not_a_500(settings):
     from serve_app.testing import TENANCY_POLICY, claims, jwt_auth, mint
-    from tests.security.leak_probes import GraphGateway
+    from tests.security.graph_gateway import GraphGateway
 
     gw = GraphGateway(jwt_auth(), TENANCY_POLICY, settings.neo4j)
     try:

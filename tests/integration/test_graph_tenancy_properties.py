@@ -6,8 +6,8 @@ write never changes the graph, and a bad credential is always 401.
 
 The graph is seeded once per module by the leak-probe machinery (tests/security/leak_probes.py:
 three teams of this run, documents with markers, wiki-links, users, projects, resources and
-agents in both visibilities); its oracle (``GraphSeed.visible``) is written from the policy's
-rules, not from AccessContext.
+agents in both visibilities); its oracle (``GraphSeed.visible`` of tests/security/graph_seed.py)
+is written from the policy's rules, not from AccessContext.
 """
 
 from __future__ import annotations
@@ -22,14 +22,8 @@ from hypothesis import strategies as st
 
 from deployments.graph_store.cypher import NODE_LABELS
 from deployments.graph_store.intents import INTENTS
-from tests.security.leak_probes import (
-    INJECTIONS,
-    REFUSED_CYPHER,
-    SCOPED_CYPHER,
-    WRITE_CYPHER,
-    Prober,
-    isolated_env,
-)
+from tests.security.graph_attacks import INJECTIONS, REFUSED_CYPHER, SCOPED_CYPHER, WRITE_CYPHER
+from tests.security.leak_probes import Prober, isolated_env
 from tests.security.test_tenancy_properties import ADVERSARIAL, BAD_TOKENS, ROLES, token_for
 
 pytestmark = pytest.mark.integration

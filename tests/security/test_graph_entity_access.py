@@ -1,5 +1,5 @@
 """Issue 32's two reproductions, over HTTP against the real Neo4j (the in-process gateway of
-tests/security/leak_probes.py, JWT callers):
+tests/security/graph_gateway.py, JWT callers):
 
 1. the entities an ACL'd document makes (its tags, channel and author) reach no caller its
    ACL excludes — not in graph-boosted search, not in any intent, not as an explain_path end
@@ -23,7 +23,7 @@ import pytest
 
 from deployments.graph_store.intents import INTENTS
 from serve_app.testing import claims, isolated_env, jwt_auth, mint
-from tests.security.leak_probes import GraphGateway
+from tests.security.graph_gateway import GraphGateway
 
 pytestmark = pytest.mark.integration
 
