@@ -27,7 +27,7 @@ def hybrid_search(
     name = store.open_collection(flt.team_id)
     if name is None:
         return []
-    acl = store.versions.has_acl(name)
+    acl = store.shapes.has_acl(name)
     expr = build_filter_expr(flt, acl=acl)
     requests = [
         AnnSearchRequest([query_vector], "dense", store.dense_params(limit), limit, expr=expr),

@@ -181,7 +181,7 @@ class RetrieverDeployment:
         )
         if physical is None:  # no collection: nothing to match
             return vector_for(vectors, None, f"team {team_id}")
-        model = await asyncio.to_thread(self.store.versions.model_of, physical)
+        model = await asyncio.to_thread(self.store.shapes.model_of, physical)
         return vector_for(vectors, model, physical)
 
     async def _search(

@@ -3,7 +3,7 @@ docs/operations.md "Changing the embedding model").
 
 The ingress embeds the query with every model served and sends the vectors keyed by model tag;
 the Retriever pins the physical version the search reads (``memindex.pins``) and takes the
-vector of that version's model (``CollectionVersions.model_of``), so a vector is never matched
+vector of that version's model (``CollectionShapes.model_of``), so a vector is never matched
 against another model's collection, whichever side of the alias switch the search falls on.
 """
 

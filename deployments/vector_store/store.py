@@ -4,8 +4,9 @@ deletes recorded in the change log the in-memory index follows, filtered dense/B
 sparse search
 and the reads the in-memory index loads from. The same code talks to the local Milvus Lite
 server and a Milvus cluster. Beside it: client.py (the connection), schema.py
-(the DDL), versions.py (the versions behind a team's alias, for reindex),
-rows.py (rows ↔ records) and filter.py (the compiled tenancy filter)."""
+(the DDL), shapes.py (what each collection holds: fields, vector size, model), versions.py
+(the versions behind a team's alias, for reindex), rows.py (rows ↔ records) and filter.py
+(the compiled tenancy filter)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ from deployments.vector_store.rows import (
     output_fields,
     row_to_chunk,
 )
-from deployments.vector_store.versions import CollectionVersions, check_vectors
+from deployments.vector_store.shapes import CollectionShapes, check_vectors
+from deployments.vector_store.versions import CollectionVersions
 
 logger = logging.getLogger(__name__)
 BM25_PARAMS: dict[str, Any] = {"metric_type": "BM25"}
@@ -55,10 +57,10 @@ class MilvusStore:
             from now on get the ``lexical`` field, and the ``lexical`` method searches it
             (in a collection without the field it finds nothing).
         embed_model: the tag of the model making ``dim``-d vectors, noted on the collections
-            it creates (``CollectionVersions.model_of``).
+            it creates (``CollectionShapes.model_of``).
         dims: other vector sizes a collection may hold (during a change of model).
         served: tags of the models this process embeds with: a team's collection of another
-            model's vectors is refused (``CollectionVersions.check_model``). Empty: no check.
+            model's vectors is refused (``CollectionShapes.check_model``). Empty: no check.
     """
 
     def __init__(
@@ -84,27 +86,31 @@ class MilvusStore:
             settings.collection, self.conn.call, retention_s=settings.memory_index.retention_s
         )
         self.conn.on_reset(self._forget_connection)
-        self.versions = CollectionVersions(
+        self.shapes = CollectionShapes(
             self.conn,
             settings,
             dim,
-            alias_for=self.collection_for,
-            changes=self.changes,
-            on_switch=self._switched,
             lexical=lexical,
             embed_model=embed_model,
             dims=dims,
             served=served,
         )
+        self.versions = CollectionVersions(
+            self.conn,
+            self.shapes,
+            alias_for=self.collection_for,
+            changes=self.changes,
+            on_switch=self._switched,
+        )
 
     def _switched(self, alias: str) -> None:
         self._open.discard(alias)
-        self.versions.forget(alias)
+        self.shapes.forget(alias)
 
     def _forget_connection(self) -> None:
         # A new connection may face a restarted server: load collections again.
         self._open.clear()
-        self.versions.forget()
+        self.shapes.forget()
         self.changes.reset()
 
     @property
@@ -137,18 +143,18 @@ class MilvusStore:
                     return None
                 self._create(name)
             else:
-                self.versions.check_dim(name)
+                self.shapes.check_dim(name)
             # Milvus Lite needs an explicit load after a restart (and before any query,
             # such as check_model's read of a row when the version noted no model).
             self.conn.call("load", "load_collection", name)
-            self.versions.check_model(name)
+            self.shapes.check_model(name)
             self._open.add(name)
         return name
 
     def _create(self, name: str) -> None:
         """Create ``<name>__v1`` and point alias ``name`` at it. Safe against a concurrent
         creator (another replica): "already exists" is fine."""
-        self.versions.create_physical(f"{name}__v1")
+        self.shapes.create_physical(f"{name}__v1")
         try:
             self.conn.call("create alias", "create_alias", f"{name}__v1", name)
         except BackendUnavailable:
@@ -160,14 +166,14 @@ class MilvusStore:
         if not chunks:
             return 0
         # Each collection checks its own size (a change of model has two).
-        check_vectors(chunks, self.versions.dims)
+        check_vectors(chunks, self.shapes.dims)
         by_team: dict[str, list[ChunkRecord]] = {}
         for chunk in chunks:
             by_team.setdefault(chunk.team_id, []).append(chunk)
         for team_id, team_chunks in by_team.items():
             name = self._collection(team_id, create=True)
             assert name is not None  # create=True makes it
-            acl, lexical = self.versions.has_acl(name), self.versions.has_lexical(name)
+            acl, lexical = self.shapes.has_acl(name), self.shapes.has_lexical(name)
             rows = [chunk_to_row(c, acl=acl, lexical=lexical) for c in team_chunks]
             # Always upsert: a plain insert of an existing pk duplicates rows in real Milvus.
             self.conn.call("upsert", "upsert", name, rows)
@@ -230,7 +236,7 @@ class MilvusStore:
         if name is None:
             return []
         expr = doc_expr(team_id, doc_type, doc_id)
-        fields = output_fields(acl=self.versions.has_acl(name))
+        fields = output_fields(acl=self.shapes.has_acl(name))
         rows = self.conn.call("query", "query", name, filter=expr, output_fields=fields)
         return sorted((row_to_chunk(r) for r in rows), key=lambda c: c.chunk_index)
 
@@ -277,7 +283,7 @@ class MilvusStore:
     def live_model(self, team_id: str) -> str | None:
         """The model tag of the version the team's alias names now (``None``: none yet)."""
         physical = self.versions.live_physical(team_id)
-        return None if physical is None else self.versions.model_of(physical)
+        return None if physical is None else self.shapes.model_of(physical)
 
     def count(self, team_id: str) -> int:
         name = self._collection(team_id, create=False)
@@ -364,7 +370,7 @@ class MilvusStore:
         mode: str,
         query_lexical: Mapping[int, float] | None,
     ) -> list[SearchHit]:
-        acl = self.versions.has_acl(name)
+        acl = self.shapes.has_acl(name)
         expr = compiled.milvus_expr(acl=acl)
         data: list[Any]
         if mode == "dense":
@@ -373,7 +379,7 @@ class MilvusStore:
             data, field, params = [query_text], "sparse", BM25_PARAMS
         else:
             weights = {int(t): float(w) for t, w in (query_lexical or {}).items() if w > 0}
-            if not weights or not self.versions.has_lexical(name):
+            if not weights or not self.shapes.has_lexical(name):
                 return []
             data, field, params = [weights], "lexical", {"metric_type": "IP"}
         result = self.conn.call(

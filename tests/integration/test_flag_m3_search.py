@@ -55,7 +55,7 @@ def test_stored_weights_and_three_way_fusion(gateway):
     assert response.status_code == 200, response.text
     store = retriever.store
     name = store.collection_for(team)
-    assert store.versions.has_lexical(name)
+    assert store.shapes.has_lexical(name)
     ids = [c.chunk_id for d, _ in DOCS for c in store.get_chunks(team, "doc", d)]
     stored = store.stored_chunks(team, ids)
     assert len(stored) == len(DOCS) and all(c.lexical for c in stored)

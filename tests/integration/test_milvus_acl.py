@@ -79,7 +79,7 @@ def old_collection(monkeypatch, store: MilvusStore, team: str) -> str:
     name = store.collection_for(team)
     with monkeypatch.context() as patch:
         patch.setattr(milvus_schema, "ACL_FIELDS", ())
-        store.versions.create_physical(f"{name}__v1")
+        store.shapes.create_physical(f"{name}__v1")
     store.conn.call("create alias", "create_alias", f"{name}__v1", name)
     return name
 
@@ -87,7 +87,7 @@ def old_collection(monkeypatch, store: MilvusStore, team: str) -> str:
 def test_a_collection_built_before_acls_keeps_working(monkeypatch, store, team):
     name = old_collection(monkeypatch, store, team)
     store.upsert([chunk(team, "old", text=f"{team} old budget")])
-    assert not store.versions.has_acl(name)
+    assert not store.shapes.has_acl(name)
     # Reads and searches work with the fields absent (documents read back as open) ...
     flt = SearchFilter(team_id=team, acl_principals=principal_tokens("carol", ["hr"]))
     assert ids(store.search(f"{team} budget", None, flt, 5, "bm25")) == {"old"}
@@ -107,10 +107,10 @@ def test_reindexed_collection_has_the_acl_fields(monkeypatch, store, team):
     old_collection(monkeypatch, store, team)
     store.upsert([chunk(team, "old")])
     physical = store.versions.create(team, 2)
-    assert store.versions.has_acl(physical)
+    assert store.shapes.has_acl(physical)
     store.versions.upsert(physical, [chunk(team, "hr", acl_allow=("group:hr",))])
     store.versions.switch(team, 2)
-    assert store.versions.has_acl(store.collection_for(team))
+    assert store.shapes.has_acl(store.collection_for(team))
     store.upsert([chunk(team, "hr2", acl_allow=("group:hr",))])
     flt = SearchFilter(team_id=team, acl_principals=principal_tokens("x", ["hr"]))
     assert ids(store.search("hr", vec("hr"), flt, 5, "dense")) == {"hr", "hr2"}

@@ -45,7 +45,7 @@ def test_lexical_weights_round_trip_and_search(lexical_store: MilvusStore, team:
     lexical_store.upsert(rows)
     lexical_store.flush()
     name = lexical_store.collection_for(team)
-    assert lexical_store.versions.has_lexical(name)
+    assert lexical_store.shapes.has_lexical(name)
 
     flt = SearchFilter(team_id=team, visibilities=("public",))
     hits = lexical_store.search("", None, flt, 10, "lexical", {11: 1.0, 12: 1.0})
@@ -68,7 +68,7 @@ def test_collection_without_the_field_keeps_working(store: MilvusStore, team: st
     weighted = replace(chunk(team, "a", text="alpha beta"), lexical={11: 0.9})
     store.upsert([weighted])
     store.flush()
-    assert not store.versions.has_lexical(store.collection_for(team))
+    assert not store.shapes.has_lexical(store.collection_for(team))
     flt = SearchFilter(team_id=team, visibilities=("public",))
     assert store.search("", None, flt, 10, "lexical", {11: 1.0}) == []
     assert [h.chunk.doc_id for h in store.search("alpha", None, flt, 10, "bm25")] == ["a"]

@@ -113,7 +113,7 @@ async def search(searcher: RetrieverDeployment, team: str, p: Probe) -> tuple[st
     physical = searcher.pins.get(team, read)
     assert physical is not None
     lexical = await searcher.candidates(p.marker, None, flt, 5, ("bm25",), read)
-    model = searcher.store.versions.model_of(physical)
+    model = searcher.store.shapes.model_of(physical)
     hits = dense["dense"]
     assert hits, f"no dense hit for {p.doc_id} in {physical}"
     # Its own text is its nearest neighbour at cosine ~1: only with the version's model.
@@ -132,8 +132,8 @@ async def test_a_model_change_searches_old_then_new_and_keeps_every_write(setup,
     assert not report.failed
     writer.store.flush(team)
     assert searcher.hot is not None and searcher.hot.wait_loaded(team, 60)
-    versions = writer.store.versions
-    assert versions.current(team) == 1 and versions.model_of(versions.name(team, 1)) == old_tag
+    versions, shapes = writer.store.versions, writer.store.shapes
+    assert versions.current(team) == 1 and shapes.model_of(versions.name(team, 1)) == old_tag
     probes = [await probe(pipeline, embedder, d) for d in docs]
 
     jobs: list = []
@@ -196,7 +196,7 @@ async def test_a_model_change_searches_old_then_new_and_keeps_every_write(setup,
     written.append(after)
     writer.store.flush(team)
     assert versions.current(team) == 2 and versions.existing(team) == [2]
-    assert versions.model_of(v2) == new_tag and versions.dim_of(v2) == 64
+    assert shapes.model_of(v2) == new_tag and shapes.dim_of(v2) == 64
     stored = writer.store.get_chunks(team, "doc", "after")
     assert stored and {c.embed_model for c in stored} == {new_tag}
     # Not one row of another model: the job's catch-ups re-embedded the writes made during

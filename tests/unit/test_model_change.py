@@ -231,6 +231,7 @@ class TwoVersions:
 class StoreOfTwoVersions:
     def __init__(self) -> None:
         self.versions = TwoVersions()
+        self.shapes = self.versions  # model_of, as the store's CollectionShapes answers it
         self.searches: list[tuple[str | None, list[float] | None, bool]] = []
 
     def search(self, text, vector, flt, limit, mode, lexical=None, *, physical=None, strict=False):

@@ -80,12 +80,14 @@ def read_copy(
     """Every row of ``team_id`` in ``physical``; its watermark is when the read began (the
     writes made while it ran are in the change log: replay them before answering)."""
     started_ms = now_ms()
+    # What the store knows of its collections (``CollectionShapes``; a stand-in may have none).
+    shapes = getattr(source, "shapes", None)
     # A version of a model this process does not embed with is refused, not loaded.
-    check_model = getattr(source, "check_model", None)
+    check_model = getattr(shapes, "check_model", None)
     if check_model is not None:
         check_model(physical)
     # A version built for another model (a change of model) has its own vector size.
-    dim_of = getattr(source, "dim_of", None)
+    dim_of = getattr(shapes, "dim_of", None)
     dim = dim_of(physical) if dim_of is not None else source.dim
     index = TeamIndex(dim=dim, metric=metric, k1=k1, b=b, scan=scan)
     for batch in source.iter_rows(physical, team_id):

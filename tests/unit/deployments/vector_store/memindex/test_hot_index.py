@@ -91,6 +91,10 @@ class FakeSource:
     def live_physical(self, team_id: str) -> str | None:
         return self.alias.get(self.collection_for(team_id))
 
+    @property
+    def shapes(self) -> FakeSource:  # dim_of, as the store's CollectionShapes answers it
+        return self
+
     def dim_of(self, physical: str) -> int:
         return self.dims.get(physical, self.dim)
 
