@@ -289,7 +289,7 @@ async def run(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
             await asyncio.to_thread(store.flush)
             result["flush_s"] = round(time.perf_counter() - t0, 2)
             logger.info("Milvus flush took %.1fs", result["flush_s"])
-        result["collection_rows"] = await asyncio.to_thread(store.count_all)
+        result["collection_rows"] = await asyncio.to_thread(store.owned.count_rows)
         logger.info("collection %s holds %d chunks", args.collection, result["collection_rows"])
 
         limits = httpx.Limits(max_connections=max(args.concurrency) + 2)

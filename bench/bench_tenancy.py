@@ -151,8 +151,8 @@ async def run(args: argparse.Namespace, h: ServeHarness) -> dict[str, Any]:
         t0 = time.perf_counter()
         await asyncio.to_thread(store.flush)
         result["flush_s"] = round(time.perf_counter() - t0, 1)
-        result["total_rows"] = await asyncio.to_thread(store.count_all)
-        result["collections"] = len((await asyncio.to_thread(store.owned_collections))[1])
+        result["total_rows"] = await asyncio.to_thread(store.owned.count_rows)
+        result["collections"] = len((await asyncio.to_thread(store.owned.names))[1])
         logger.info(
             "%d rows in %d collection(s) (flush %.1fs); measuring tenant A again",
             result["total_rows"],

@@ -9,7 +9,8 @@ from deployments.protocols import SearchFilter, SearchHit
 from deployments.vector_store.client import import_pymilvus
 from deployments.vector_store.filter import build_filter_expr
 from deployments.vector_store.rows import output_fields
-from deployments.vector_store.store import BM25_PARAMS, MilvusStore, hits_of
+from deployments.vector_store.search import BM25_PARAMS, dense_params, hits_of
+from deployments.vector_store.store import MilvusStore
 
 
 def hybrid_search(
@@ -24,13 +25,15 @@ def hybrid_search(
     import_pymilvus()
     from pymilvus import AnnSearchRequest, RRFRanker
 
-    name = store.open_collection(flt.team_id)
+    name = store.teams.open(flt.team_id)
     if name is None:
         return []
     acl = store.shapes.has_acl(name)
     expr = build_filter_expr(flt, acl=acl)
     requests = [
-        AnnSearchRequest([query_vector], "dense", store.dense_params(limit), limit, expr=expr),
+        AnnSearchRequest(
+            [query_vector], "dense", dense_params(store.settings, limit), limit, expr=expr
+        ),
         AnnSearchRequest([query_text], "sparse", BM25_PARAMS, limit, expr=expr),
     ]
     result = store.conn.call(

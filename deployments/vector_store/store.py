@@ -1,45 +1,37 @@
 """Chunk store over Milvus: ``MilvusStore`` (sync pymilvus client, run in threads by the
-Serve shell): a team's collection opened or created on first use, idempotent upserts and
-deletes recorded in the change log the in-memory index follows, filtered dense/BM25/learned
-sparse search
-and the reads the in-memory index loads from. The same code talks to the local Milvus Lite
-server and a Milvus cluster. Beside it: client.py (the connection), schema.py
-(the DDL), shapes.py (what each collection holds: fields, vector size, model), versions.py
-(the versions behind a team's alias, for reindex), rows.py (rows ↔ records) and filter.py
-(the compiled tenancy filter)."""
+Serve shell): idempotent upserts and deletes recorded in the change log the in-memory index
+follows, the reads of a team's stored chunks, and filtered dense/BM25/learned sparse search.
+The same code talks to the local Milvus Lite server and a Milvus cluster. Beside it:
+client.py (the connection), schema.py (the DDL), shapes.py (what each collection holds:
+fields, vector size, model), team_collections.py (a team's collection opened, or created,
+on first use), search.py (one search of one collection), versions.py (the versions behind a
+team's alias, for reindex, and the reads the in-memory index loads from), owned.py (every
+collection of the base name at once), rows.py (rows ↔ records) and filter.py (the compiled
+tenancy filter)."""
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from deployments.config import MilvusSettings
-from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.protocols import ChunkRecord, SearchFilter, SearchHit
 from deployments.vector_store.client import MilvusConnection
-from deployments.vector_store.filter import (
-    CompiledFilter,
-    compile_filter,
-    milvus_list,
-    milvus_literal,
-)
+from deployments.vector_store.filter import compile_filter, milvus_list, milvus_literal
 from deployments.vector_store.memindex.changes import ChangeLog
+from deployments.vector_store.owned import OwnedCollections
 from deployments.vector_store.rows import (
-    SEARCH_METHODS,
     chunk_to_row,
     collection_for,
     doc_expr,
     output_fields,
     row_to_chunk,
 )
+from deployments.vector_store.search import CollectionSearch, check_search
 from deployments.vector_store.shapes import CollectionShapes, check_vectors
+from deployments.vector_store.team_collections import TeamCollections
 from deployments.vector_store.versions import CollectionVersions
-
-logger = logging.getLogger(__name__)
-BM25_PARAMS: dict[str, Any] = {"metric_type": "BM25"}
 
 
 class MilvusStore:
@@ -77,15 +69,14 @@ class MilvusStore:
         self.dim = dim
         self.lexical = lexical
         self.conn = MilvusConnection(settings)
-        self._open: set[str] = set()  # logical names checked and loaded on this connection
         self._unflushed: dict[str, int] = {}
-        self._open_lock = threading.Lock()
         # Every write of a live collection is recorded here, so the in-memory indexes of all
         # Retriever replicas see it (deployments/vector_store/memindex/changes.py).
         self.changes = ChangeLog(
             settings.collection, self.conn.call, retention_s=settings.memory_index.retention_s
         )
         self.conn.on_reset(self._forget_connection)
+        self.owned = OwnedCollections(self.conn, settings.collection, not_owned=self.changes.name)
         self.shapes = CollectionShapes(
             self.conn,
             settings,
@@ -94,6 +85,10 @@ class MilvusStore:
             embed_model=embed_model,
             dims=dims,
             served=served,
+        )
+        self.teams = TeamCollections(self.conn, self.shapes, alias_for=self.collection_for)
+        self.searcher = CollectionSearch(
+            self.conn, settings, self.shapes, load=self.teams.load_physical
         )
         self.versions = CollectionVersions(
             self.conn,
@@ -104,12 +99,12 @@ class MilvusStore:
         )
 
     def _switched(self, alias: str) -> None:
-        self._open.discard(alias)
+        self.teams.forget(alias)
         self.shapes.forget(alias)
 
     def _forget_connection(self) -> None:
         # A new connection may face a restarted server: load collections again.
-        self._open.clear()
+        self.teams.forget()
         self.shapes.forget()
         self.changes.reset()
 
@@ -125,42 +120,6 @@ class MilvusStore:
         """Connect; idempotent. Collections are opened (and created) per team on first use."""
         self.conn.start()
 
-    def open_collection(self, team_id: str) -> str | None:
-        """The team's logical collection, loaded; ``None`` (nothing created) without one."""
-        return self._collection(team_id, create=False)
-
-    def _collection(self, team_id: str, *, create: bool) -> str | None:
-        """The team's logical collection, checked and loaded; ``None`` if it does not exist
-        and ``create`` is false."""
-        name = self.collection_for(team_id)
-        if name in self._open:
-            return name
-        with self._open_lock:
-            if name in self._open:
-                return name
-            if not self.conn.call("has collection", "has_collection", name):
-                if not create:
-                    return None
-                self._create(name)
-            else:
-                self.shapes.check_dim(name)
-            # Milvus Lite needs an explicit load after a restart (and before any query,
-            # such as check_model's read of a row when the version noted no model).
-            self.conn.call("load", "load_collection", name)
-            self.shapes.check_model(name)
-            self._open.add(name)
-        return name
-
-    def _create(self, name: str) -> None:
-        """Create ``<name>__v1`` and point alias ``name`` at it. Safe against a concurrent
-        creator (another replica): "already exists" is fine."""
-        self.shapes.create_physical(f"{name}__v1")
-        try:
-            self.conn.call("create alias", "create_alias", f"{name}__v1", name)
-        except BackendUnavailable:
-            if not self.conn.call("has collection", "has_collection", name):
-                raise
-
     # --- writes -----------------------------------------------------------------
     def upsert(self, chunks: list[ChunkRecord]) -> int:
         if not chunks:
@@ -171,7 +130,7 @@ class MilvusStore:
         for chunk in chunks:
             by_team.setdefault(chunk.team_id, []).append(chunk)
         for team_id, team_chunks in by_team.items():
-            name = self._collection(team_id, create=True)
+            name = self.teams.open(team_id, create=True)
             assert name is not None  # create=True makes it
             acl, lexical = self.shapes.has_acl(name), self.shapes.has_lexical(name)
             rows = [chunk_to_row(c, acl=acl, lexical=lexical) for c in team_chunks]
@@ -187,18 +146,18 @@ class MilvusStore:
     def lookup(self, team_id: str, chunk_ids: list[str]) -> dict[str, tuple[str, str]]:
         """``chunk_id → (content_hash, embed_model)`` of the team's stored chunks among
         ``chunk_ids``; primary-key queries only."""
-        name = self._collection(team_id, create=False)
+        name = self.teams.open(team_id)
         return self.versions.lookup(name, chunk_ids) if name is not None else {}
 
     def stored_chunks(self, team_id: str, chunk_ids: list[str]) -> list[ChunkRecord]:
         """The team's stored chunks among ``chunk_ids`` with their vectors (by primary key)."""
-        name = self._collection(team_id, create=False)
+        name = self.teams.open(team_id)
         if name is None or not chunk_ids:
             return []
         return [c for c in self.versions.fetch_rows(name, chunk_ids) if c.team_id == team_id]
 
     def delete_chunks(self, team_id: str, chunk_ids: list[str]) -> int:
-        name = self._collection(team_id, create=False)
+        name = self.teams.open(team_id)
         if name is None or not chunk_ids:
             return 0
         self.conn.call("delete", "delete", name, ids=list(chunk_ids))
@@ -206,7 +165,7 @@ class MilvusStore:
         return len(chunk_ids)
 
     def delete_stale_chunks(self, team_id: str, doc_type: str, doc_id: str, keep: list[str]) -> int:
-        name = self._collection(team_id, create=False)
+        name = self.teams.open(team_id)
         if name is None:
             return 0
         expr = doc_expr(team_id, doc_type, doc_id)
@@ -219,11 +178,11 @@ class MilvusStore:
     def flush(self, team_id: str | None = None) -> None:
         """Flush one team's collection, or every collection of this base name."""
         if team_id is not None:
-            name = self._collection(team_id, create=False)
+            name = self.teams.open(team_id)
             if name is not None:
                 self._flush(name)
             return
-        for name in self.owned_collections()[0]:
+        for name in self.owned.names()[0]:
             self._flush(name)
 
     def _flush(self, name: str) -> None:
@@ -232,7 +191,7 @@ class MilvusStore:
 
     # --- reads ------------------------------------------------------------------
     def get_chunks(self, team_id: str, doc_type: str, doc_id: str) -> list[ChunkRecord]:
-        name = self._collection(team_id, create=False)
+        name = self.teams.open(team_id)
         if name is None:
             return []
         expr = doc_expr(team_id, doc_type, doc_id)
@@ -250,7 +209,7 @@ class MilvusStore:
         for team_id, doc_type, doc_id in dict.fromkeys(docs):
             groups.setdefault((team_id, doc_type), []).append(doc_id)
         for (team_id, doc_type), doc_ids in groups.items():
-            name = self._collection(team_id, create=False)
+            name = self.teams.open(team_id)
             if name is None:
                 continue
             for start in range(0, len(doc_ids), 64):
@@ -286,7 +245,7 @@ class MilvusStore:
         return None if physical is None else self.shapes.model_of(physical)
 
     def count(self, team_id: str) -> int:
-        name = self._collection(team_id, create=False)
+        name = self.teams.open(team_id)
         if name is None:
             return 0
         rows = self.conn.call(
@@ -297,14 +256,6 @@ class MilvusStore:
             output_fields=["count(*)"],
         )
         return int(rows[0]["count(*)"]) if rows else 0
-
-    def count_all(self) -> int:
-        """Rows in every collection of this base name (benchmarks, operators)."""
-        total = 0
-        for name in self.owned_collections()[0]:
-            rows = self.conn.call("count", "query", name, filter="", output_fields=["count(*)"])
-            total += int(rows[0]["count(*)"]) if rows else 0
-        return total
 
     def search(
         self,
@@ -324,79 +275,26 @@ class MilvusStore:
         learned sparse weights, ``query_lexical``, by inner product; nothing in a collection
         built without them). Scores are "higher is better". The gateway fuses the lists
         itself (serve_app/search/ranking.py); Milvus's own RRF fusion is
-        ``baseline.hybrid_search``, a benchmark baseline.
-
-        ``physical``: search this version of the team's collection (by its physical name)
-        rather than whatever the alias names when the call arrives, so that the calls of one
-        search read one version across a reindex swap (``memindex.pins``). If that version
-        is gone (dropped after the swap), the alias answers, unless ``strict`` (the query
-        vector was chosen for that version's model: the alias may name another model's).
+        ``baseline.hybrid_search``, a benchmark baseline. ``physical``, ``strict``: the
+        version of the team's collection to read (``CollectionSearch.search``).
         """
-        if mode not in SEARCH_METHODS:
-            raise InvalidInput(f"mode must be one of {', '.join(SEARCH_METHODS)}, got {mode!r}")
-        if mode == "dense" and query_vector is None:
-            raise InvalidInput("mode 'dense' needs a query vector")
-        if mode == "lexical" and query_lexical is None:
-            raise InvalidInput("mode 'lexical' needs the query's learned sparse weights")
+        check_search(mode, query_vector, query_lexical)
         # The team term stays in the expression even inside a per-team collection.
         compiled = compile_filter(flt)
-        args = (query_text, query_vector, compiled, limit, mode, query_lexical)
-        name = self._collection(flt.team_id, create=False)
+        name = self.teams.open(flt.team_id)
         if name is None:
             return []
-        if physical is not None:
-            try:
-                self._load_physical(physical)
-                return self._search_in(physical, *args)
-            except BackendUnavailable as exc:
-                if strict:
-                    raise
-                logger.info("search of %s failed (%s); searching the alias", physical, exc)
-        return self._search_in(name, *args)
-
-    def _load_physical(self, physical: str) -> None:
-        """Load one physical version once per connection (a server restart unloads it)."""
-        if physical not in self._open:
-            self.conn.call("load", "load_collection", physical)
-            self._open.add(physical)
-
-    def _search_in(
-        self,
-        name: str,
-        query_text: str,
-        query_vector: list[float] | None,
-        compiled: CompiledFilter,
-        limit: int,
-        mode: str,
-        query_lexical: Mapping[int, float] | None,
-    ) -> list[SearchHit]:
-        acl = self.shapes.has_acl(name)
-        expr = compiled.milvus_expr(acl=acl)
-        data: list[Any]
-        if mode == "dense":
-            data, field, params = [query_vector], "dense", self.dense_params(limit)
-        elif mode == "bm25":
-            data, field, params = [query_text], "sparse", BM25_PARAMS
-        else:
-            weights = {int(t): float(w) for t, w in (query_lexical or {}).items() if w > 0}
-            if not weights or not self.shapes.has_lexical(name):
-                return []
-            data, field, params = [weights], "lexical", {"metric_type": "IP"}
-        result = self.conn.call(
-            "search",
-            "search",
+        return self.searcher.search(
             name,
-            data=data,
-            anns_field=field,
-            filter=expr,
-            limit=limit,
-            search_params=params,
-            output_fields=output_fields(acl=acl),
+            query_text,
+            query_vector,
+            compiled,
+            limit,
+            mode,
+            query_lexical,
+            physical=physical,
+            strict=strict,
         )
-        return hits_of(result, mode)
-
-    def dense_params(self, limit: int) -> dict[str, Any]:
-        return {"metric_type": self.settings.metric_type, "params": {"ef": max(64, limit)}}
 
     def ping(self) -> dict[str, Any]:
         started = time.perf_counter()
@@ -409,46 +307,16 @@ class MilvusStore:
             "latency_ms": round((time.perf_counter() - started) * 1000, 1),
         }
 
-    def owned_collections(self) -> tuple[list[str], list[str]]:
-        """``(aliases, physical collections)`` of chunks that belong to this base name (the
-        change log beside them is not one)."""
-        base = self.collection
-
-        def owned(name: str) -> bool:
-            return name != self.changes.name and (name == base or name.startswith(base + "__"))
-
-        physical = [c for c in self.conn.call("list collections", "list_collections") if owned(c)]
-        aliases: list[str] = []
-        for name in physical:
-            info = self.conn.call("list aliases", "list_aliases", name)
-            aliases += [a for a in info.get("aliases", []) if owned(a)]
-        return aliases, physical
-
     def drop(self) -> None:
-        """Drop every collection and alias of this base name (tests and benchmarks only)."""
-        aliases, physical = self.owned_collections()
-        for alias in aliases:
-            self.conn.call("drop alias", "drop_alias", alias)
-        for name in physical:
-            self.conn.call("drop", "drop_collection", name)
+        """Drop every collection and alias of this base name, and the change log (tests and
+        benchmarks only)."""
+        self.owned.drop()
         if self.conn.call("has collection", "has_collection", self.changes.name):
             self.conn.call("drop", "drop_collection", self.changes.name)
         self.changes.reset()
-        self._open.clear()
+        self.teams.forget()
         self._unflushed = {}
 
     def close(self) -> None:
         self.conn.close()
-        self._open.clear()
-
-
-def hits_of(result: Any, mode: str) -> list[SearchHit]:
-    """A Milvus search answer as hits, scored higher-is-better."""
-    hits = []
-    for hit in result[0] if result else []:
-        entity = hit.get("entity", hit)
-        raw = float(hit["distance"])
-        # Milvus Lite returns BM25 scores negated; report them higher-is-better.
-        score = abs(raw) if mode == "bm25" else raw
-        hits.append(SearchHit(chunk=row_to_chunk(entity), score=score, scores={mode: score}))
-    return hits
+        self.teams.forget()

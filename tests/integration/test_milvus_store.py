@@ -179,7 +179,7 @@ def test_each_team_gets_its_own_aliased_collection(settings, store: MilvusStore,
     store.upsert([chunk(a, "doc-a"), chunk(b, "doc-b")])
     name_a, name_b = store.collection_for(a), store.collection_for(b)
     assert name_a != name_b and name_a.startswith(store.collection + "__")
-    aliases, physical = store.owned_collections()
+    aliases, physical = store.owned.names()
     assert {name_a, name_b} <= set(aliases)
     assert {name_a + "__v1", name_b + "__v1"} <= set(physical)
     # The rows of one team are physically absent from the other team's collection.
@@ -193,7 +193,7 @@ def test_reads_of_an_unknown_team_create_nothing(store: MilvusStore, run_id: str
     assert store.search("q", vec("q"), SearchFilter(team_id=ghost), 5, "dense") == []
     assert store.lookup(ghost, ["x"]) == {}
     assert store.get_chunks(ghost, "doc", "d") == []
-    assert store.collection_for(ghost) not in store.owned_collections()[0]
+    assert store.collection_for(ghost) not in store.owned.names()[0]
 
 
 def test_shared_layout_keeps_all_teams_in_one_collection(settings, run_id: str):
@@ -209,7 +209,7 @@ def test_shared_layout_keeps_all_teams_in_one_collection(settings, run_id: str):
         q = "chunk"
         hits = shared.search(q, vec(q), SearchFilter(team_id="team_x"), 10, "dense")
         assert ids(hits) == {"dx"}
-        assert shared.owned_collections() == (
+        assert shared.owned.names() == (
             [f"it_shared_{run_id}"],
             [f"it_shared_{run_id}__v1"],
         )
