@@ -5,7 +5,8 @@ around it.
 
 The app is the one ``create_app`` builds for the Ingress, over the same parts the Ingress
 holds: the query model in this process (``InlineQueryEmbedder``, one thread), the in-memory
-index of the chunks (``TeamIndex`` with its int8 first pass), JWT auth (HS256), the semantic
+index of the chunks (``TeamIndex`` with the Ingress's scan: its threads while the app is idle
+and the int8 first pass), JWT auth (HS256), the semantic
 cache on a SQLite state database in a temporary folder, the audit log, the default settings.
 Requests go straight into the ASGI app, one at a time with ``--gap-ms`` between them (a
 c=1 client's round trip), each query once per round (a round's queries carry a suffix, so
@@ -145,17 +146,28 @@ def build_app(args: argparse.Namespace) -> BuiltApp:
     folder = tempfile.mkdtemp(prefix="bench_app_")
     settings = GatewaySettings(auth=jwt_auth(), state={"url": f"sqlite:///{folder}/state.db"})
     _, chunks, queries = corpus(args, settings)
-    index = TeamIndex(dim=len(chunks[0].vector), scan=DenseScan(1))
+    # The scan as the Ingress's memory index makes it (deployments/vector_store/memindex/
+    # front.py): its threads while the app is idle, the int8 first pass, BM25's k1 and b.
+    in_flight = InFlight()
+    mem, milvus = settings.milvus.memory_index, settings.milvus
+    scan = DenseScan(mem.scan_threads, in_flight.busy, mem.int8_first_pass)
+    index = TeamIndex(
+        dim=len(chunks[0].vector),
+        metric=milvus.metric_type,
+        k1=milvus.bm25_k1,
+        b=milvus.bm25_b,
+        scan=scan,
+    )
     index.upsert(chunks)
     index.prepare_scan()
-    embedder = InlineQueryEmbedder(settings.embedder)
+    embedder = InlineQueryEmbedder(settings.embedder, busy=in_flight.busy)
     store = IndexStore(index)
     services = build_services(
         settings,
         Backends(embedder=embedder, store=store, graph=None),
         sources=SourceStore(settings.state.url),
     )
-    app = create_app(services, in_flight=InFlight())
+    app = create_app(services, in_flight=in_flight)
     token = mint(claims(teams={args.team: ["member"]}, exp=int(time.time()) + 86_400))
     return BuiltApp(app, embedder, queries, token)
 
