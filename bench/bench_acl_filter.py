@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             times["memory bm25"][variant].append(t)
             expr_flt = open_flt if acl else replace(open_flt, acl_principals=("*",))
             # acl False: the expression and fields of a collection without the ACL fields.
-            store.versions._acl[store.collection_for(TEAM)] = (acl, time.monotonic())
+            store.shapes._seen[store.collection_for(TEAM)] = (acl, False, time.monotonic())
             hits: list[Any] = []
             t = timed(lambda: hits.extend(store.search(query, qv, expr_flt, limit, "dense")))  # noqa: B023
             times["milvus dense"][variant].append(t)
