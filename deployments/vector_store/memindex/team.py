@@ -4,7 +4,8 @@ Rows live in slots: a write appends a new slot (an upserted chunk id frees its o
 delete frees one; ``_repack`` renumbers the live slots when the dead ones or the BM25 delta
 grow, in memory, never per write. Dense search is one matrix–vector product over the slots
 (exact, so at least as good as Milvus's HNSW); BM25 is ``BM25Postings``; both are restricted
-by the row mask of the same ``CompiledFilter`` terms that become the Milvus expression.
+by the row mask of the same ``CompiledFilter`` terms that become the Milvus expression, built
+from the filter columns of the slots (``FilterColumns``, columns.py) and cached here.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from deployments.acl import OPEN
 from deployments.protocols import ChunkRecord, SearchHit
-from deployments.vector_store.filter import ARRAY_FIELDS, KEY_FIELDS, CompiledFilter, FilterTerm
+from deployments.vector_store.filter import CompiledFilter, FilterTerm
 from deployments.vector_store.memindex.bm25 import BM25Postings
+from deployments.vector_store.memindex.columns import FilterColumns
 from deployments.vector_store.memindex.int8 import Int8Pass
 from deployments.vector_store.memindex.scan import DenseScan
 
@@ -57,13 +58,7 @@ class TeamIndex:
         self._size = 0  # slots used, live or dead
         self._vectors = np.zeros((0, dim), dtype=np.float32)
         self._alive = np.zeros(0, dtype=bool)
-        self._created = np.zeros(0, dtype=np.int64)
-        self._codes = {f: np.zeros(0, dtype=np.int32) for f in KEY_FIELDS}
-        self._values: dict[str, dict[str, int]] = {f: {} for f in KEY_FIELDS}
-        # Array columns as token -> slots; the ACL's open token is the column ``_open``
-        # (nearly every row holds it).
-        self._arrays: dict[str, dict[str, set[int]]] = {f: {} for f in ARRAY_FIELDS}
-        self._open = np.zeros(0, dtype=bool)
+        self._columns = FilterColumns()  # what the filter terms read, per slot
         self._records: list[ChunkRecord | None] = []
         self._slot: dict[str, int] = {}
         self._text_bytes = 0
@@ -79,12 +74,9 @@ class TeamIndex:
     @property
     def nbytes(self) -> int:
         """Estimated memory held (the budget of ``HotIndex`` counts this)."""
-        columns = (
-            sum(a.nbytes for a in self._codes.values()) + self._created.nbytes + self._open.nbytes
-        )
         return int(
             self._vectors.nbytes
-            + columns
+            + self._columns.nbytes
             + self._alive.nbytes
             + self._bm25.nbytes
             + (self._int8.nbytes if self._int8 is not None else 0)
@@ -131,29 +123,14 @@ class TeamIndex:
         grow = new - capacity
         self._vectors = np.concatenate([self._vectors, np.zeros((grow, self.dim), np.float32)])
         self._alive = np.concatenate([self._alive, np.zeros(grow, bool)])
-        self._created = np.concatenate([self._created, np.zeros(grow, np.int64)])
-        self._open = np.concatenate([self._open, np.zeros(grow, bool)])
-        for name, codes in self._codes.items():
-            self._codes[name] = np.concatenate([codes, np.full(grow, -1, np.int32)])
+        self._columns.grow(grow)
 
     def _append(self, chunk: ChunkRecord, vector: np.ndarray) -> None:
         slot = self._size
         self._size += 1
         self._vectors[slot] = vector
         self._alive[slot] = True
-        self._created[slot] = int(chunk.created_at)
-        for name in KEY_FIELDS:
-            values = self._values[name]
-            value = getattr(chunk, name)
-            code = values.get(value)
-            if code is None:
-                code = values[value] = len(values)
-            self._codes[name][slot] = code
-        for name, tokens in self._tokens(chunk):
-            column = self._arrays[name]
-            for token in tokens:
-                column.setdefault(token, set()).add(slot)
-        self._open[slot] = OPEN in chunk.acl_allow
+        self._columns.add(slot, chunk)
         self._records.append(replace(chunk, vector=(), lexical=None))
         self._slot[chunk.chunk_id] = slot
         self._text_bytes += len(chunk.text)
@@ -166,11 +143,7 @@ class TeamIndex:
         record = self._records[slot]
         assert record is not None
         self._alive[slot] = False
-        for name, tokens in self._tokens(record):
-            column = self._arrays[name]
-            for token in tokens:
-                column[token].discard(slot)
-        self._open[slot] = False
+        self._columns.discard(slot, record)
         self._records[slot] = None
         self._text_bytes -= len(record.text)
         self._bm25.remove(slot)
@@ -191,13 +164,7 @@ class TeamIndex:
         renumber = {int(old): new for new, old in enumerate(live)}
         self._vectors = self._vectors[live].copy()
         self._alive = np.ones(live.size, dtype=bool)
-        self._created = self._created[live].copy()
-        self._codes = {name: codes[live].copy() for name, codes in self._codes.items()}
-        self._open = self._open[live].copy()
-        self._arrays = {
-            name: {t: {renumber[s] for s in slots} for t, slots in column.items() if slots}
-            for name, column in self._arrays.items()
-        }
+        self._columns.renumber(live, renumber)
         self._records = [self._records[int(s)] for s in live]
         self._slot = {cid: renumber[s] for cid, s in self._slot.items()}
         self._size = int(live.size)
@@ -211,48 +178,11 @@ class TeamIndex:
         if cached is not None:
             self._masks.move_to_end(terms)
             return cached
-        mask = self._alive[: self._size].copy()
-        for term in terms:
-            mask &= self._term_mask(term)
+        mask = self._columns.mask(terms, self._alive, self._size)
         self._masks[terms] = mask
         if len(self._masks) > MASK_CACHE:
             self._masks.popitem(last=False)
         return mask
-
-    def _term_mask(self, term: FilterTerm) -> np.ndarray:
-        n = self._size
-        value = term.value
-        if isinstance(value, int):  # created_at bounds
-            created = self._created[:n]
-            return created >= value if term.op == "ge" else created <= value
-        wanted = value if isinstance(value, tuple) else (value,)
-        if term.field in ARRAY_FIELDS:
-            return self._array_mask(term.field, term.op, wanted, n)
-        known = self._values[term.field]
-        codes = [known[v] for v in wanted if v in known]
-        column = self._codes[term.field][:n]
-        if not codes:
-            return np.zeros(n, dtype=bool)
-        return column == codes[0] if len(codes) == 1 else np.isin(column, codes)
-
-    def _array_mask(self, name: str, op: str, wanted: tuple[str, ...], n: int) -> np.ndarray:
-        column = self._arrays[name]
-        sets = [column.get(t, set()) for t in wanted if not (name == "acl_allow" and t == OPEN)]
-        if op == "all":
-            slots = set.intersection(*sets) if sets else set()
-        else:
-            slots = set.union(*sets) if sets else set()
-        mask = np.zeros(n, dtype=bool)
-        if slots:
-            mask[np.fromiter(slots, dtype=np.int64, count=len(slots))] = True
-        if name == "acl_allow" and OPEN in wanted:
-            mask |= self._open[:n]
-        return ~mask if op == "none" else mask
-
-    @staticmethod
-    def _tokens(chunk: ChunkRecord) -> tuple[tuple[str, tuple[str, ...]], ...]:
-        allow = tuple(t for t in chunk.acl_allow if t != OPEN)
-        return (("tags", chunk.tags), ("acl_allow", allow), ("acl_deny", chunk.acl_deny))
 
     def search(
         self,
