@@ -10,11 +10,11 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from batch_ingest.documents import make_chunk_id
 from batch_ingest.generations import IndexGenerations
 from batch_ingest.reindex.claim import claim_job
 from batch_ingest.reindex.cleanup import drop_unusable_target, unresumable
 from batch_ingest.reindex.engines import BatchSink
+from batch_ingest.reindex.finish import JobFinish
 from batch_ingest.reindex.heartbeat import Heartbeat
 from batch_ingest.reindex.options import (
     ReindexError,
@@ -23,6 +23,7 @@ from batch_ingest.reindex.options import (
     VerificationFailed,
 )
 from batch_ingest.reindex.progress import Progress
+from batch_ingest.reindex.record import batch_sink, noter
 from batch_ingest.reindex.state import JobStatus, ReindexJob, ReindexState
 from batch_ingest.reindex.switch import VersionSwitch
 from batch_ingest.reindex.team import require_known_team
@@ -95,6 +96,7 @@ class Reindexer:
         # Pauses the team's writes for the last catch-up and the switch.
         self.barrier = WriteBarrier(self.sources.engine)
         self.switch = VersionSwitch(versions, self.writer, self.barrier, self.generations)
+        self.finish = JobFinish(versions, self.sources, self.state, self.generations)
 
     # --- the run -------------------------------------------------------------------------------
     def run(self, options: ReindexOptions) -> ReindexResult:
@@ -149,7 +151,7 @@ class Reindexer:
                 sink,
             )
             job.expected_chunks = sum(done.values())
-            return self._finish(job, options, started)
+            return self.finish.run(job, options, started)
         if target is None:
             existing = versions.existing(team)
             job.source_version = current
@@ -192,7 +194,7 @@ class Reindexer:
             resuming,
             bulk,
             sink,
-            self._noter(job),
+            noter(job, self.state),
         )
         progress.report()
         # Replicas that search the team load the new version beside the old from here on,
@@ -224,7 +226,7 @@ class Reindexer:
         time.sleep(max(0.0, ready_at - time.monotonic()))
         last = partial(self._catch_up, job, done, physical, catchup_from, options, sink, final=True)
         self.switch.run(job, done, physical, last, options, sink)
-        return self._finish(job, options, started)
+        return self.finish.run(job, options, started)
 
     def _create(self, team: str, version: int) -> str:
         """The target version, for the vectors of the model this job embeds with."""
@@ -239,41 +241,6 @@ class Reindexer:
             lexical=emb.lexical,
         )
 
-    def _finish(self, job: ReindexJob, options: ReindexOptions, started: float) -> ReindexResult:
-        team = job.team_id
-        # The record says what is live once the last catch-up is done (it deleted and added).
-        if job.target_version is not None:
-            physical = self.versions.name(team, job.target_version)
-            self.versions.flush(physical)
-            job.rows_in_target = self.versions.count(physical)
-        job.total_docs = self.sources.count(team)
-        job.done_docs = len(self.state.done(job.job_id))
-        self.generations.bump([team])  # the catch-up after the switch changed it again
-        dropped = []
-        for version in self.versions.existing(team):
-            if version == job.target_version:
-                continue
-            if options.keep_previous and version == job.source_version:
-                continue
-            if self.versions.drop(team, version):
-                dropped.append(version)
-        job.move_to(JobStatus.SUCCEEDED)
-        job.eta_s = 0.0
-        job.finished_at = datetime.now(UTC)
-        self.state.save(job)
-        self.state.forget(job.job_id)
-        took = time.perf_counter() - started
-        logger.info(
-            "reindex %s done: v%s live, %d docs, %d chunks (verified), dropped %s, %.1fs",
-            team,
-            job.target_version,
-            job.total_docs,
-            job.expected_chunks,
-            dropped or "nothing",
-            took,
-        )
-        return ReindexResult(job=job, dropped_versions=dropped, took_s=round(took, 2))
-
     def _sink(
         self,
         job: ReindexJob,
@@ -281,43 +248,9 @@ class Reindexer:
         progress: Progress | None,
         options: ReindexOptions,
     ) -> BatchSink:
-        team = job.team_id
-
-        def sink(rows: list[dict[str, Any]]) -> None:
-            batch: dict[tuple[str, str], int] = {}
-            stale: list[str] = []
-            for r in rows:
-                key = (r["doc_type"], r["doc_id"])
-                before = done.get(key)
-                # A document that shrank (changed during the job) leaves chunk ids behind.
-                if before is not None and before > r["chunks"]:
-                    stale += [
-                        make_chunk_id(team, key[0], key[1], i) for i in range(r["chunks"], before)
-                    ]
-                batch[key] = r["chunks"]
-                job.written_chunks += r["embedded"]
-                if not r["embedded"]:
-                    job.skipped_docs += 1
-            if stale and job.target_version is not None:
-                physical = self.versions.name(team, job.target_version)
-                self.versions.delete(physical, stale)
-            self.state.mark_done(job.job_id, batch)
-            new = sum(1 for k in batch if k not in done)
-            done.update(batch)
-            if progress is not None:
-                progress.add(new, sum(r["embedded"] for r in rows))
-
+        """What records each finished batch (record.py), wrapped by ``wrap_sink``."""
+        sink = batch_sink(job, done, progress, self.state, self.versions)
         return sink if self.wrap_sink is None else self.wrap_sink(sink)
-
-    def _noter(self, job: ReindexJob) -> Callable[[str | None], None]:
-        """Records what ``job`` waits on (``None``: nothing) in its row at once."""
-
-        def note(text: str | None) -> None:
-            if job.note != text:
-                job.note = text
-                self.state.save(job)
-
-        return note
 
     def _process(
         self,
@@ -342,7 +275,7 @@ class Reindexer:
         final: bool = False,
     ) -> list[tuple[str, str]]:
         return self.writer.catch_up(
-            job, done, physical, since, options, sink, self._process, self._noter(job), final
+            job, done, physical, since, options, sink, self._process, noter(job, self.state), final
         )
 
 
