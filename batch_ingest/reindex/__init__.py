@@ -7,7 +7,7 @@ swap its alias — searches never see a half-built index.
 Steps (a job row in the state database, ``batch_ingest.reindex.state``, records each one):
 
 1. The team's alias ``<base>__<slug>`` points to ``__v<n>``; create ``__v<n+1>`` with the same
-   schema and indexes (``MilvusStore.create_version``).
+   schema and indexes (``CollectionVersions.create``).
 2. Read the team's live documents from the source registry (``SourceStore``); re-chunk them
    with the current chunker and embed them with the current embedder settings in a Ray Data
    actor pool (``map_batches`` over a callable class holding the model, fractional CPUs,
@@ -37,7 +37,10 @@ in-process), ``private_ray`` (the local Ray a driver starts), ``progress``, ``he
 ``liveness`` (alive, stalled), ``priority``, ``entry`` and ``pool`` (the job's processes on
 Ray yield the cores to searches), ``team`` (unknown teams), ``claim`` (which job a run works
 on), ``cleanup`` (half-built versions), ``job`` (``Reindexer``: the steps above),
-``launcher`` (the jobs the admin API starts) and ``cli`` (``python -m batch_ingest.reindex``).
+``writer`` (the bulk pass and the catch-ups into the target), ``record`` (each finished batch
+in the job's row), ``switch`` (the replicas told, the last catch-up, the alias switch),
+``finish`` (what is live recorded, the other versions dropped), ``launcher`` (the jobs the
+admin API starts) and ``cli`` (``python -m batch_ingest.reindex``).
 """
 
 from __future__ import annotations
