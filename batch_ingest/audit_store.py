@@ -172,6 +172,19 @@ class AuditStore:
         with self.engine.begin() as conn:
             conn.execute(self.table.insert(), [asdict(r) for r in records])
 
+    def prune(self, before: datetime, batch: int = 5000) -> int:
+        """Delete up to ``batch`` of the oldest records with ``ts < before``, in one
+        transaction; the number deleted (fewer than ``batch``: none older is left)."""
+        self.create()
+        t = self.table
+        # The oldest ids by the ts index, then deleted by primary key.
+        oldest = sa.select(t.c.id).where(t.c.ts < before).order_by(t.c.ts).limit(batch)
+        with self.engine.begin() as conn:
+            ids = [row[0] for row in conn.execute(oldest)]
+            if ids:
+                conn.execute(t.delete().where(t.c.id.in_(ids)))
+        return len(ids)
+
     def ping(self) -> None:
         with self.engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))

@@ -185,6 +185,12 @@ class AuditSettings(BaseModel):
     max_pending: int = Field(100_000, ge=1)
     shutdown_timeout_s: float = Field(10.0, ge=0)
     retry_interval_s: float = Field(2.0, gt=0)
+    # Records older than this many days are deleted by the gateway's writer, at most once per
+    # prune_interval_s, prune_batch rows per transaction (0: keep every record). Without it
+    # the table grows forever and every insert updates four ever deeper indexes.
+    retention_days: float = Field(90.0, ge=0)
+    prune_interval_s: float = Field(3600.0, gt=0)
+    prune_batch: int = Field(5000, ge=1, le=100_000)
     # Who may read it over GET /audit/decisions: a token permission (every team), or one of
     # these roles in the team asked for (that team only).
     read_permission: str = "audit:read"

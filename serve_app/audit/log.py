@@ -10,6 +10,10 @@ degraded. ``close()`` (app shutdown, and at interpreter exit) writes what is sti
 
     python -m serve_app.audit query --since 1h --decision deny
     python -m serve_app.audit query --since 2026-11-30T00:00:00Z --subject alice --format json
+    python -m serve_app.audit prune --before 30d
+
+Records older than ``audit.retention_days`` (90 by default; 0 keeps every record) are deleted
+by the gateway's writer thread once an hour, a batch at a time between the writes.
 """
 
 from __future__ import annotations
@@ -99,6 +103,9 @@ class AuditLog:
         self.last_error: str | None = None
         self.last_error_at: datetime | None = None
         self.healthy = True
+        self.pruned = 0
+        self.prune_error: str | None = None
+        self._pruned_at: float | None = None  # monotonic; None: not yet in this process
         if self.enabled:
             _OPEN_LOGS.add(self)
 
@@ -174,6 +181,7 @@ class AuditLog:
                 batch = self._take()
                 self._busy = bool(batch)
             if not batch:
+                self._prune_when_due()
                 continue
             ok = self._write(batch)
             with self._cond:
@@ -186,6 +194,44 @@ class AuditLog:
                     if self._closed:
                         return
                     self._cond.wait(cfg.retry_interval_s)
+            if ok:
+                self._prune_when_due()
+
+    def _prune_when_due(self) -> None:
+        """Delete the records past ``audit.retention_days``: at the writer's first chance in
+        this process, then once per ``audit.prune_interval_s``, ``audit.prune_batch`` rows
+        per transaction. Records waiting to be written go first: a prune stops between
+        batches when a batch of them is waiting (or the log closes) and goes on at the
+        writer's next idle moment. A failure is logged and tried again an interval later."""
+        cfg = self.settings
+        if cfg.retention_days <= 0 or self.store is None:
+            return
+        now = time.monotonic()
+        if self._pruned_at is not None and now - self._pruned_at < cfg.prune_interval_s:
+            return
+        cutoff = utcnow() - timedelta(days=cfg.retention_days)
+        total = 0
+        try:
+            while True:
+                deleted = self.store.prune(cutoff, cfg.prune_batch)
+                self.pruned += deleted
+                total += deleted
+                if deleted < cfg.prune_batch:
+                    break  # nothing older left
+                with self._cond:
+                    if self._closed or len(self._pending) >= cfg.batch_size:
+                        return  # not done: the next idle moment goes on
+        except Exception as exc:
+            self.prune_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            logger.warning("audit log: records older than %s not deleted: %s", cutoff, exc)
+            self._pruned_at = now
+            return
+        self.prune_error = None
+        self._pruned_at = now
+        if total:
+            logger.info(
+                "audit log: %d records older than %g days deleted", total, cfg.retention_days
+            )
 
     # --- control ---------------------------------------------------------------------------
     def flush(self, timeout: float = 10.0) -> bool:
@@ -245,7 +291,11 @@ class AuditLog:
             "written": self.written,
             "dropped": self.dropped,
             "write_failures": self.failures,
+            "retention_days": self.settings.retention_days,
+            "pruned": self.pruned,
         }
+        if self.prune_error:
+            out["prune_error"] = self.prune_error
         if error or self.last_error:
             out["error"] = error or self.last_error
         return out
@@ -289,12 +339,17 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--trace-id")
     q.add_argument("--limit", type=int, default=100)
     q.add_argument("--format", choices=["table", "json"], default="table")
+    pr = sub.add_parser("prune", help="delete the records older than a date or a span")
+    pr.add_argument("--url", help="database URL (default: AUDIT__URL / settings)")
+    pr.add_argument("--before", type=parse_time, required=True, help="ISO 8601 or 30d / 12w ago")
     args = parser.parse_args(argv)
 
     from serve_app.settings import GatewaySettings
 
     cfg = GatewaySettings().audit
     store = AuditStore(args.url or cfg.url, cfg.table)
+    if args.command == "prune":
+        return _prune(store, args.before, cfg.prune_batch)
     try:
         rows = store.query(
             args.since,
@@ -316,6 +371,22 @@ def main(argv: list[str] | None = None) -> int:
     print("\t".join(cols))
     for row in rows:
         print("\t".join(str(jsonable(row)[c]) for c in cols))
+    return 0
+
+
+def _prune(store: AuditStore, before: datetime, batch: int) -> int:
+    """``prune``: the records before ``before`` deleted a batch at a time, with progress."""
+    total = 0
+    try:
+        while True:
+            deleted = store.prune(before, batch)
+            total += deleted
+            if deleted < batch:
+                break
+            print(f"{total} records deleted so far", file=sys.stderr)
+    finally:
+        store.dispose()
+    print(f"{total} records older than {before.isoformat()} deleted")
     return 0
 
 

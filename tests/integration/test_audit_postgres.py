@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlparse
@@ -101,6 +102,23 @@ def test_query_by_time_subject_decision_and_team_on_postgres(store):
     window = store.query(since=t0 + timedelta(minutes=10), until=t0 + timedelta(minutes=20))
     assert len(window) == 10
     assert len(store.query(team_id="t0", decision="deny", limit=1000)) == 10
+
+
+def test_writer_prunes_records_past_the_retention_on_postgres(url, table, store):
+    now = datetime.now(UTC)
+    store.insert([rec(subject=f"old{i}", ts=now - timedelta(days=91 + i)) for i in range(9)])
+    store.insert([rec(subject="kept", ts=now - timedelta(days=89))])
+    log = AuditLog(
+        AuditSettings(url=url, table=table, flush_interval_s=0.05, prune_batch=4)
+    )  # the default retention: 90 days
+    log.record(rec(subject="fresh"))
+    assert log.flush(5)
+    deadline = time.monotonic() + 10  # the writer prunes after its write
+    while log.pruned < 9 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    log.close()
+    assert log.pruned == 9
+    assert {r["subject"] for r in store.query(limit=100)} == {"kept", "fresh"}
 
 
 def test_writer_batches_concurrent_records_into_postgres(url, table, store):

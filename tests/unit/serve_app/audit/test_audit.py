@@ -216,6 +216,89 @@ def test_queue_bounded_while_the_database_is_down(store, url):
     assert {r["subject"] for r in store.query()} == {"u7", "u8", "u9"}
 
 
+def test_prune_deletes_only_records_older_than_the_cutoff_a_batch_at_a_time(store):
+    now = datetime.now(UTC)
+    store.insert([rec(subject=f"old{i}", ts=now - timedelta(days=100 + i)) for i in range(7)])
+    store.insert([rec(subject=f"new{i}", ts=now - timedelta(days=i)) for i in range(3)])
+    cutoff = now - timedelta(days=90)
+    # The oldest first, at most one batch per call; fewer than a batch: none older left.
+    assert store.prune(cutoff, batch=3) == 3
+    assert {r["subject"] for r in store.query(limit=100)} == {
+        "old0",
+        "old1",
+        "old2",
+        "old3",
+        "new0",
+        "new1",
+        "new2",
+    }
+    assert store.prune(cutoff, batch=3) == 3
+    assert store.prune(cutoff, batch=3) == 1
+    assert store.prune(cutoff, batch=3) == 0
+    assert {r["subject"] for r in store.query(limit=100)} == {"new0", "new1", "new2"}
+
+
+def test_writer_deletes_records_past_the_retention_and_keeps_the_rest(url, store):
+    now = datetime.now(UTC)
+    store.insert([rec(subject=f"old{i}", ts=now - timedelta(days=31 + i)) for i in range(12)])
+    store.insert([rec(subject="recent", ts=now - timedelta(days=29))])
+    log = AuditLog(fast(url, retention_days=30, prune_batch=5))
+    log.record(rec(subject="fresh"))
+    assert log.flush(5)
+    deadline = time.monotonic() + 5
+    while log.pruned < 12 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert log.pruned == 12
+    assert {r["subject"] for r in store.query(limit=100)} == {"recent", "fresh"}
+    status = log.status()
+    assert status["pruned"] == 12 and status["retention_days"] == 30
+    # Once per interval: an old record written now stays until the next one.
+    log.record(rec(subject="late_old", ts=now - timedelta(days=60)))
+    assert log.flush(5)
+    time.sleep(0.1)
+    assert store.query(subject="late_old")
+    log.close()
+
+
+def test_retention_zero_keeps_every_record(url, store):
+    now = datetime.now(UTC)
+    store.insert([rec(subject="ancient", ts=now - timedelta(days=3650))])
+    log = AuditLog(fast(url, retention_days=0))
+    log.record(rec(subject="fresh"))
+    assert log.flush(5)
+    time.sleep(0.1)
+    log.close()
+    assert log.pruned == 0
+    assert {r["subject"] for r in store.query(limit=100)} == {"ancient", "fresh"}
+
+
+def test_a_failing_prune_is_reported_and_writes_go_on(url, store):
+    log = AuditLog(fast(url, retention_days=1))
+
+    def broken(before, batch=5000):
+        raise RuntimeError("disk I/O error")
+
+    log.store.prune = broken  # type: ignore[method-assign,union-attr]
+    for i in range(3):
+        log.record(rec(subject=f"u{i}"))
+    assert log.flush(5)
+    deadline = time.monotonic() + 5
+    while log.prune_error is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "disk I/O error" in log.status()["prune_error"]
+    assert log.status()["ready"] is True  # the log itself is healthy
+    assert len(store.query(limit=100)) == 3
+    log.close()
+
+
+def test_cli_prune_deletes_before_a_span(store, url, capsys):
+    now = datetime.now(UTC)
+    store.insert([rec(subject="old", ts=now - timedelta(days=40)), rec(subject="new")])
+    assert main(["prune", "--url", url, "--before", "30d"]) == 0
+    assert "1 records older than" in capsys.readouterr().out
+    assert {r["subject"] for r in store.query(limit=100)} == {"new"}
+
+
 def test_disabled_log_records_nothing():
     log = AuditLog(AuditSettings(enabled=False))
     log.record(rec())
