@@ -83,6 +83,12 @@ def _close_open_logs() -> None:
         log.close()
 
 
+def _error_line(exc: BaseException) -> str:
+    """An error as one short line for /readyz: its type and the first line of its message."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
 class AuditLog:
     """Asynchronous writer over an ``AuditStore``: ``record()`` only enqueues."""
 
@@ -150,7 +156,7 @@ class AuditLog:
             if self.healthy:
                 logger.error("audit log DEGRADED: cannot write to %s: %s", self.store.backend, exc)
             self.healthy = False
-            self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            self.last_error = _error_line(exc)
             self.last_error_at = utcnow()
             return False
         if not self.healthy:
@@ -222,7 +228,7 @@ class AuditLog:
                     if self._closed or len(self._pending) >= cfg.batch_size:
                         return  # not done: the next idle moment goes on
         except Exception as exc:
-            self.prune_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            self.prune_error = _error_line(exc)
             logger.warning("audit log: records older than %s not deleted: %s", cutoff, exc)
             self._pruned_at = now
             return
@@ -281,7 +287,7 @@ class AuditLog:
         try:
             self.store.ping()
         except Exception as exc:
-            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            error = _error_line(exc)
         ready = error is None and self.healthy
         out: dict[str, Any] = {
             "ready": ready,
