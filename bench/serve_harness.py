@@ -8,7 +8,8 @@
 
 * sets ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (node IP 127.0.0.1, core listeners on loopback)
   and ``RAY_AUTH_MODE=token`` with ``RAY_AUTH_TOKEN_PATH`` pointing at a fresh random token in
-  a private temp folder (so nothing is written to ``~/.ray``);
+  a private temp folder (so nothing is written to ``~/.ray``), and the shipped Ray Serve
+  environment of ``deployments.serve_env`` (``bench.harness_env``);
 * ``ray.init(address="local", include_dashboard=False, _temp_dir=<that folder>)``;
 * ``serve.start`` with HTTP on ``127.0.0.1:<port>`` and ``serve.run(build_app(...))`` as app
   ``rag`` at ``/``, with the Milvus collection overridden to the benchmark's own;
@@ -16,26 +17,26 @@
 
 ``stop()`` shuts Serve and Ray down, drops the benchmark collection with
 ``MilvusStore.drop()``, deletes the benchmark tenants' nodes from Neo4j (ingestion MERGEs them
-into the shared graph) and removes the temp folder (kept, with Ray's logs, if startup failed).
+into the shared graph; both in ``bench.harness_stores``) and removes the temp folder (kept,
+with Ray's logs, if startup failed).
 Collection names must start with ``bench_`` so a benchmark can never drop someone else's.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 import shutil
 import signal
 import socket
-import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from bench import harness_stores
+from bench.harness_env import HarnessEnv
 
 logger = logging.getLogger("bench.harness")
 
@@ -57,7 +58,7 @@ def run_benchmark(
     name: str,
     harness: ServeHarness,
     result: dict[str, Any],
-    run: Callable[[ServeHarness], Awaitable[dict[str, Any]]],
+    run: Callable[[ServeHarness], Coroutine[Any, Any, dict[str, Any]]],
     render: Callable[[dict[str, Any]], str],
     out: str | None,
 ) -> dict[str, Any]:
@@ -132,10 +133,9 @@ class ServeHarness:
             raise ValueError(f"benchmark collections must start with {COLLECTION_PREFIX!r}")
         if tenant_prefix is not None and not tenant_prefix.startswith(COLLECTION_PREFIX):
             raise ValueError(f"benchmark tenants must start with {COLLECTION_PREFIX!r}")
-        self._env_saved: dict[str, str | None] = {}
-        self.temp_dir: Path | None = None
+        self._env = HarnessEnv()
         # Ray reads RAY_AUTH_MODE once, when ray is first imported: set it up before that.
-        self._prepare_env()
+        self.temp_dir: Path | None = self._env.prepare()
         from serve_app.app import AppArgs
 
         self.port = port
@@ -169,7 +169,7 @@ class ServeHarness:
             raise
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is not None:
             self._failed = True
         self.stop()
@@ -180,45 +180,6 @@ class ServeHarness:
 
     def url(self, path: str) -> str:
         return self.base_url + path
-
-    def _set_env(self, name: str, value: str) -> None:
-        self._env_saved.setdefault(name, os.environ.get(name))
-        os.environ[name] = value
-
-    def _restore_env(self) -> None:
-        for name, value in self._env_saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        self._env_saved.clear()
-
-    def _prepare_env(self) -> None:
-        """A private temp folder with a random auth token, and the Ray environment."""
-        self.temp_dir = Path(tempfile.mkdtemp(prefix="bench_ray_", dir="/tmp"))
-        token_path = self.temp_dir / "auth_token"
-        token_path.write_text(secrets.token_hex(32))
-        token_path.chmod(0o600)
-        self._set_env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        self._set_env("RAY_AUTH_MODE", "token")
-        self._set_env("RAY_AUTH_TOKEN_PATH", str(token_path))
-        self._set_env("HF_HUB_OFFLINE", "1")
-        self._set_env("TRANSFORMERS_OFFLINE", "1")
-        # The shipped Ray Serve environment (HAProxy ingress), unless the caller set its own,
-        # with HAProxy's side ports of its own (a gateway may run beside the benchmark).
-        from deployments import serve_env
-
-        for name, value in serve_env.apply({**os.environ}, own_ports=True).items():
-            if name not in os.environ:
-                self._set_env(name, value)
-        if "ray._raylet" in sys.modules:
-            # ray was imported before this harness: refresh its cached config the way
-            # ray._private.authentication.authentication_token_setup does.
-            logger.warning("ray was imported before ServeHarness; refreshing its auth config")
-            from ray._raylet import AuthenticationTokenLoader, Config
-
-            Config.initialize("")
-            AuthenticationTokenLoader.instance().reset_cache()
 
     def _preflight(self) -> None:
         if not port_is_free(self.port):
@@ -245,7 +206,7 @@ class ServeHarness:
         started = time.perf_counter()
         self._sigterm_saved = signal.signal(signal.SIGTERM, _raise_system_exit)
         if self.temp_dir is None:  # a second start() after stop()
-            self._prepare_env()
+            self.temp_dir = self._env.prepare()
         self._start_attempted = True
         self._preflight()
         logger.info("starting local Ray (temp dir %s)", self.temp_dir)
@@ -351,7 +312,7 @@ class ServeHarness:
                 self.cleanup_graph()
             except Exception:
                 logger.exception("could not delete benchmark nodes from Neo4j")
-        self._restore_env()
+        self._env.restore()
         if self.temp_dir is not None:
             if self._failed or self.keep_temp:
                 logger.info("Ray temp dir (logs) kept at %s", self.temp_dir)
@@ -372,52 +333,14 @@ class ServeHarness:
 
     def milvus_store(self) -> Any:
         """An in-process ``MilvusStore`` on the benchmark collection (same settings)."""
-        from deployments.models.embedding import embedding_dim
-        from deployments.vector_store.store import MilvusStore
-
-        return MilvusStore(self.settings.milvus, dim=embedding_dim(self.settings.embedder))
+        return harness_stores.milvus_store(self.settings)
 
     def drop_collection(self, attempts: int = 5) -> None:
-        """Drop the benchmark collection, retrying: pymilvus shares one gRPC connection per
-        process, and after minutes idle the Milvus Lite server answers its keepalive pings
-        with GOAWAY "too_many_pings", which can fail the first reconnect."""
-        for attempt in range(1, attempts + 1):
-            store = self.milvus_store()
-            try:
-                store.drop()
-            except Exception as exc:
-                if attempt == attempts:
-                    raise
-                logger.warning(
-                    "dropping %s failed (%s); retrying in %ds", self.collection, exc, 2 * attempt
-                )
-                time.sleep(2 * attempt)
-            else:
-                logger.info("dropped Milvus collection %s", self.collection)
-                return
-            finally:
-                store.close()
+        """Drop the benchmark collection (``bench.harness_stores.drop_collection``: retried)."""
+        harness_stores.drop_collection(self.milvus_store, self.collection, attempts)
 
     def cleanup_graph(self) -> int:
         """Delete every Neo4j node whose team_id starts with the benchmark tenant prefix."""
         if self.tenant_prefix is None or not self.graph_enabled:
             return 0
-        from neo4j import GraphDatabase
-
-        cfg = self.settings.neo4j
-        deleted = 0
-        with GraphDatabase.driver(cfg.uri, auth=(cfg.user, cfg.password)) as driver:
-            while True:
-                records, _, _ = driver.execute_query(
-                    "MATCH (n) WHERE n.team_id STARTS WITH $prefix "
-                    "WITH n LIMIT 5000 DETACH DELETE n RETURN count(*) AS n",
-                    {"prefix": self.tenant_prefix},
-                    database_=cfg.database,
-                )
-                n = int(records[0]["n"]) if records else 0
-                deleted += n
-                if n == 0:
-                    break
-        if deleted:
-            logger.info("deleted %d Neo4j nodes of tenants %s*", deleted, self.tenant_prefix)
-        return deleted
+        return harness_stores.delete_tenant_nodes(self.settings.neo4j, self.tenant_prefix)
