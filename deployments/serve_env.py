@@ -16,7 +16,7 @@ buffer does not (a replica's access lines would reach its file up to 1,000 reque
 The variables must be set before Ray starts (they are read when Serve's modules load, in the
 controller and in every replica), so every place that starts a gateway cluster applies them:
 ``scripts/ray_local.sh`` and ``cluster.yaml`` (``eval "$(python -m deployments.serve_env)"``),
-``deploy/k8s/render.py`` (the containers' ``env``), ``bench/serve_harness.py`` and the Serve
+``deploy/k8s/render.py`` (the containers' ``env``), ``bench/harness_env.py`` and the Serve
 tests' cluster (``apply``). Set ``RAY_SERVE_ENABLE_HA_PROXY=0`` in the environment to run
 Serve's Python proxy instead: a value already set is kept.
 
