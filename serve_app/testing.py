@@ -52,7 +52,10 @@ def b64url(data: bytes) -> str:
 
 
 def claims(**overrides: Any) -> dict[str, Any]:
-    """Claims of a valid token for ``alice``, member of dao_greenfood; ``None`` drops a claim."""
+    """Claims of a valid token for ``alice``, member of dao_greenfood; ``None`` drops a claim.
+
+    Valid for an hour: test modules mint their callers' tokens when they are collected, and
+    the suite may reach them twenty minutes later (a 5-minute token expired there in CI)."""
     now = int(time.time())
     base: dict[str, Any] = {
         "sub": "alice",
@@ -60,7 +63,7 @@ def claims(**overrides: Any) -> dict[str, Any]:
         "aud": AUDIENCE,
         "iat": now,
         "nbf": now,
-        "exp": now + 300,
+        "exp": now + 3600,
         "teams": {"dao_greenfood": ["member"]},
     }
     base.update(overrides)
