@@ -188,6 +188,13 @@ class AuthSettings(BaseModel):
     audience: str = ""
     algorithms: list[str] = Field(default_factory=lambda: ["HS256", "RS256", "ES256"])
     leeway_s: float = Field(30.0, ge=0, le=600)
+    # Verified JWTs kept per replica (the exact token string -> its principal), so a token sent
+    # on many requests is verified once; least recently used go first; 0 = off.
+    token_cache_size: int = Field(4096, ge=0)
+    # Seconds a cached verification is trusted before the token is verified in full again: how
+    # long a key removed from the JWKS can keep verifying cached tokens (exp is checked on
+    # every hit). 0 = off.
+    token_cache_s: float = Field(60.0, ge=0)
     claims: ClaimNames = ClaimNames()
     # Roles of a team listed in the token without roles of its own (list form, no roles claim).
     default_team_roles: list[str] = Field(default_factory=lambda: ["member"])

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 from deployments.errors import BackendUnavailable, Unauthorized
 from serve_app.auth.api_keys import PREFIX as API_KEY_PREFIX
 from serve_app.auth.api_keys import ApiKeyStore
 from serve_app.auth.principal import Principal, principal_from_claims
+from serve_app.auth.token_cache import VerifiedTokens
 from serve_app.auth.tokens import TokenVerifier
 from serve_app.settings import AuthSettings, GatewaySettings
 
@@ -31,10 +33,17 @@ class Authenticator:
         *,
         tokens: TokenVerifier | None = None,
         api_keys: ApiKeyStore | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.auth = auth
         self.tokens = tokens
         self.api_keys = api_keys
+        # Verified JWTs (exact token string -> principal), re-checked for expiry on every hit
+        # and trusted at most auth.token_cache_s; None when off.
+        verified = VerifiedTokens(
+            auth.token_cache_size, auth.token_cache_s, auth.leeway_s, clock=clock
+        )
+        self.verified_tokens = verified if tokens is not None and verified.enabled else None
         self.dev = auth.mode == "dev"
         if self.dev:
             logger.warning(
@@ -73,8 +82,18 @@ class Authenticator:
                 "bearer tokens are not accepted here (no JWKS or shared secret configured)",
                 hint=_MISSING_HINT,
             )
+        cache = self.verified_tokens
+        if cache is None:
+            claims = self.tokens.verify(token)
+            return principal_from_claims(claims, self.auth.claims, self.auth.default_team_roles)
+        principal = cache.get(token)
+        if principal is not None:
+            return principal
+        since = cache.clock()
         claims = self.tokens.verify(token)
-        return principal_from_claims(claims, self.auth.claims, self.auth.default_team_roles)
+        principal = principal_from_claims(claims, self.auth.claims, self.auth.default_team_roles)
+        cache.put(token, principal, claims, since)
+        return principal
 
     def _verify(self, kind: str, credential: str) -> Principal:
         try:
@@ -129,6 +148,11 @@ class Authenticator:
                 return Principal.development(self.auth.dev_roles)
             raise Unauthorized("credentials required", hint=_MISSING_HINT, error=None)
         kind, value = found
+        if kind == "jwt" and self.verified_tokens is not None:
+            # A token verified recently needs neither PyJWT nor the thread hop below.
+            principal = self.verified_tokens.get(value)
+            if principal is not None:
+                return principal
         if kind == "jwt" and self.tokens is not None and self.tokens.may_fetch(value):
             # PyJWKClient fetches with blocking urllib; keep the event loop free.
             return await asyncio.to_thread(self._verify, kind, value)
