@@ -94,6 +94,7 @@ class EmbedderCore:
             else resolve_model_path(settings.model_path)
         )
         self._tokenizer: Any = None
+        self._onnx_tokens: Any = None  # the ONNX backend's tokenizer call (onnx_encoder.py)
         self._model: Any = None
         self._dim: int | None = None
         # The torch device once loaded (``device: auto`` resolved in the replica).
@@ -166,7 +167,7 @@ class EmbedderCore:
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from transformers import AutoTokenizer
 
-        from deployments.models.onnx_encoder import OnnxEncoder, export
+        from deployments.models.onnx_encoder import OnnxEncoder, batch_tokenizer, export
 
         started = time.perf_counter()
         s = self.settings
@@ -174,6 +175,7 @@ class EmbedderCore:
             raise BackendUnavailable("embedder", f"model folder {self.model_path!r} not found")
         path = export(self.model_path, s.quantize)
         self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self._onnx_tokens = batch_tokenizer(self._tokenizer, s.max_length)
         self._model = OnnxEncoder(path, s.threads)
         config = json.loads((Path(self.model_path) / "config.json").read_text())
         self._dim = int(s.dim or config["hidden_size"])
@@ -291,13 +293,7 @@ class EmbedderCore:
             idx = order[start : start + step]
             texts = [prepared[i] for i in idx]
             if onnx:
-                arrays = self._tokenizer(
-                    texts,
-                    padding=True,
-                    truncation=True,
-                    max_length=self.settings.max_length,
-                    return_tensors="np",
-                )
+                arrays = self._onnx_tokens(texts)
                 out[idx] = self._pool(self._model(arrays), arrays["attention_mask"])
                 continue
             batch = self.tokenize(texts)

@@ -169,3 +169,26 @@ def test_the_embedder_replica_lowers_its_priority_only_on_a_cpu(monkeypatch):
     assert embedder._lower_priority(EmbedderSettings()) == 15
     assert embedder._lower_priority(EmbedderSettings(nice=4, device="cuda")) == 15
     assert calls == [4]
+
+
+@pytest.mark.parametrize("max_length", [256, 12])
+def test_the_rust_tokenizer_call_gives_what_transformers_gives(texts, max_length):
+    """The ONNX backend tokenizes with the fast tokenizer's own ``tokenizers.Tokenizer``
+    (``batch_tokenizer``): the same ids, masks and types as the ``transformers`` call,
+    padded batches and truncated texts included, and the ``transformers`` tokenizer's own
+    settings left as they were."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    call = onnx_encoder.batch_tokenizer(tokenizer, max_length)
+    long = " ".join(texts)  # past any max_length: truncated
+    for batch in ([texts[0]], texts[:7], [long, "solar"], ["", "x"], ["naïve café — 東京"]):
+        want = tokenizer(
+            batch, padding=True, truncation=True, max_length=max_length, return_tensors="np"
+        )
+        got = call(batch)
+        assert set(got) == set(want)
+        for name, array in got.items():
+            assert array.dtype == np.int64
+            np.testing.assert_array_equal(array, want[name], err_msg=name)
+        assert got["input_ids"].shape[1] <= max_length
