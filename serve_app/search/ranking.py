@@ -4,6 +4,7 @@ makes each hit when it is read), so each step is tested on its own."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from typing import overload
@@ -277,15 +278,42 @@ class _Originals:
                 continue
             # |A ∩ B| / |A ∪ B| ≤ min / max: sets of too different sizes cannot reach the
             # threshold, so most pairs need no intersection (exact, not a heuristic).
-            small, large = (size, len(other)) if size <= len(other) else (len(other), size)
-            if small < threshold * large:
+            if size <= len(other):
+                small, large = current, other
+            else:
+                small, large = other, current
+            if len(small) < threshold * len(large):
                 continue
-            common = len(current & other)
-            if common / (size + len(other) - common) >= threshold:
+            if _near(small, large, threshold):
                 return original
         self.hits.append(hit)
         self.sets.append(current)
         return None
+
+
+def _near(small: AbstractSet[Hashable], large: AbstractSet[Hashable], threshold: float) -> bool:
+    """Whether ``|small ∩ large| / |small ∪ large| >= threshold``, read from the smaller set
+    until enough of it is missing from the larger that the rest could not reach the threshold
+    (unrelated passages: after about a tenth of it at 0.8, instead of a whole intersection).
+    Exact: the same answer as computing the intersection."""
+    union_without_common = len(small) + len(large)
+    # The fewest shared elements that reach the threshold: c / (n − c) ≥ t, n = |A| + |B|.
+    # From the real-number answer, then stepped to the comparison's own float answer.
+    need = max(0, math.ceil(threshold * union_without_common / (1 + threshold)))
+    while need > 0 and (need - 1) / (union_without_common - need + 1) >= threshold:
+        need -= 1
+    while need <= len(small) and need / (union_without_common - need) < threshold:
+        need += 1
+    if need > len(small):
+        return False
+    allowed = len(small) - need  # elements of ``small`` that may be missing from ``large``
+    missing = 0
+    for item in small:
+        if item not in large:
+            missing += 1
+            if missing > allowed:
+                return False
+    return True
 
 
 def within_budget(

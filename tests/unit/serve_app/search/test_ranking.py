@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from deployments.protocols import ChunkRecord, SearchHit
 from serve_app.search.ranking import (
     THEORETICAL_MIN,
+    _near,
     adaptive_weights,
     collapse_near_duplicates,
     drop_near_duplicates,
@@ -338,3 +339,21 @@ def test_fused_hits_are_made_only_as_far_as_they_are_read():
     assert [h.chunk.chunk_id for h in fused[1:3]] == ids(fused)[1:3]
     with pytest.raises(IndexError):
         fused[6]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    pair=EDITED_SETS.filter(lambda s: len(s) >= 2).map(lambda s: (s[0], s[1])),
+    threshold=st.one_of(
+        st.sampled_from([0.0, 0.5, 0.8, 0.9, 1.0, 0.1 + 0.2, 2 / 3]), st.floats(0.0, 1.0)
+    ),
+)
+def test_reading_the_smaller_set_until_too_much_is_missing_is_the_full_jaccard(pair, threshold):
+    """``_near`` stops reading once the rest of the smaller set could not reach the
+    threshold: the same verdict as the whole intersection, for every threshold."""
+    a, b = pair
+    if not a or not b:
+        return
+    small, large = (a, b) if len(a) <= len(b) else (b, a)
+    common = len(a & b)
+    assert _near(small, large, threshold) == (common / (len(a) + len(b) - common) >= threshold)
