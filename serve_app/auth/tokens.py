@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,13 +34,28 @@ def _unauthorized(message: str) -> Unauthorized:
     return Unauthorized(message, hint=_HINT)
 
 
-class JwksFile:
-    """Signing keys from a JWKS file, re-read when the file changes (key rotation)."""
+# Least seconds between two checks whether the JWKS file changed, for a key id it holds.
+JWKS_FILE_RECHECK_S = 1.0
 
-    def __init__(self, path: str) -> None:
+
+class JwksFile:
+    """Signing keys from a JWKS file, re-read when the file changes (key rotation): at once
+    for an unknown key id, and at most ``recheck_s`` after a change for a known one, so a key
+    removed from the file stops verifying within that time (and a verified token kept by
+    ``serve_app/auth/token_cache.py`` within ``auth.token_cache_s`` more)."""
+
+    def __init__(
+        self,
+        path: str,
+        recheck_s: float = JWKS_FILE_RECHECK_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.path = Path(path)
+        self.recheck_s = recheck_s
+        self.clock = clock
         self._lock = threading.Lock()
         self._mtime = 0.0
+        self._checked = 0.0
         self._keys: dict[str, PyJWK] = {}
         self._load()
 
@@ -52,13 +69,15 @@ class JwksFile:
             k.key_id: k for k in key_set.keys if k.key_id and k.public_key_use in ("sig", None)
         }
         self._mtime = mtime
+        self._checked = self.clock()
 
     def get(self, kid: str) -> PyJWK | None:
         key = self._keys.get(kid)
-        if key is not None:
+        if key is not None and self.clock() - self._checked < self.recheck_s:
             return key
         with self._lock:
             try:
+                self._checked = self.clock()
                 changed = os.stat(self.path).st_mtime != self._mtime
                 if changed:
                     self._load()

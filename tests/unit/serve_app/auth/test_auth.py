@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from deployments.errors import BackendUnavailable, Unauthorized
 from serve_app.auth import Authenticator
 from serve_app.auth.api_keys import ApiKeyStore, hash_key, new_key
-from serve_app.auth.tokens import MAX_TOKEN_CHARS, TokenVerifier
+from serve_app.auth.tokens import MAX_TOKEN_CHARS, JwksFile, TokenVerifier
 from serve_app.settings import AuthSettings, GatewaySettings
 from serve_app.testing import (
     AUDIENCE,
@@ -481,3 +481,22 @@ def test_auth_settings_come_from_nested_env(monkeypatch):
     assert auth.claims.teams == "https://example.org/teams"
     assert auth.algorithms == ["RS256", "ES256"]
     assert SECRET not in repr(auth)
+
+
+def test_a_key_removed_from_the_jwks_file_stops_verifying(jwks_file):
+    """Revoking a signing key by deleting it from the file: tokens of that key are refused
+    within ``recheck_s`` of the change, though no unknown key id ever asks for a re-read."""
+    now = [0.0]
+    check = verifier(jwks_file=str(jwks_file))
+    check.jwks_file = JwksFile(str(jwks_file), recheck_s=1.0, clock=lambda: now[0])
+    token = mint(claims(), key=RSA_KEY, alg="RS256", kid="rsa-1")
+    assert check.verify(token)["sub"] == "alice"
+    jwks_file.write_text(json.dumps(jwks(KEYS[1])))  # rsa-1 revoked
+    later = time.time() + 10
+    os.utime(jwks_file, (later, later))
+    now[0] = 0.5  # inside the recheck window: the held key still answers
+    assert check.verify(token)["sub"] == "alice"
+    now[0] = 1.5
+    assert "unknown signing key" in refused(check.verify, token)
+    # The key that stayed still verifies.
+    assert check.verify(mint(claims(), key=EC_KEY, alg="ES256", kid="ec-1"))["sub"] == "alice"
