@@ -155,9 +155,13 @@ def setup_auth(workdir: Path) -> dict[str, Any]:
         jwks_file=str(workdir / "jwks.json"),
         api_keys_file=str(workdir / "keys.yaml"),
         api_key_pepper=PEPPER,
+        token_cache_size=0,  # every call a full verification; the cached hit measured apart
     )
     settings = GatewaySettings(environment="test", auth=auth)
     authenticator = Authenticator.from_settings(settings)
+    cached = Authenticator.from_settings(
+        GatewaySettings(environment="test", auth={**auth, "token_cache_size": 4096})
+    )
     payload = claims(
         teams=teams, groups=["ops"], permissions=["skill:read"], exp=int(time.time()) + 3600
     )
@@ -171,7 +175,7 @@ def setup_auth(workdir: Path) -> dict[str, Any]:
         },
         "API key (HMAC-SHA256 + pepper)": {"x-api-key": key},
     }
-    return {"authenticator": authenticator, "headers": headers}
+    return {"authenticator": authenticator, "cached": cached, "headers": headers}
 
 
 def bench_units(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -194,6 +198,15 @@ def bench_units(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         logger.info("authentication: %s", name)
         out[f"auth: {name}"] = measure(verify, args.rounds, args.calls)
 
+    hs256 = a["headers"]["HS256 JWT"]
+
+    def verify_cached() -> Any:
+        kind, value = Authenticator.credential(hs256)
+        return a["cached"]._verify(kind, value)
+
+    out["auth: HS256 JWT, a hit of the verified-token cache"] = measure(
+        verify_cached, args.rounds, args.calls
+    )
     principal = principals["HS256 JWT"]
     body = {
         "team_id": "dao_a",
