@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
 import tempfile
@@ -160,6 +161,10 @@ def build_app(args: argparse.Namespace) -> BuiltApp:
     )
     index.upsert(chunks)
     index.prepare_scan()
+    # As the Ingress's loader does once a team is in memory (memindex/loader.py): the index's
+    # objects out of the cyclic collector's sight (without it, one full collection of
+    # ~250 ms per ~600 searches here).
+    gc.freeze()
     embedder = InlineQueryEmbedder(settings.embedder, busy=in_flight.busy)
     store = IndexStore(index)
     services = build_services(
