@@ -329,3 +329,52 @@ def test_jwks_url_down_is_503_not_401_or_500():
         response = gateway.search(QUERY, mint(claims(), key=RSA_KEY, alg="RS256", kid="rsa-1"))
         assert response.status_code == 503
         assert response.json()["error"] == "backend_unavailable"
+
+
+# --- the verified-token cache, over HTTP (serve_app/auth/token_cache.py) ---------------------
+
+
+def test_a_cached_token_is_refused_once_it_expires():
+    """The first request puts the token in the cache; once its ``exp`` passes (no leeway
+    here) the same token gets 401 'token expired', as it would without the cache."""
+    import time
+
+    gw = build_gateway(policy=TENANCY_POLICY, corpus=tenancy_corpus(), auth=jwt_auth(leeway_s=0))
+    assert gw.services.shared.authenticator.verified_tokens is not None  # the cache is on
+    expires = int(time.time()) + 2
+    short = token(exp=expires)
+    assert gw.search(QUERY, short).status_code == 200
+    assert gw.search(QUERY, short).status_code == 200  # a hit
+    time.sleep(max(0.0, expires - time.time()) + 0.05)
+    refused = gw.search(QUERY, short)
+    assert refused.status_code == 401
+    assert "expired" in refused.json()["message"]
+
+
+def test_a_cached_tokens_neighbours_are_verified_in_full(gateway):
+    """After a genuine token is cached, a copy with one character of its signature or its
+    payload changed, or cut short, is refused: only the exact string can hit."""
+    genuine = token()
+    assert gateway.search(QUERY, genuine).status_code == 200
+    header, payload, signature = genuine.split(".")
+    flip = {"A": "B", "B": "A"}
+    forged = [
+        f"{header}.{payload}.{signature[:-2]}{flip.get(signature[-2], 'A')}{signature[-1]}",
+        f"{header}.{payload[:-1]}{flip.get(payload[-1], 'A')}.{signature}",
+        genuine[:-1],
+        genuine + "A",
+    ]
+    for bad in forged:
+        assert bad != genuine
+        assert gateway.search(QUERY, bad).status_code == 401, bad
+    assert gateway.search(QUERY, genuine).status_code == 200
+
+
+def test_a_cached_token_answers_with_its_own_teams_only(gateway):
+    """Two callers' tokens cached side by side: each still sees only its own team."""
+    own_a, own_b = token({"dao_a": ["member"]}), token({"dao_b": ["member"]})
+    for _ in range(2):  # the second round from the cache
+        assert gateway.search(QUERY, own_a).status_code == 200
+        assert gateway.search(QUERY, own_b).status_code == 403
+        assert gateway.search({**QUERY, "team_id": "dao_b"}, own_b).status_code == 200
+        assert gateway.search({**QUERY, "team_id": "dao_b"}, own_a).status_code == 403
