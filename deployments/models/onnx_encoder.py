@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -190,7 +191,9 @@ class OnnxEncoder:
         return np.asarray(self.session.run(None, feed)[0])
 
 
-def batch_tokenizer(tokenizer: Any, max_length: int) -> Any:
+def batch_tokenizer(
+    tokenizer: Any, max_length: int
+) -> Callable[[list[str]], dict[str, np.ndarray]]:
     """``texts -> {input_ids, attention_mask, token_type_ids}`` as int64 arrays, padded to
     the longest and truncated at ``max_length``: what ``tokenizer(texts, padding=True,
     truncation=True, max_length=..., return_tensors="np")`` gives, straight from a fast

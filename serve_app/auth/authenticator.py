@@ -83,16 +83,13 @@ class Authenticator:
                 hint=_MISSING_HINT,
             )
         cache = self.verified_tokens
-        if cache is None:
-            claims = self.tokens.verify(token)
-            return principal_from_claims(claims, self.auth.claims, self.auth.default_team_roles)
-        principal = cache.get(token)
-        if principal is not None:
+        if cache is not None and (principal := cache.get(token)) is not None:
             return principal
-        since = cache.clock()
+        since = cache.clock() if cache is not None else 0.0
         claims = self.tokens.verify(token)
         principal = principal_from_claims(claims, self.auth.claims, self.auth.default_team_roles)
-        cache.put(token, principal, claims, since)
+        if cache is not None:
+            cache.put(token, principal, claims, since)
         return principal
 
     def _verify(self, kind: str, credential: str) -> Principal:

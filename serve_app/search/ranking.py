@@ -296,13 +296,13 @@ def _near(small: AbstractSet[Hashable], large: AbstractSet[Hashable], threshold:
     until enough of it is missing from the larger that the rest could not reach the threshold
     (unrelated passages: after about a tenth of it at 0.8, instead of a whole intersection).
     Exact: the same answer as computing the intersection."""
-    union_without_common = len(small) + len(large)
-    # The fewest shared elements that reach the threshold: c / (n − c) ≥ t, n = |A| + |B|.
+    total = len(small) + len(large)
+    # The fewest shared elements that reach the threshold: c / (total − c) ≥ t.
     # From the real-number answer, then stepped to the comparison's own float answer.
-    need = max(0, math.ceil(threshold * union_without_common / (1 + threshold)))
-    while need > 0 and (need - 1) / (union_without_common - need + 1) >= threshold:
+    need = max(0, math.ceil(threshold * total / (1 + threshold)))
+    while need > 0 and (need - 1) / (total - need + 1) >= threshold:
         need -= 1
-    while need <= len(small) and need / (union_without_common - need) < threshold:
+    while need <= len(small) and need / (total - need) < threshold:
         need += 1
     if need > len(small):
         return False
