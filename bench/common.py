@@ -146,18 +146,52 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     return "\n".join(lines)
 
 
+# The instruction sets a model's kernels choose between: an int8 query embedding costs 1.3 ms
+# with AVX-512 VNNI and ~7 ms with AVX2 alone (bench/README.md, "Two CPUs").
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def cpu_info(cpuinfo: str | None = None) -> dict[str, Any]:
+    """The CPU's model name and which of ``CPU_FLAGS`` it has (Linux's /proc/cpuinfo): the
+    same benchmark runs several times faster on one VM than on another of the same size."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return {"cpu_model": platform.processor() or None, "cpu_flags": None}
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    flags = set(fields.get("flags", "").split())
+    return {
+        "cpu_model": fields.get("model name") or platform.processor() or None,
+        "cpu_flags": [f for f in CPU_FLAGS if f in flags],
+    }
+
+
 def environment_info() -> dict[str, Any]:
     """What the numbers depend on: machine, load, versions, commit."""
     info: dict[str, Any] = {
         "hostname": platform.node(),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
+        **cpu_info(),
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }
     try:
         from importlib.metadata import version
 
-        for pkg in ("ray", "torch", "transformers", "pymilvus", "milvus-lite", "neo4j"):
+        for pkg in (
+            "ray",
+            "torch",
+            "transformers",
+            "onnxruntime",
+            "pymilvus",
+            "milvus-lite",
+            "neo4j",
+        ):
             try:
                 info[f"{pkg}_version"] = version(pkg)
             except Exception:
