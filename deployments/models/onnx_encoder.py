@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock, Timeout
 
 logger = logging.getLogger(__name__)
 
@@ -73,21 +74,41 @@ def export(model_path: str | Path, quantize: str = "none") -> Path:
     """
     model_path = Path(model_path)
     folder = cache_dir(model_path, _fingerprint(model_path, quantize))
-    fp32 = folder / "model.onnx"
     target = folder / ("model.int8.onnx" if quantize == "int8" else "model.onnx")
     if target.exists():
         return target
-    started = time.perf_counter()
-    if not fp32.exists():
-        _export_fp32(model_path, fp32)
-    if quantize == "int8":
-        from onnxruntime.quantization import QuantType, quantize_dynamic
+    # One export per cache folder: the Embedder and the Ingress replicas (and every replica
+    # of each) load the model at once on a fresh machine; the first exports, the others wait
+    # for it and read its file (four replicas exporting side by side took ~100 s of CPU
+    # from a 2-vCPU node's start). The lock file sits beside the folder; the OS releases it
+    # when its holder dies.
+    lock = FileLock(folder.with_name(folder.name + ".lock"))
+    try:
+        lock.acquire(timeout=EXPORT_TIMEOUT_S)
+    except Timeout as exc:
+        raise RuntimeError(
+            f"ONNX export of {model_path}: another process held {lock.lock_file} "
+            f"for over {EXPORT_TIMEOUT_S} s"
+        ) from exc
+    try:
+        if target.exists():
+            return target
+        started = time.perf_counter()
+        if quantize == "int8":
+            from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        partial = _partial(target)
-        quantize_dynamic(fp32, partial, weight_type=QuantType.QInt8, per_channel=True)
-        os.replace(partial, target)
-    logger.info("exported %s to %s in %.1fs", model_path, target, time.perf_counter() - started)
-    return target
+            # Quantised from the fp32 export's own cache (exported first if missing): one
+            # export serves both; the locks are always taken int8 first, then fp32.
+            fp32 = export(model_path)
+            partial = _partial(target)
+            quantize_dynamic(fp32, partial, weight_type=QuantType.QInt8, per_channel=True)
+            os.replace(partial, target)
+        else:
+            _export_fp32(model_path, target)
+        logger.info("exported %s to %s in %.1fs", model_path, target, time.perf_counter() - started)
+        return target
+    finally:
+        lock.release()
 
 
 def _export_fp32(model_path: Path, out: Path) -> None:
@@ -158,9 +179,9 @@ def _export_fp32_here(model_path: Path, out: Path) -> None:
 
 
 def _partial(target: Path) -> Path:
-    """A file of this process beside ``target``: the Embedder and the Ingress replicas load
-    the model at the same time on a fresh machine, and each exports; the rename is atomic,
-    so a reader sees either no file or a whole one, never another process's half."""
+    """A file of this process beside ``target``, renamed into place when whole: the rename
+    is atomic, so a reader (a process that did not take the export lock: an older version's,
+    or one whose cache folder was copied mid-export) sees either no file or a whole one."""
     return target.with_name(f"{target.name}.{os.getpid()}.partial")
 
 

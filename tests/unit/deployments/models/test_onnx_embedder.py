@@ -81,21 +81,26 @@ def test_quantize_needs_the_onnx_backend():
         EmbedderSettings(backend="transformers", quantize="int8")
 
 
-# Exports the model in a fresh process and prints which of torch's compiler modules that
-# process holds afterwards (torch.onnx loads them; the export's child must keep them).
+# Exports the model (int8) in a fresh process and prints how many exports it ran itself and
+# which of torch's compiler modules it holds afterwards (torch.onnx loads them; the export's
+# child must keep them).
 EXPORT_AND_LIST = """
 import sys
 from deployments.models import onnx_encoder
-onnx_encoder.export(sys.argv[1])
+ran = []
+real = onnx_encoder._export_fp32
+onnx_encoder._export_fp32 = lambda *a: (ran.append(1), real(*a))
+onnx_encoder.export(sys.argv[1], "int8")
+print(len(ran))
 print(sorted(m for m in ("triton", "torch._dynamo", "torch.onnx") if m in sys.modules))
 """
 
 
 def test_two_processes_exporting_at_once_leave_one_whole_file(tmp_path):
-    """The Embedder and the Ingress replicas load the model at once on a fresh machine: both
-    export, neither reads the other's half-written file, and no partial file stays. Neither
-    replica keeps torch's compiler stack afterwards (the export runs in a child of its own;
-    in the replica, triton's bindings crashed the process's exit)."""
+    """The Embedder and the Ingress replicas load the model at once on a fresh machine: one
+    exports while the other waits for its file (one export in all), and no partial file
+    stays. Neither replica keeps torch's compiler stack afterwards (the export runs in a
+    child of its own; in the replica, triton's bindings crashed the process's exit)."""
     import subprocess
     import sys
 
@@ -110,13 +115,21 @@ def test_two_processes_exporting_at_once_leave_one_whole_file(tmp_path):
         )
         for _ in range(2)
     ]
+    exports = 0
     for p in procs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-2000:]
-        assert out.strip().splitlines()[-1] == "[]", out
-    (cache,) = (folder / "onnx").iterdir()
-    assert sorted(f.name for f in cache.iterdir()) == ["model.onnx"]
-    c = core(folder, backend="onnx")
+        *_, ran, modules = out.strip().splitlines()
+        assert modules == "[]", out
+        exports += int(ran)
+    assert exports == 1
+    # The int8 file is quantised from the fp32 export's own folder: one export for both.
+    caches = sorted(f for f in (folder / "onnx").iterdir() if f.is_dir())
+    assert sorted(sorted(f.name for f in c.iterdir()) for c in caches) == [
+        ["model.int8.onnx"],
+        ["model.onnx"],
+    ]
+    c = core(folder, backend="onnx", quantize="int8")
     assert c.embed(["the cold store"]).shape == (1, 384)
 
 
