@@ -50,8 +50,9 @@ class Neo4jClient:
         self._schema_ready = False
         self._lock = asyncio.Lock()
 
-    async def start(self) -> None:
-        """Connect and create the schema; idempotent."""
+    async def start(self, deadline_s: float | None = None) -> None:
+        """Connect and create the schema within ``deadline_s`` (default the settings'
+        ``deadline_s``); idempotent."""
         async with self._lock:
             if self._schema_ready:
                 return
@@ -66,7 +67,7 @@ class Neo4jClient:
                         max_transaction_retry_time=self.settings.retry_s,
                         notifications_min_severity="OFF",
                     )
-                await asyncio.wait_for(self._bootstrap(), self.settings.deadline_s)
+                await asyncio.wait_for(self._bootstrap(), deadline_s or self.settings.deadline_s)
             except Exception as exc:
                 await self._reset()
                 raise BackendUnavailable(
@@ -124,7 +125,7 @@ class Neo4jClient:
         seconds left of it for the call itself."""
         began = time.monotonic()
         if not self._schema_ready:
-            await self._within(deadline, "connect", self.start())
+            await self._within(deadline, "connect", self.start(deadline))
         return max(deadline - (time.monotonic() - began), 0.5)
 
     async def _within(self, seconds: float, what: str, work: Any) -> Any:
@@ -309,8 +310,11 @@ class Neo4jClient:
         (deployments/graph_store/params.py)."""
         return await self.read(bundled(query), bound(params), max_rows=max_rows)
 
-    async def explain(self, query: str, params: dict[str, Any]) -> Any:
-        """``EXPLAIN query`` in a READ session: the result summary (query type and plan)."""
+    async def explain(
+        self, query: str, params: dict[str, Any], *, deadline_s: float | None = None
+    ) -> Any:
+        """``EXPLAIN query`` in a READ session within ``deadline_s`` (default the settings'
+        ``deadline_s``): the result summary (query type and plan)."""
         from neo4j import READ_ACCESS
 
         async def plan() -> Any:
@@ -320,7 +324,7 @@ class Neo4jClient:
                 result = await session.run("EXPLAIN " + query, params)
                 return await result.consume()
 
-        remaining = await self._started(self.settings.deadline_s)
+        remaining = await self._started(deadline_s or self.settings.deadline_s)
         try:
             return await self._within(remaining, "EXPLAIN", plan())
         except BackendUnavailable:

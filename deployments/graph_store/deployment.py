@@ -11,8 +11,12 @@ from deployments.graph_store.store import Neo4jGraph
 from deployments.graph_store.warmup import warm_plans
 from deployments.health import BackendHealth
 from deployments.protocols import GraphDocument, GraphScope
+from deployments.serve_log import route_logs_to_serve
 
 logger = logging.getLogger(__name__)
+# How long a new replica waits for its warm-up before it reports ready; the rest of the
+# warm-up goes on in the background (Neo4j slow, or away: its first callers plan instead).
+WARM_UP_WAIT_S = 60.0
 
 
 def deployment_options(settings: Neo4jSettings) -> dict[str, Any]:
@@ -23,16 +27,23 @@ def deployment_options(settings: Neo4jSettings) -> dict[str, Any]:
 class GraphDeployment:
     """Serve shell over ``Neo4jGraph``."""
 
-    def __init__(self, settings: Neo4jSettings) -> None:
+    async def __init__(self, settings: Neo4jSettings) -> None:  # type: ignore[misc]
+        """Serve awaits it (``serve.deployment`` takes an async constructor); elsewhere:
+        ``replica = GraphDeployment.__new__(GraphDeployment); await replica.__init__(s)``."""
+        route_logs_to_serve()
         self.graph = Neo4jGraph(settings)
         self.health = BackendHealth("neo4j", self.graph.status)
-        # Serve runs the constructor on the replica's event loop: plan the gateway's own
-        # reads there in the background, so no caller waits for Neo4j's planner (warmup.py).
-        self._warm_up: asyncio.Task[int] | None = None
+        # Plan the gateway's own reads before the replica takes calls (warmup.py): a plan paid
+        # by a caller counts against its 5 s transaction timeout, and on a busy 2-vCPU machine
+        # one took 5.9 s (503). Serve awaits an async constructor before the replica is ready.
+        self._warm_up = asyncio.create_task(warm_plans(self.graph.client))
         try:
-            self._warm_up = asyncio.get_running_loop().create_task(warm_plans(self.graph.client))
-        except RuntimeError:  # constructed outside a loop: the first callers plan instead
-            logger.info("graph: no event loop at start; reads are planned on first use")
+            await asyncio.wait_for(asyncio.shield(self._warm_up), WARM_UP_WAIT_S)
+        except TimeoutError:
+            logger.warning(
+                "graph: warm-up still planning after %.0f s; the replica takes calls now",
+                WARM_UP_WAIT_S,
+            )
 
     async def check_health(self) -> None:
         """Serve's health check: fails the replica after Neo4j failed several in a row."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from deployments import acl
 from deployments.config import Neo4jSettings
-from deployments.errors import Forbidden, InvalidInput, InvalidQuery, NotFound
+from deployments.errors import BackendUnavailable, Forbidden, InvalidInput, InvalidQuery, NotFound
 from deployments.graph_store.client import Neo4jClient, tx_rows
 from deployments.graph_store.cypher import (
     ACL_HIDDEN,
@@ -39,6 +39,8 @@ from deployments.graph_store.values import node_label
 from deployments.protocols import GraphDocument, GraphScope
 
 logger = logging.getLogger(__name__)
+# An intent slower than this is logged with its name (its plan, Neo4j's load, its data).
+SLOW_INTENT_S = 1.0
 
 
 def document_row(d: GraphDocument) -> dict[str, Any]:
@@ -231,9 +233,22 @@ class Neo4jGraph:
         self, name: str, args: dict[str, Any], scope: GraphScope
     ) -> dict[str, Any]:
         intent = INTENTS[name]
-        columns, rows = await self.client.read_own(
-            intent.cypher, {**args, **scope.params}, max_rows=self.settings.max_rows
-        )
+        started = time.perf_counter()
+        try:
+            columns, rows = await self.client.read_own(
+                intent.cypher, {**args, **scope.params}, max_rows=self.settings.max_rows
+            )
+        except BackendUnavailable as exc:
+            logger.warning(
+                "graph: intent %s failed after %.1f s: %s",
+                name,
+                time.perf_counter() - started,
+                exc,
+            )
+            raise
+        took = time.perf_counter() - started
+        if took > SLOW_INTENT_S:
+            logger.warning("graph: intent %s took %.1f s (%d rows)", name, took, len(rows))
         return {"columns": columns, "rows": rows}
 
     async def check_cypher(

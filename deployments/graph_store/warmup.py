@@ -28,6 +28,8 @@ from deployments.graph_store.params import bound, bundled
 from deployments.protocols import GraphScope
 
 logger = logging.getLogger(__name__)
+# Seconds each warm-up step (the connection and schema set-up, one EXPLAIN) may take.
+PATIENCE_S = 30.0
 
 
 def own_reads() -> list[tuple[str, str, dict[str, Any]]]:
@@ -59,16 +61,38 @@ def own_reads() -> list[tuple[str, str, dict[str, Any]]]:
     return out
 
 
-async def warm_plans(client: Neo4jClient) -> int:
-    """EXPLAIN each of ``own_reads`` once; how many Neo4j planned. A failure (Neo4j away,
-    a timeout) is logged and skipped: that statement's first caller plans it instead."""
-    started, planned = time.perf_counter(), 0
-    for name, text, params in own_reads():
-        try:
-            await client.explain(bundled(text), bound(params))
-            planned += 1
-        except Exception as exc:
-            logger.info("graph: could not plan %s ahead (%s); its first caller will", name, exc)
+async def warm_plans(client: Neo4jClient, patience_s: float = PATIENCE_S) -> int:
+    """EXPLAIN each of ``own_reads`` once; how many Neo4j planned.
+
+    No caller waits for this, so each step gets ``patience_s`` rather than a caller's
+    deadline: in a fresh Neo4j on two busy vCPUs the connection and schema set-up took over
+    the 8 s deadline, and the next EXPLAIN (the JVM's first plans: class loading, the JIT)
+    over the 5 s left of it, so the first two intents were left to their callers, one of whom
+    then waited 5.9 s (503). A statement that fails is tried once more after the others; one
+    that fails again (Neo4j away, a timeout) is logged and left to its first caller."""
+    started = time.perf_counter()
+    try:
+        await client.start(patience_s)
+    except Exception as exc:
+        logger.warning("graph: Neo4j not ready (%s); reads are planned by their first callers", exc)
+        return 0
+    left = own_reads()
+    planned = 0
+    for attempt in (1, 2):
+        failed = []
+        for name, text, params in left:
+            try:
+                await client.explain(bundled(text), bound(params), deadline_s=patience_s)
+                planned += 1
+            except Exception as exc:
+                failed.append((name, text, params))
+                if attempt == 2:
+                    logger.warning(
+                        "graph: could not plan %s ahead (%s); its first caller will", name, exc
+                    )
+        left = failed
+        if not left:
+            break
     logger.info(
         "graph: planned %d of the gateway's own reads ahead in %.1f s",
         planned,

@@ -25,6 +25,7 @@ from deployments.models.autoscale import backlog_metrics
 from deployments.models.embedder_models import DenseFromEncode, EmbedderModels
 from deployments.priority import lower_priority
 from deployments.protocols import Encoded
+from deployments.serve_log import route_logs_to_serve
 from deployments.timing import MeanTimes
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class EmbedderDeployment(DenseFromEncode):
     def __init__(
         self, settings: EmbedderSettings, next_settings: EmbedderSettings | None = None
     ) -> None:
+        route_logs_to_serve()
         self.models = EmbedderModels(settings, next_settings)
         self.core = self.models.primary
         self.niceness = _lower_priority(settings)

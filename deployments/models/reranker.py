@@ -26,6 +26,7 @@ from deployments.health import check_model
 from deployments.loading import BackgroundLoad
 from deployments.metrics import RERANKER_BATCH_SIZE
 from deployments.models import cross_encoding
+from deployments.serve_log import route_logs_to_serve
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +176,7 @@ class RerankerDeployment:
     """Serve shell: background load, ``@serve.batch`` across concurrent requests."""
 
     def __init__(self, settings: RerankerSettings) -> None:
+        route_logs_to_serve()
         self.core = RerankerCore(settings)
         self._loading = BackgroundLoad(self.core.start, "reranker")
         self._loading.begin()

@@ -17,6 +17,7 @@ from deployments.protocols import (
     SearchFilter,
     SearchHit,
 )
+from deployments.serve_log import route_logs_to_serve
 from deployments.vector_store.memindex.front import MemoryFront, hot_index
 from deployments.vector_store.memindex.pins import VersionPins
 from deployments.vector_store.model_choice import QueryVectors, vector_for
@@ -76,6 +77,7 @@ class RetrieverDeployment:
         models: Mapping[str, int] | None = None,
         memory_index: bool = True,
     ) -> None:
+        route_logs_to_serve()
         self.store = store or build_store(settings, dim, lexical, models)
         enabled = memory_index and settings.memory_index.enabled
         self.hot = hot_index(settings, self.store.versions) if enabled else None

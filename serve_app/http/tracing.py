@@ -25,7 +25,6 @@ carry no trace id (their logs have none).
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -33,12 +32,10 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.requests import Request
 
+from deployments import serve_log
 from deployments.tracing import TRACE_ID, TraceIdFilter, single_traceparent, traceparent_for
 from serve_app.http.errors import trace_id_of
 
-SERVE_LOGGER = "ray.serve"
-# Our packages' loggers, whose records go to Serve's log inside a replica.
-PACKAGES = ("serve_app", "batch_ingest", "deployments")
 _TRACE_HEADERS = (b"x-trace-id", b"traceparent")
 # Serve request id → trace id, for Serve's access log line (bounded: the line comes right
 # after the response; a request whose line never comes is dropped with the oldest).
@@ -113,46 +110,13 @@ class _ServeTraceFilter(TraceIdFilter):
         return True
 
 
-class _ToServeLog(logging.Handler):
-    """Hands each record to Serve's logger: its filters (request id, route, replica, trace id)
-    and its handlers (the replica's log file, JSON or text, and stderr)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        logging.getLogger(SERVE_LOGGER).handle(record)
-
-
 def route_logs_to_serve() -> bool:
-    """Inside a Serve replica (once per process): our packages' records go to Serve's logger
-    at its level, not to the root logger, and Serve's records carry ``trace_id``. False (and
+    """Inside a Serve replica (deployments/serve_log.py): our packages' records go to Serve's
+    logger, and Serve's records carry ``trace_id``, its access log line too. False (and
     nothing changes) anywhere else."""
     global _serve_logs
-    if _serve_logs:
-        return True
-    if not _in_serve_replica():
-        return False
-    serve_logger = logging.getLogger(SERVE_LOGGER)
-    serve_logger.addFilter(_ServeTraceFilter())
-    forward = _ToServeLog()
-    for name in PACKAGES:
-        package = logging.getLogger(name)
-        package.addHandler(forward)
-        package.propagate = False  # Serve's stderr handler writes them already
-        if serve_logger.level:
-            package.setLevel(serve_logger.level)  # the application's logging_config.log_level
-    _serve_logs = True
-    return True
-
-
-def _in_serve_replica() -> bool:
-    if "ray.serve" not in sys.modules:  # never imported: no replica (and no Ray import here)
-        return False
-    try:
-        from ray import serve
-
-        serve.get_replica_context()
-    except Exception:  # RayServeException outside a replica
-        return False
-    return True
+    _serve_logs = serve_log.route_logs_to_serve(_ServeTraceFilter())
+    return _serve_logs
 
 
 def _serve_request_id() -> str:

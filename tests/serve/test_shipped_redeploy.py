@@ -12,7 +12,7 @@ Ray, beside its own gateway); nothing else changed.
   two replicas' log files, one per search (joined by Serve's request id), each in the file of
   the replica that served it, both replicas among them; and the Ingress, Embedder and Graph
   files have their calls too (issue 32: a Retriever replica used to write only its start
-  lines).
+  lines), and the Graph replica's file has our package's INFO line of its warm-up.
 - No ACL tightening or delete is undone by a reindex, with 1 Retriever replica and then with
   2: 55 of them each, fired over HTTP at random phases of back-to-back ``POST
   /admin/reindex`` jobs (tests/serve/revocations.py; issue 33).
@@ -326,6 +326,15 @@ def test_two_retriever_replicas_log_every_call_in_their_own_files(shipped):
             if line.get("request_id") == ingest
         ]
         assert any(line["message"].startswith(method) for line in lines), (deployment, lines)
+    # Our packages' own INFO lines reach a non-ingress replica's file too: the Graph replica
+    # planned the gateway's reads before it took calls (deployments/serve_log.py).
+    planned = [
+        r["message"]
+        for path in shipped["logs"].glob(f"replica_{APP}_Graph_*.log")
+        for r in map(json.loads, filter(lambda x: x.startswith("{"), path.read_text().splitlines()))
+        if r.get("message", "").startswith("graph: planned ")
+    ]
+    assert planned and all(" 0 of " not in m for m in planned), planned
 
 
 def test_no_revocation_is_undone_by_a_reindex_with_two_retrievers(shipped):
