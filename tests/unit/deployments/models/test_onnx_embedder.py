@@ -118,7 +118,7 @@ def test_two_processes_exporting_at_once_leave_one_whole_file(tmp_path):
     exports = 0
     for p in procs:
         out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-2000:]
+        assert p.returncode == 0, f"exit {p.returncode}: {out[-1000:]} {err[-3000:]}"
         *_, ran, modules = out.strip().splitlines()
         assert modules == "[]", out
         exports += int(ran)
