@@ -18,12 +18,10 @@ export RAG_INSTALL_PACKAGES="${RAG_INSTALL_PACKAGES:-1}"
 # Start only the services that are not running, and stop only those at the end.
 started=()
 serve_pid=""
-int_pid=""
 mypy_pid=""
 cleanup() {
   # Interrupted while the Serve suite runs in the background: stop it before its services.
   if [ -n "$serve_pid" ]; then kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null; fi
-  if [ -n "$int_pid" ]; then kill "$int_pid" 2>/dev/null; wait "$int_pid" 2>/dev/null; fi
   if [ -n "$mypy_pid" ]; then kill "$mypy_pid" 2>/dev/null; wait "$mypy_pid" 2>/dev/null; fi
   for name in "${started[@]}"; do "$VENV/bin/python" scripts/services.py down --only "$name"; done
 }
@@ -63,7 +61,6 @@ export RAG_TEST_REDIS_URL="${RAG_TEST_REDIS_URL:-$("$VENV/bin/python" scripts/se
 # replicas more than they compute, and side by side they took 16:49 where one after the other
 # took ~27 minutes (bench/README.md, "CI layout"). RAG_TEST_SERIAL=1 runs one after the other.
 serve_log="$ROOT/var/log/pytest-serve.log"
-int_log="$ROOT/var/log/pytest-integration.log"
 mkdir -p "$(dirname "$serve_log")"
 if [ "${RAG_TEST_SERIAL:-0}" = 1 ]; then
   phase "pytest: unit, integration, security"
@@ -81,24 +78,10 @@ else
   # gateway's own 10 s store and 8 s graph deadlines (503). The other suites stand for
   # nothing a gateway's node runs, so they take the replicas' niceness; the services both
   # suites use (Milvus Lite, Neo4j, ...) stay at 0, as on a user's node.
-  # The integration and security suites run in a process of their own beside the unit
-  # suite: one pytest left alone after the Serve suite ended used one of the two vCPUs for
-  # its last ~9 minutes (bench/README.md, "CI on the slow VM").
-  phase "pytest: integration, security in the background (nice $NICE, output: $int_log)"
-  nice -n "$NICE" "$VENV/bin/python" -m pytest tests/integration tests/security "$@" \
-    > "$int_log" 2>&1 &
-  int_pid=$!
-  phase "pytest: unit (nice $NICE)"
-  nice -n "$NICE" "$VENV/bin/python" -m pytest tests/unit "$@"
-  unit=$?
-  phase "unit done (exit $unit); waiting for the integration and security suites"
-  wait "$int_pid"
-  integration=$?
-  int_pid=""
-  phase "pytest: integration, security (exit $integration), its output:"
-  cat "$int_log"
-  first=$(( unit || integration ))
-  phase "waiting for the Serve suite"
+  phase "pytest: unit, integration, security (nice $NICE)"
+  nice -n "$NICE" "$VENV/bin/python" -m pytest tests/unit tests/integration tests/security "$@"
+  first=$?
+  phase "unit, integration, security done (exit $first); waiting for the Serve suite"
   wait "$serve_pid"
   second=$?
   serve_pid=""
@@ -110,5 +93,5 @@ typed=$?
 mypy_pid=""
 phase "mypy (exit $typed), its output:"
 cat "$mypy_log"
-phase "done (unit, integration, security exit $first, serve exit $second, mypy exit $typed)"
+phase "done (unit etc. exit $first, serve exit $second, mypy exit $typed)"
 [ $first -eq 0 ] && [ $second -eq 0 ] && [ $typed -eq 0 ]
