@@ -144,6 +144,12 @@ class EmbedderSettings(BaseModel):
     # "never" for ONNX int8 and "when_busy" otherwise. Batches of queries (enrich's claims)
     # follow "when_busy" either way. bench/README.md, "Search plumbing".
     query_spill: Literal["auto", "when_busy", "never"] = "auto"
+    # Spilled queries that arrive while the ingress's calls of them are on their way go
+    # together in the next call (deployments/models/coalesce.py), which the Embedder runs in
+    # one pass: "always", "never", or "auto" = for torch models, whose passes over several
+    # queries cost far less per query than passes of one (on 2 vCPUs ~11 vs ~21 ms for
+    # MiniLM), not for ONNX, whose batched queries cost more per query there (9.2-9.7 vs 7.1).
+    coalesce_spilled: Literal["auto", "always", "never"] = "auto"
     # Where the ingress runs a query it embeds itself while it serves other requests too:
     # "when_busy" in one worker thread (the model's runtime releases the GIL, so the event
     # loop serves the other requests on another core meanwhile), "never" on the event loop
@@ -199,6 +205,14 @@ class EmbedderSettings(BaseModel):
         if self.query_spill == "auto":
             return not (self.backend == "onnx" and self.quantize == "int8")
         return self.query_spill == "when_busy"
+
+    @property
+    def coalesces_spilled_queries(self) -> bool:
+        """Whether spilled queries go to the Embedder together (``coalesce_spilled``
+        resolved)."""
+        if self.coalesce_spilled == "auto":
+            return self.backend != "onnx"
+        return self.coalesce_spilled == "always"
 
     @property
     def embed_model_tag(self) -> str:

@@ -135,7 +135,12 @@ def _query_embedder(settings: GatewaySettings, remote: Any, in_flight: InFlight)
     slots = settings.embedder.ingress_query_slots
     spill = settings.embedder.spills_queries_when_busy
     return SplitEmbedder(
-        local, remote, local_slots=slots, busy=in_flight.busy, spill_when_busy=spill
+        local,
+        remote,
+        local_slots=slots,
+        busy=in_flight.busy,
+        spill_when_busy=spill,
+        coalesce_spilled=settings.embedder.coalesces_spilled_queries,
     )
 
 

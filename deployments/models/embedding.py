@@ -20,6 +20,7 @@ from deployments.config import EmbedderSettings
 from deployments.devices import placement
 from deployments.errors import BackendUnavailable, InvalidInput
 from deployments.loading import BackgroundLoad
+from deployments.models.coalesce import CoalescedQueries
 from deployments.models.memory import release_freed_memory
 from deployments.protocols import Encoded
 from deployments.timing import MeanTimes
@@ -443,9 +444,12 @@ class SplitEmbedder:
         local_slots: int = 1,
         busy: Callable[[], bool] | None = None,
         spill_when_busy: bool = True,
+        coalesce_spilled: bool = True,
     ) -> None:
         self.queries = queries
         self.passages = passages
+        # A spilled query goes with the others spilled meanwhile, as one call (coalesce.py).
+        self.spilled = CoalescedQueries(passages) if coalesce_spilled else None
         self.local_slots = local_slots
         self.busy = busy or (lambda: False)
         # False: a lone query is embedded locally however busy (``query_spill``).
@@ -480,6 +484,9 @@ class SplitEmbedder:
             self._spilled += 1
         self._in_flight += 1
         try:
+            if not local and len(texts) == 1 and self.spilled is not None:
+                encoded = await self.spilled.encode(texts[0])
+                return encoded if method == "encode" else encoded.dense
             return await getattr(target, method)(texts, kind)
         finally:
             self._in_flight -= 1
@@ -496,6 +503,7 @@ class SplitEmbedder:
                 "local_slots": self.local_slots,
                 "local": self._local,
                 "spilled": self._spilled,
+                **({"spilled_calls": self.spilled.status()} if self.spilled else {}),
                 **queries,
             },
         }

@@ -25,6 +25,9 @@ class Recording:
         self.calls.append((list(texts), kind))
         return np.zeros((len(texts), 3), dtype=np.float32)
 
+    async def encode(self, texts: list[str], kind: str = "passage") -> Encoded:
+        return Encoded(await self.embed(texts, kind))
+
     async def status(self) -> dict[str, Any]:
         return {"ready": self.ready, "model": "m@1", "dim": 3, "who": self.name}
 
@@ -50,6 +53,7 @@ def test_status_is_ready_only_when_both_are(q_ready, p_ready):
         "local_slots": 1,
         "local": 0,
         "spilled": 0,
+        "spilled_calls": {"calls": 0, "texts_per_call": 0},
         "ready": q_ready,
         "model": "m@1",
         "dim": 3,
@@ -180,6 +184,27 @@ def test_a_query_goes_to_the_shared_embedder_while_the_process_is_busy():
     asyncio.run(split.embed(["in a crowd"], "query"))
     assert [c[0] for c in local.calls] == [["alone"]]
     assert [c[0] for c in shared.calls] == [["in a crowd"]]
+
+
+def test_queries_spilled_while_one_is_on_its_way_go_to_the_shared_embedder_together():
+    class Slow(Recording):
+        async def embed(self, texts: list[str], kind: str = "passage") -> Any:
+            await asyncio.sleep(0.02)
+            return await super().embed(texts, kind)
+
+    async def crowd(split: SplitEmbedder) -> list[Any]:
+        return await asyncio.gather(*(split.embed([f"q{i}"], "query") for i in range(5)))
+
+    # Five searches at once: with coalescing, one call of five (each gets its own row).
+    for coalesce, calls in ((True, [[f"q{i}" for i in range(5)]]), (False, None)):
+        shared = Slow("p")
+        split = SplitEmbedder(
+            queries=Recording("q"), passages=shared, busy=lambda: True, coalesce_spilled=coalesce
+        )
+        got = asyncio.run(crowd(split))
+        assert [v.shape for v in got] == [(1, 3)] * 5
+        want = calls or [[f"q{i}"] for i in range(5)]
+        assert [c[0] for c in shared.calls] == want
 
 
 def test_with_no_spill_a_lone_query_stays_local_however_busy_but_a_batch_does_not():
@@ -319,3 +344,18 @@ def test_the_model_never_runs_on_the_loop_and_in_the_thread_at_once():
     asyncio.run(scenario())
     assert inline.core.most == 1
     assert [t.startswith("query-embed") for t in inline.core.threads] == [True, True, False]
+
+
+@pytest.mark.parametrize(
+    ("setting", "backend", "quantize", "coalesces"),
+    [
+        ("auto", "transformers", "none", True),  # torch: a pass of 8 costs ~half a query
+        ("auto", "onnx", "none", False),  # ONNX: batched queries cost more per query
+        ("auto", "auto", "auto", False),  # the packaged MiniLM on a CPU: ONNX int8
+        ("always", "onnx", "none", True),
+        ("never", "transformers", "none", False),
+    ],
+)
+def test_coalescing_spilled_queries_resolves_by_the_runtime(setting, backend, quantize, coalesces):
+    settings = EmbedderSettings(coalesce_spilled=setting, backend=backend, quantize=quantize)
+    assert settings.coalesces_spilled_queries is coalesces
