@@ -110,7 +110,9 @@ def test_a_query_in_flight_at_the_shared_embedder_counts_too():
         shared.release.set()
         await asyncio.gather(second, third)
         assert [c[0] for c in local.calls] == [["first"]]
-        assert [c[0] for c in shared.calls] == [["second"], ["third"]]
+        # Two calls of spilled queries may be on their way at once (coalesce.py): either
+        # may reach the shared embedder first.
+        assert sorted(c[0] for c in shared.calls) == [["second"], ["third"]]
 
     asyncio.run(scenario())
 
